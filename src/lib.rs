@@ -1,0 +1,7 @@
+//! mlxrt: an embeddable LLM inference engine on MLX.
+//!
+//! The C ABI (`src/ffi`, header `include/mlxrt.h`) is the product; the Rust API
+//! underneath is usable directly as an rlib. All MLX state lives on one
+//! scheduler thread owned by an `Engine` (see `engine`).
+
+pub mod mlx;

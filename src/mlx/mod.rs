@@ -1,0 +1,104 @@
+//! The MLX binding: the only module that touches C++. `sys` is the raw cxx
+//! bridge; `Array` and its ops are the safe surface the rest of the crate uses.
+
+mod array;
+pub mod io;
+mod ops;
+mod sys;
+
+pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
+pub use ops::{dequantize, fast, quantize, quantized_matmul, random};
+
+use sys::ffi;
+
+/// The version of the libmlx this process linked.
+pub fn version() -> String {
+    ffi::mlx_version()
+}
+
+/// Device selection for the calling thread's default stream.
+pub mod device {
+    use super::*;
+    pub fn gpu_available() -> bool {
+        ffi::gpu_available().unwrap_or(false)
+    }
+    pub fn set_default(gpu: bool) -> Result<()> {
+        Ok(ffi::set_default_device(gpu)?)
+    }
+    pub fn default_is_gpu() -> bool {
+        ffi::default_device_is_gpu()
+    }
+}
+
+/// MLX allocator statistics (bytes).
+pub mod memory {
+    use super::ffi;
+    pub fn active() -> usize {
+        ffi::active_memory()
+    }
+    pub fn peak() -> usize {
+        ffi::peak_memory()
+    }
+    pub fn cache() -> usize {
+        ffi::cache_memory()
+    }
+    pub fn reset_peak() {
+        ffi::reset_peak_memory()
+    }
+    pub fn clear_cache() {
+        ffi::clear_cache()
+    }
+    pub fn set_cache_limit(bytes: usize) -> usize {
+        ffi::set_cache_limit(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_and_read_back() {
+        let a = Array::from_f32(&[1.0, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
+        let b = Array::scalar_f32(0.5).unwrap();
+        let c = a.add(&b).unwrap();
+        assert_eq!(c.shape(), vec![2, 2]);
+        assert_eq!(c.to_vec_f32().unwrap(), vec![1.5, 2.5, 3.5, 4.5]);
+    }
+
+    #[test]
+    fn mlx_exceptions_become_errors() {
+        let a = Array::from_f32(&[1.0, 2.0, 3.0], &[3]).unwrap();
+        let b = Array::from_f32(&[1.0, 2.0], &[2]).unwrap();
+        let err = a.add(&b).unwrap_err();
+        assert!(err.0.contains("broadcast"), "{err}");
+        assert!(Array::from_f32(&[1.0], &[2]).is_err());
+        assert!(a.reshape(&[2, 2]).is_err());
+    }
+
+    #[test]
+    fn bytes_round_trip_through_dtypes() {
+        let v: Vec<u8> = [1.0f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let a = Array::from_bytes(&v, &[2], Dtype::F32).unwrap();
+        assert_eq!(a.to_vec_f32().unwrap(), vec![1.0, -2.0]);
+        assert_eq!(a.to_bytes().unwrap(), v);
+        let h = a.astype(Dtype::F16).unwrap();
+        assert_eq!(h.dtype(), Dtype::F16);
+        assert_eq!(h.nbytes(), 4);
+    }
+
+    #[test]
+    fn sorting_sampling_and_slices() {
+        let a = Array::from_f32(&[0.1, 5.0, -1.0, 3.0], &[1, 4]).unwrap();
+        assert_eq!(a.argmax(-1, false).unwrap().to_vec_i32().unwrap(), vec![1]);
+        let k = random::key(7).unwrap();
+        let s1 = random::categorical(&a, &k).unwrap().item_i32().unwrap();
+        let s2 = random::categorical(&a, &k).unwrap().item_i32().unwrap();
+        assert_eq!(s1, s2, "same key must give the same draw");
+        let s = a.slice_axis(1, 1, 3).unwrap();
+        assert_eq!(s.to_vec_f32().unwrap(), vec![5.0, -1.0]);
+        let z = Array::zeros(&[1, 4], Dtype::F32).unwrap();
+        let u = z.slice_update(&s, &[0, 2], &[1, 4]).unwrap();
+        assert_eq!(u.to_vec_f32().unwrap(), vec![0.0, 0.0, 5.0, -1.0]);
+    }
+}

@@ -1,0 +1,224 @@
+//! Operations on `Array`, one method per MLX op. All are lazy: they build graph
+//! nodes; nothing runs until `eval`/`async_eval` or a read.
+
+use super::array::{wrap, ArrVec, Array, Dtype, Result};
+use super::sys::ffi;
+
+macro_rules! binary {
+    ($($name:ident),*) => {$(
+        pub fn $name(&self, other: &Array) -> Result<Array> {
+            wrap(ffi::$name(self.raw(), other.raw()))
+        }
+    )*};
+}
+
+macro_rules! unary {
+    ($($name:ident),*) => {$(
+        pub fn $name(&self) -> Result<Array> {
+            wrap(ffi::unary(self.raw(), stringify!($name)))
+        }
+    )*};
+}
+
+impl Array {
+    binary!(add, subtract, multiply, divide, maximum, minimum, power, greater, greater_equal,
+            less, equal, logical_and, logical_or, matmul);
+    unary!(exp, log, sigmoid, tanh, erf, sqrt, rsqrt, square, negative, abs, logical_not, silu);
+
+    /// `where(cond, self, other)` elementwise.
+    pub fn select(cond: &Array, a: &Array, b: &Array) -> Result<Array> {
+        wrap(ffi::where_(cond.raw(), a.raw(), b.raw()))
+    }
+
+    pub fn add_scalar(&self, v: f32) -> Result<Array> {
+        self.add(&Array::scalar_f32(v)?)
+    }
+    pub fn mul_scalar(&self, v: f32) -> Result<Array> {
+        self.multiply(&Array::scalar_f32(v)?)
+    }
+
+    pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
+        wrap(ffi::reshape(self.raw(), shape))
+    }
+    pub fn transpose(&self, axes: &[i32]) -> Result<Array> {
+        wrap(ffi::transpose(self.raw(), axes))
+    }
+    pub fn swapaxes(&self, a: i32, b: i32) -> Result<Array> {
+        wrap(ffi::swapaxes(self.raw(), a, b))
+    }
+    pub fn expand_dims(&self, axis: i32) -> Result<Array> {
+        wrap(ffi::expand_dims(self.raw(), axis))
+    }
+    pub fn squeeze(&self, axis: i32) -> Result<Array> {
+        wrap(ffi::squeeze(self.raw(), axis))
+    }
+    pub fn broadcast_to(&self, shape: &[i32]) -> Result<Array> {
+        wrap(ffi::broadcast_to(self.raw(), shape))
+    }
+    pub fn astype(&self, dtype: Dtype) -> Result<Array> {
+        wrap(ffi::astype(self.raw(), dtype as u8))
+    }
+    pub fn contiguous(&self) -> Result<Array> {
+        wrap(ffi::contiguous(self.raw()))
+    }
+    /// `self[start:stop:strides]` over every axis.
+    pub fn slice(&self, start: &[i32], stop: &[i32], strides: &[i32]) -> Result<Array> {
+        wrap(ffi::slice(self.raw(), start, stop, strides))
+    }
+    /// `self[start..stop]` on one axis, other axes whole.
+    pub fn slice_axis(&self, axis: i32, start: i32, stop: i32) -> Result<Array> {
+        let shape = self.shape();
+        let n = shape.len();
+        let ax = if axis < 0 { n as i32 + axis } else { axis } as usize;
+        let mut lo = vec![0; n];
+        let mut hi = shape.clone();
+        lo[ax] = start;
+        hi[ax] = stop;
+        self.slice(&lo, &hi, &vec![1; n])
+    }
+    /// A copy of `self` with `self[start..stop] = update`.
+    pub fn slice_update(&self, update: &Array, start: &[i32], stop: &[i32]) -> Result<Array> {
+        wrap(ffi::slice_update(self.raw(), update.raw(), start, stop))
+    }
+    pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
+        wrap(ffi::concatenate(&ArrVec::from_refs(arrays).0, axis))
+    }
+    pub fn take(&self, indices: &Array, axis: i32) -> Result<Array> {
+        wrap(ffi::take(self.raw(), indices.raw(), axis))
+    }
+    pub fn take_along_axis(&self, indices: &Array, axis: i32) -> Result<Array> {
+        wrap(ffi::take_along_axis(self.raw(), indices.raw(), axis))
+    }
+    pub fn put_along_axis(&self, indices: &Array, values: &Array, axis: i32) -> Result<Array> {
+        wrap(ffi::put_along_axis(self.raw(), indices.raw(), values.raw(), axis))
+    }
+
+    pub fn sum(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        wrap(ffi::reduce(self.raw(), "sum", axis, keepdims))
+    }
+    pub fn max(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        wrap(ffi::reduce(self.raw(), "max", axis, keepdims))
+    }
+    pub fn min(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        wrap(ffi::reduce(self.raw(), "min", axis, keepdims))
+    }
+    pub fn mean(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        wrap(ffi::reduce(self.raw(), "mean", axis, keepdims))
+    }
+    pub fn logsumexp(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        wrap(ffi::reduce(self.raw(), "logsumexp", axis, keepdims))
+    }
+    pub fn argmax(&self, axis: i32, keepdims: bool) -> Result<Array> {
+        wrap(ffi::argmax(self.raw(), axis, keepdims))
+    }
+    pub fn argpartition(&self, kth: i32, axis: i32) -> Result<Array> {
+        wrap(ffi::argpartition(self.raw(), kth, axis))
+    }
+    pub fn argsort(&self, axis: i32) -> Result<Array> {
+        wrap(ffi::argsort(self.raw(), axis))
+    }
+    pub fn cumsum(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array> {
+        wrap(ffi::cumsum(self.raw(), axis, reverse, inclusive))
+    }
+    pub fn softmax(&self, axis: i32, precise: bool) -> Result<Array> {
+        wrap(ffi::softmax(self.raw(), axis, precise))
+    }
+}
+
+/// Affine-quantized matrix product `x @ w.T` (MLX's packing).
+pub fn quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    wrap(ffi::quantized_matmul(
+        x.raw(),
+        w.raw(),
+        scales.raw(),
+        biases.raw(),
+        transpose,
+        group_size,
+        bits,
+    ))
+}
+
+pub fn dequantize(w: &Array, scales: &Array, biases: &Array, group_size: i32, bits: i32) -> Result<Array> {
+    wrap(ffi::dequantize(w.raw(), scales.raw(), biases.raw(), group_size, bits))
+}
+
+/// Affine quantization along the last axis: returns (packed weight, scales, biases).
+pub fn quantize(w: &Array, group_size: i32, bits: i32) -> Result<(Array, Array, Array)> {
+    let mut v = ArrVec(ffi::quantize(w.raw(), group_size, bits)?).into_arrays()?;
+    if v.len() != 3 {
+        return Err(super::MlxError(format!("quantize returned {} arrays", v.len())));
+    }
+    let b = v.pop().unwrap();
+    let s = v.pop().unwrap();
+    Ok((v.pop().unwrap(), s, b))
+}
+
+/// MLX's fused kernels (`mlx::core::fast`).
+pub mod fast {
+    use super::*;
+
+    pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+        wrap(ffi::rms_norm(x.raw(), weight.raw(), eps))
+    }
+
+    pub fn rope(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32) -> Result<Array> {
+        wrap(ffi::rope(x.raw(), dims, traditional, base, scale, offset))
+    }
+
+    /// RoPE with explicit per-dimension frequencies (Llama 3 style scaling).
+    pub fn rope_with_freqs(
+        x: &Array,
+        dims: i32,
+        traditional: bool,
+        scale: f32,
+        offset: i32,
+        freqs: &Array,
+    ) -> Result<Array> {
+        wrap(ffi::rope_freqs(x.raw(), dims, traditional, scale, offset, freqs.raw()))
+    }
+
+    /// Attention mask choice for `scaled_dot_product_attention`.
+    pub enum Mask<'a> {
+        None,
+        Causal,
+        Array(&'a Array),
+    }
+
+    pub fn scaled_dot_product_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask) -> Result<Array> {
+        match mask {
+            Mask::None => wrap(ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, "")),
+            Mask::Causal => wrap(ffi::sdpa(q.raw(), k.raw(), v.raw(), scale, "causal")),
+            Mask::Array(m) => wrap(ffi::sdpa_masked(q.raw(), k.raw(), v.raw(), scale, m.raw())),
+        }
+    }
+}
+
+/// Counter-based random numbers: every draw takes an explicit key.
+pub mod random {
+    use super::*;
+
+    pub fn key(seed: u64) -> Result<Array> {
+        wrap(ffi::random_key(seed))
+    }
+
+    /// Splits a key into two independent keys.
+    pub fn split(key: &Array) -> Result<(Array, Array)> {
+        let mut v = ArrVec(ffi::random_split(key.raw())?).into_arrays()?;
+        let b = v.pop().ok_or_else(|| super::super::MlxError("split returned nothing".into()))?;
+        let a = v.pop().ok_or_else(|| super::super::MlxError("split returned one key".into()))?;
+        Ok((a, b))
+    }
+
+    /// Samples indices from unnormalized log-probabilities along the last axis.
+    pub fn categorical(logits: &Array, key: &Array) -> Result<Array> {
+        wrap(ffi::categorical(logits.raw(), key.raw()))
+    }
+}
