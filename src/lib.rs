@@ -5,3 +5,4 @@
 //! scheduler thread owned by an `Engine` (see `engine`).
 
 pub mod mlx;
+pub mod text;

@@ -1,0 +1,318 @@
+//! The functions Hugging Face adds to its Jinja environment for chat
+//! templates, with the same semantics: `tojson` is Python's `json.dumps`
+//! (no HTML escaping, keys in insertion order, `indent=`), `raise_exception`
+//! aborts rendering with a message, `strftime_now` formats the current time.
+
+use minijinja::value::{Kwargs, ValueKind};
+use minijinja::{Error, ErrorKind, Value};
+use std::fmt::Write;
+
+/// `raise_exception(message)`: the template rejects its input.
+pub(super) fn raise_exception(message: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message))
+}
+
+/// `value|tojson(indent=None, sort_keys=False, ensure_ascii=False, separators=None)`.
+pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent = match kwargs.get::<Option<Value>>("indent")? {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) if v.is_integer() => Some(" ".repeat(v.as_usize().unwrap_or(0))),
+        Some(v) => Some(v.as_str().map(String::from).ok_or_else(|| invalid("indent must be an int or str"))?),
+    };
+    let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
+        Some(pair) => match <[String; 2]>::try_from(pair) {
+            Ok([item, key]) => (item, key),
+            Err(_) => return Err(invalid("separators must be an (item, key) pair")),
+        },
+        // Python's defaults: no space before newlines when indenting.
+        None => ((if indent.is_some() { "," } else { ", " }).into(), ": ".into()),
+    };
+    let dumper = Dumper {
+        indent,
+        item_sep,
+        key_sep,
+        sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false),
+        ensure_ascii: kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false),
+    };
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    dumper.value(&mut out, value, 0)?;
+    Ok(Value::from(out))
+}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidOperation, msg.into())
+}
+
+struct Dumper {
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    sort_keys: bool,
+    ensure_ascii: bool,
+}
+
+impl Dumper {
+    fn value(&self, out: &mut String, v: &Value, depth: usize) -> Result<(), Error> {
+        match v.kind() {
+            ValueKind::None => out.push_str("null"),
+            ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Number if v.is_integer() => write!(out, "{v}").map_err(|e| invalid(e.to_string()))?,
+            ValueKind::Number => out.push_str(&python_float(f64::try_from(v.clone())?)),
+            ValueKind::String => self.string(out, v.as_str().unwrap_or_default()),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = v.try_iter()?.collect();
+                self.container(out, '[', ']', &items, depth, |out, item, d| self.value(out, item, d))?;
+            }
+            ValueKind::Map => {
+                let mut keys: Vec<Value> = v.try_iter()?.collect();
+                if self.sort_keys {
+                    keys.sort();
+                }
+                self.container(out, '{', '}', &keys, depth, |out, key, d| {
+                    self.string(out, &key_string(key)?);
+                    out.push_str(&self.key_sep);
+                    self.value(out, &v.get_item(key)?, d)
+                })?;
+            }
+            kind => return Err(invalid(format!("tojson: a value of type {kind} is not JSON serializable"))),
+        }
+        Ok(())
+    }
+
+    /// Writes `open items close`, one item per line when indenting.
+    fn container(
+        &self,
+        out: &mut String,
+        open: char,
+        close: char,
+        items: &[Value],
+        depth: usize,
+        mut item: impl FnMut(&mut String, &Value, usize) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        out.push(open);
+        if items.is_empty() {
+            out.push(close);
+            return Ok(());
+        }
+        let newline = |out: &mut String, d: usize| {
+            if let Some(ind) = &self.indent {
+                out.push('\n');
+                (0..d).for_each(|_| out.push_str(ind));
+            }
+        };
+        for (i, it) in items.iter().enumerate() {
+            if i > 0 {
+                out.push_str(&self.item_sep);
+            }
+            newline(out, depth + 1);
+            item(out, it, depth + 1)?;
+        }
+        newline(out, depth);
+        out.push(close);
+        Ok(())
+    }
+
+    /// A JSON string as Python writes it: only `"`, `\` and control chars are
+    /// escaped (and non-ASCII with `ensure_ascii`).
+    fn string(&self, out: &mut String, s: &str) {
+        out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                    let mut units = [0u16; 2];
+                    for u in c.encode_utf16(&mut units) {
+                        let _ = write!(out, "\\u{u:04x}");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// Python turns None/bool/number keys into strings.
+fn key_string(key: &Value) -> Result<String, Error> {
+    Ok(match key.kind() {
+        ValueKind::String => key.as_str().unwrap_or_default().to_string(),
+        ValueKind::None => "null".into(),
+        ValueKind::Bool => (if key.is_true() { "true" } else { "false" }).into(),
+        ValueKind::Number if !key.is_integer() => python_float(f64::try_from(key.clone())?),
+        ValueKind::Number => key.to_string(),
+        kind => return Err(invalid(format!("tojson: keys must be str, int, float, bool or None, not {kind}"))),
+    })
+}
+
+/// `repr(float)` as `json.dumps` writes it: shortest round-trip digits,
+/// positional for exponents in -4..16, else `d.ddde+XX`.
+fn python_float(f: f64) -> String {
+    if f.is_nan() {
+        return "NaN".into();
+    }
+    if f.is_infinite() {
+        return if f > 0.0 { "Infinity" } else { "-Infinity" }.into();
+    }
+    let sci = format!("{f:e}"); // e.g. "-1.5e-7": shortest digits
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        let s = f.to_string();
+        if s.contains('.') { s } else { s + ".0" }
+    } else {
+        format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    }
+}
+
+/// `strftime_now(format)`: the current UTC time, formatted like Python's
+/// `datetime.strftime`.
+pub(super) fn strftime_now(format: &str) -> Result<String, Error> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| invalid(e.to_string()))?;
+    strftime(now.as_secs() as i64, format)
+}
+
+const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const MONTHS: [&str; 12] = [
+    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "December",
+];
+
+/// Formats a Unix time (UTC) with the common strftime directives, plus glibc's
+/// `%-d` style unpadded numbers.
+fn strftime(unix: i64, format: &str) -> Result<String, Error> {
+    let (days, secs) = (unix.div_euclid(86_400), unix.rem_euclid(86_400));
+    let (year, month, day) = civil_from_days(days);
+    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let yday = days - days_from_civil(year, 1, 1) + 1;
+    let (hour, minute, second) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let mut spec = chars.next().ok_or_else(|| invalid("strftime_now: format ends with %"))?;
+        let pad = spec != '-';
+        if !pad {
+            spec = chars.next().ok_or_else(|| invalid("strftime_now: format ends with %-"))?;
+        }
+        let num = |n: i64, width: usize| if pad { format!("{n:0width$}") } else { n.to_string() };
+        let text = match spec {
+            'Y' => year.to_string(),
+            'y' => num(year.rem_euclid(100), 2),
+            'm' => num(month, 2),
+            'd' => num(day, 2),
+            'e' => format!("{day:>2}"),
+            'j' => num(yday, 3),
+            'H' => num(hour, 2),
+            'I' => num((hour + 11) % 12 + 1, 2),
+            'M' => num(minute, 2),
+            'S' => num(second, 2),
+            'p' => (if hour < 12 { "AM" } else { "PM" }).into(),
+            'A' => DAYS[weekday].into(),
+            'a' => DAYS[weekday][..3].into(),
+            'B' => MONTHS[month as usize - 1].into(),
+            'b' | 'h' => MONTHS[month as usize - 1][..3].into(),
+            'F' => format!("{year}-{month:02}-{day:02}"),
+            'T' => format!("{hour:02}:{minute:02}:{second:02}"),
+            'Z' => "UTC".into(),
+            'z' => "+0000".into(),
+            '%' => "%".into(),
+            other => return Err(invalid(format!("strftime_now: unsupported directive %{other}"))),
+        };
+        out.push_str(&text);
+    }
+    Ok(out)
+}
+
+/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian
+/// (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, i64, i64) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(src: &str, ctx: serde_json::Value) -> Result<String, Error> {
+        let mut env = minijinja::Environment::new();
+        env.add_filter("tojson", tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.render_str(src, ctx)
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        // Expected strings are Python's json.dumps output for the same data.
+        let data = serde_json::json!({"z": 1, "a": [1.5, 1e20, -2.0, 1e-7, null, true], "s": "<&'\"\\\n\u{1}é🙂"});
+        assert_eq!(
+            render("{{ d|tojson }}", serde_json::json!({"d": data})).unwrap(),
+            r#"{"z": 1, "a": [1.5, 1e+20, -2.0, 1e-07, null, true], "s": "<&'\"\\\n\u0001é🙂"}"#
+        );
+        assert_eq!(
+            render("{{ d|tojson(indent=2) }}", serde_json::json!({"d": {"b": [1, {}], "a": []}})).unwrap(),
+            "{\n  \"b\": [\n    1,\n    {}\n  ],\n  \"a\": []\n}"
+        );
+        assert_eq!(
+            render("{{ d|tojson(sort_keys=true, ensure_ascii=true) }}", serde_json::json!({"d": {"b": "é🙂", "a": 0}}))
+                .unwrap(),
+            r#"{"a": 0, "b": "\u00e9\ud83d\ude42"}"#
+        );
+        assert!(render("{{ 1|tojson(bogus=1) }}", serde_json::json!({})).is_err());
+    }
+
+    #[test]
+    fn python_float_repr() {
+        for (f, s) in [(0.1, "0.1"), (100.0, "100.0"), (1e16, "1e+16"), (1.5e15, "1500000000000000.0"), (0.0001, "0.0001"), (1.25e-5, "1.25e-05")] {
+            assert_eq!(python_float(f), s);
+        }
+    }
+
+    #[test]
+    fn raise_exception_fails_with_the_message() {
+        let err = render("{{ raise_exception('no system role') }}", serde_json::json!({})).unwrap_err();
+        assert!(err.to_string().contains("no system role"), "{err}");
+    }
+
+    #[test]
+    fn strftime_like_python() {
+        // 2024-07-26 09:05:03 UTC, a Friday: Python's strftime gives these.
+        let t = 1_721_984_703;
+        assert_eq!(strftime(t, "%d %b %Y").unwrap(), "26 Jul 2024");
+        assert_eq!(strftime(t, "%A %B %-d, %Y %I:%M:%S %p %j %y %%").unwrap(), "Friday July 26, 2024 09:05:03 AM 208 24 %");
+        assert_eq!(strftime(0, "%Y-%m-%d %a %H").unwrap(), "1970-01-01 Thu 00");
+        assert_eq!(strftime(951_782_400, "%F").unwrap(), "2000-02-29");
+        assert!(strftime(t, "%Q").unwrap_err().to_string().contains("%Q"));
+        assert!(strftime_now("%Y").unwrap().len() == 4);
+    }
+}

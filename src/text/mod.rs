@@ -1,0 +1,22 @@
+//! Text in and out of the model: tokenizer (HF tokenizer.json or GGUF vocab),
+//! chat templates (Jinja, HF-compatible), incremental detokenization and
+//! stop-string matching. Everything here is plain CPU code with no MLX state,
+//! so it is `Send + Sync` and runs on host threads.
+
+mod detok;
+mod error;
+mod gguf;
+mod hf_jinja;
+mod stop;
+mod template;
+mod tokenizer;
+
+#[cfg(test)]
+mod oracle_tests;
+
+pub use detok::IncrementalDecoder;
+pub use error::TextError;
+pub use gguf::GgufVocab;
+pub use stop::{StopMatcher, StopResult};
+pub use template::ChatTemplate;
+pub use tokenizer::{HfTokenizerConfig, Tokenizer};

@@ -1,0 +1,1 @@
+//! Parity tests against Python oracles (filled in below).
