@@ -4,5 +4,12 @@
 //! underneath is usable directly as an rlib. All MLX state lives on one
 //! scheduler thread owned by an `Engine` (see `engine`).
 
+pub mod cache;
+pub mod engine;
+pub mod error;
 pub mod mlx;
+pub mod model;
+pub mod sample;
 pub mod text;
+
+pub use error::{Error, ErrorKind, Result};

@@ -117,6 +117,9 @@ impl Array {
     pub fn argsort(&self, axis: i32) -> Result<Array> {
         wrap(ffi::argsort(self.raw(), axis))
     }
+    pub fn sort(&self, axis: i32) -> Result<Array> {
+        wrap(ffi::sort(self.raw(), axis))
+    }
     pub fn cumsum(&self, axis: i32, reverse: bool, inclusive: bool) -> Result<Array> {
         wrap(ffi::cumsum(self.raw(), axis, reverse, inclusive))
     }

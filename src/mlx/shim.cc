@@ -222,6 +222,7 @@ ArrPtr argpartition(const array& a, int32_t kth, int32_t axis) {
   return up(mx::argpartition(a, kth, axis));
 }
 ArrPtr argsort(const array& a, int32_t axis) { return up(mx::argsort(a, axis)); }
+ArrPtr sort(const array& a, int32_t axis) { return up(mx::sort(a, axis)); }
 ArrPtr cumsum(const array& a, int32_t axis, bool reverse, bool inclusive) {
   return up(mx::cumsum(a, axis, reverse, inclusive));
 }

@@ -95,6 +95,7 @@ ArrPtr reduce(const array& a, rust::Str op, int32_t axis, bool keepdims);
 ArrPtr argmax(const array& a, int32_t axis, bool keepdims);
 ArrPtr argpartition(const array& a, int32_t kth, int32_t axis);
 ArrPtr argsort(const array& a, int32_t axis);
+ArrPtr sort(const array& a, int32_t axis);
 ArrPtr cumsum(const array& a, int32_t axis, bool reverse, bool inclusive);
 ArrPtr softmax(const array& a, int32_t axis, bool precise);
 

@@ -73,6 +73,7 @@ pub(crate) mod ffi {
         fn argmax(a: &array, axis: i32, keepdims: bool) -> Result<UniquePtr<array>>;
         fn argpartition(a: &array, kth: i32, axis: i32) -> Result<UniquePtr<array>>;
         fn argsort(a: &array, axis: i32) -> Result<UniquePtr<array>>;
+        fn sort(a: &array, axis: i32) -> Result<UniquePtr<array>>;
         fn cumsum(a: &array, axis: i32, reverse: bool, inclusive: bool)
             -> Result<UniquePtr<array>>;
         fn softmax(a: &array, axis: i32, precise: bool) -> Result<UniquePtr<array>>;

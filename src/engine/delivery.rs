@@ -1,0 +1,65 @@
+//! The delivery thread: runs host callbacks so that they never run inside a C
+//! ABI call and never stall the scheduler. It guarantees exactly one terminal
+//! event per request: a sink is dropped right after its terminal event, later
+//! events for it are ignored, and sinks still open at shutdown get an error.
+
+use super::request::{Event, EventSink};
+use crate::error::{Error, ErrorKind};
+use crossbeam_channel::{Receiver, Sender};
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+pub(crate) enum Msg {
+    /// A request's sink; sent by the scheduler before any of its events.
+    Open(u64, Box<dyn EventSink>),
+    Event(u64, Event),
+    /// The scheduler died: every open request gets an error.
+    Poisoned(String),
+    Shutdown,
+}
+
+pub(crate) type DeliveryTx = Sender<Msg>;
+
+pub(crate) fn run(rx: Receiver<Msg>) {
+    let mut open: HashMap<u64, Box<dyn EventSink>> = HashMap::new();
+    let mut poisoned: Option<String> = None;
+    let poison_event = |why: &str| {
+        Event::Error(Error::new(ErrorKind::EnginePoisoned, format!("the engine failed and cannot continue: {why}")))
+    };
+    for msg in rx.iter() {
+        match msg {
+            Msg::Open(id, mut sink) => match &poisoned {
+                Some(why) => deliver(&mut sink, &poison_event(why)),
+                None => {
+                    open.insert(id, sink);
+                }
+            },
+            Msg::Event(id, ev) => {
+                let terminal = ev.is_terminal();
+                if let Some(sink) = open.get_mut(&id) {
+                    deliver(sink, &ev);
+                }
+                if terminal {
+                    open.remove(&id);
+                }
+            }
+            Msg::Poisoned(why) => {
+                for (_, mut sink) in open.drain() {
+                    deliver(&mut sink, &poison_event(&why));
+                }
+                poisoned = Some(why);
+            }
+            Msg::Shutdown => break,
+        }
+    }
+    let ended = Event::Error(Error::new(ErrorKind::Internal, "the engine was destroyed before the request ended"));
+    for (_, mut sink) in open.drain() {
+        deliver(&mut sink, &ended);
+    }
+}
+
+/// A panicking sink must not take the delivery thread (and every other
+/// request's events) down with it.
+fn deliver(sink: &mut Box<dyn EventSink>, ev: &Event) {
+    let _ = catch_unwind(AssertUnwindSafe(|| sink.deliver(ev)));
+}

@@ -1,0 +1,313 @@
+//! The engine: a handle host threads share, a scheduler thread that owns the
+//! model and all MLX state, and a delivery thread that runs callbacks.
+//!
+//! Host calls never block on model work: `prepare` validates, renders the chat
+//! template and tokenizes on the calling thread; `enqueue` hands the request to
+//! the scheduler. Cancel is a flag plus a wake-up message.
+
+mod delivery;
+mod generation;
+pub mod request;
+mod scheduler;
+
+pub use request::{Event, EventSink, FinishReason, Input, RequestOptions, Usage};
+
+use crate::error::{Error, ErrorKind, Result};
+use crate::model::load::TextAssets;
+use crate::model::ModelInfo;
+use crossbeam_channel::Sender;
+use request::{Job, RequestState};
+use scheduler::Command;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// Which MLX device runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    /// MLX's default (the GPU where there is one).
+    Auto,
+    Cpu,
+    Gpu,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// A `.gguf` file or a Hugging Face MLX-format folder.
+    pub model_path: PathBuf,
+    pub device: Device,
+    /// Requests accepted but not finished (queued + running); more is `Busy`.
+    pub max_in_flight: usize,
+    /// Prompt tokens per prefill forward pass.
+    pub prefill_chunk: usize,
+    /// Base seed for requests that do not give one.
+    pub seed: u64,
+}
+
+impl EngineConfig {
+    pub fn new(model_path: impl Into<PathBuf>) -> EngineConfig {
+        EngineConfig { model_path: model_path.into(), device: Device::Auto, max_in_flight: 256, prefill_chunk: 512, seed: 0 }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.model_path.as_os_str().is_empty() {
+            return Err(Error::invalid("model_path is empty"));
+        }
+        if self.max_in_flight == 0 {
+            return Err(Error::invalid("max_in_flight must be at least 1"));
+        }
+        if self.prefill_chunk == 0 {
+            return Err(Error::invalid("prefill_chunk must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// Counters the scheduler publishes after every unit of work.
+#[derive(Debug, Default)]
+pub(crate) struct StatsCell {
+    pub queued: AtomicUsize,
+    pub active: AtomicUsize,
+    pub active_memory: AtomicUsize,
+    pub peak_memory: AtomicUsize,
+    pub cache_memory: AtomicUsize,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    pub queued: usize,
+    pub active: usize,
+    pub in_flight: usize,
+    pub completed: u64,
+    /// MLX allocator figures in bytes.
+    pub active_memory: usize,
+    pub peak_memory: usize,
+    pub cache_memory: usize,
+}
+
+/// State shared between the handle and the scheduler.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    pub poisoned: AtomicBool,
+    pub in_flight: AtomicUsize,
+    pub completed: AtomicU64,
+    pub stats: StatsCell,
+}
+
+pub struct Engine {
+    tx: Sender<Command>,
+    shared: Arc<Shared>,
+    text: Arc<TextAssets>,
+    info: ModelInfo,
+    parameter_bytes: usize,
+    max_in_flight: usize,
+    next_id: AtomicU64,
+    threads: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
+}
+
+/// A request that passed validation and holds a place in the engine; dropping
+/// it without `enqueue` gives the place back.
+pub struct Prepared {
+    prompt: Vec<u32>,
+    options: RequestOptions,
+    shared: Arc<Shared>,
+    armed: bool,
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Prepared {
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.prompt
+    }
+}
+
+/// The host's handle to a submitted request. Dropping it does not cancel.
+#[derive(Clone)]
+pub struct RequestHandle {
+    state: Arc<RequestState>,
+    tx: Sender<Command>,
+}
+
+impl RequestHandle {
+    pub fn id(&self) -> u64 {
+        self.state.id
+    }
+
+    /// Asks the engine to stop the request. Idempotent; a request that already
+    /// ended is not affected. The request still gets exactly one terminal
+    /// event (`Done` with `Cancelled` unless it had already finished).
+    pub fn cancel(&self) {
+        self.state.cancelled.store(true, Ordering::Release);
+        let _ = self.tx.send(Command::Cancel(self.state.id));
+    }
+}
+
+impl Engine {
+    /// Starts the threads and loads the model; returns when the model is ready
+    /// (or with the load error).
+    pub fn new(config: EngineConfig) -> Result<Engine> {
+        config.validate()?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
+        let shared = Arc::new(Shared::default());
+        let max_in_flight = config.max_in_flight;
+        let threads = scheduler::spawn(config, shared.clone(), rx, ready_tx)
+            .map_err(|e| Error::internal(format!("cannot start engine threads: {e}")))?;
+        let ready = ready_rx.recv().unwrap_or_else(|_| Err(Error::internal("the scheduler thread exited during load")));
+        match ready {
+            Ok((text, info, parameter_bytes)) => Ok(Engine {
+                tx,
+                shared,
+                text,
+                info,
+                parameter_bytes,
+                max_in_flight,
+                next_id: AtomicU64::new(1),
+                threads: Mutex::new(Some(threads)),
+            }),
+            Err(e) => {
+                let _ = tx.send(Command::Shutdown);
+                let _ = threads.0.join();
+                let _ = threads.1.join();
+                Err(e)
+            }
+        }
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn parameter_bytes(&self) -> usize {
+        self.parameter_bytes
+    }
+
+    pub fn text(&self) -> &TextAssets {
+        &self.text
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let s = &self.shared.stats;
+        EngineStats {
+            queued: s.queued.load(Ordering::Relaxed),
+            active: s.active.load(Ordering::Relaxed),
+            in_flight: self.shared.in_flight.load(Ordering::Relaxed),
+            completed: self.shared.completed.load(Ordering::Relaxed),
+            active_memory: s.active_memory.load(Ordering::Relaxed),
+            peak_memory: s.peak_memory.load(Ordering::Relaxed),
+            cache_memory: s.cache_memory.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Validates `options`, renders and tokenizes the prompt, and reserves a
+    /// place (or fails with `Busy`). Runs on the calling thread.
+    pub fn prepare(&self, options: RequestOptions) -> Result<Prepared> {
+        if self.shared.poisoned.load(Ordering::Acquire) {
+            return Err(Error::new(ErrorKind::EnginePoisoned, "the engine failed earlier and accepts no more requests"));
+        }
+        options.validate()?;
+        let prompt = self.tokenize_input(&options)?;
+        if prompt.is_empty() {
+            return Err(Error::invalid("the prompt is empty"));
+        }
+        let ctx = self.info.context_length;
+        if ctx > 0 && prompt.len() as i64 >= ctx {
+            return Err(Error::invalid(format!(
+                "the prompt has {} tokens; the model's context length is {ctx}",
+                prompt.len()
+            )));
+        }
+        let vocab = self.info.vocab_size as u32;
+        if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
+            return Err(Error::invalid(format!("token id {bad} is outside the vocabulary (size {vocab})")));
+        }
+        let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        let prepared = Prepared { prompt, options, shared: self.shared.clone(), armed: true };
+        if n >= self.max_in_flight {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("the engine already has {n} requests in flight (limit {})", self.max_in_flight),
+            ));
+        }
+        Ok(prepared)
+    }
+
+    /// Hands a prepared request to the scheduler. Events go to `sink` on the
+    /// delivery thread; it is dropped after the terminal event.
+    pub fn enqueue(&self, mut prepared: Prepared, sink: Box<dyn EventSink>) -> RequestHandle {
+        prepared.armed = false;
+        let state = Arc::new(RequestState {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            cancelled: AtomicBool::new(false),
+        });
+        let o = &prepared.options;
+        let job = Job {
+            state: state.clone(),
+            prompt: std::mem::take(&mut prepared.prompt),
+            sampling: o.sampling.clone(),
+            max_tokens: o.max_tokens,
+            stop: o.stop.clone(),
+            stop_at_eos: o.stop_at_eos,
+            submitted: Instant::now(),
+            sink,
+        };
+        // The scheduler serves its channel until the engine is dropped, even
+        // after a failure, so this send cannot fail while `self` exists.
+        let _ = self.tx.send(Command::Submit(job));
+        RequestHandle { state, tx: self.tx.clone() }
+    }
+
+    /// `prepare` + `enqueue`.
+    pub fn submit(&self, options: RequestOptions, sink: Box<dyn EventSink>) -> Result<RequestHandle> {
+        Ok(self.enqueue(self.prepare(options)?, sink))
+    }
+
+    /// The prompt token ids `options` stands for.
+    pub fn tokenize_input(&self, options: &RequestOptions) -> Result<Vec<u32>> {
+        let tok = &self.text.tokenizer;
+        match &options.input {
+            Input::Tokens(ids) => Ok(ids.clone()),
+            Input::Prompt(p) => Ok(tok.encode(p, true)?),
+            Input::Messages(m) => {
+                let template = self
+                    .text
+                    .template
+                    .as_ref()
+                    .ok_or_else(|| Error::invalid("the model has no chat template; send a raw prompt instead"))?;
+                let rendered = template.render(m, options.tools.as_ref(), true, options.template_kwargs.as_ref())?;
+                Ok(tok.encode(&rendered, true)?)
+            }
+        }
+    }
+
+    /// Whether a thread is the engine's delivery thread (callbacks run there).
+    fn on_delivery_thread() -> bool {
+        std::thread::current().name() == Some("mlxrt-delivery")
+    }
+}
+
+impl Drop for Engine {
+    /// Cancels everything in flight, lets the terminal events be delivered and
+    /// joins the threads. Called from a callback (on the delivery thread), it
+    /// cannot wait for that thread: the remaining events are then delivered
+    /// after the callback returns.
+    fn drop(&mut self) {
+        let _ = self.tx.send(Command::Shutdown);
+        let threads = self.threads.lock().map(|mut t| t.take()).unwrap_or(None);
+        if let Some((sched, delivery)) = threads {
+            let _ = sched.join();
+            if !Engine::on_delivery_thread() {
+                let _ = delivery.join();
+            }
+        }
+    }
+}

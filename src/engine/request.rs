@@ -1,0 +1,206 @@
+//! What a request is, before and after preparation, and the events it yields.
+
+use crate::error::{Error, Result};
+use crate::sample::SamplingParams;
+use serde_json::{Map, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The input of a request.
+#[derive(Debug, Clone)]
+pub enum Input {
+    /// Chat messages (`[{"role": ..., "content": ...}, ...]`), rendered with
+    /// the model's chat template with the generation prompt appended.
+    Messages(Value),
+    /// Raw prompt text, tokenized as is (special-token text is parsed).
+    Prompt(String),
+    /// Prompt token ids, used as is.
+    Tokens(Vec<u32>),
+}
+
+/// Everything a caller can ask of one request.
+#[derive(Debug, Clone)]
+pub struct RequestOptions {
+    pub input: Input,
+    pub sampling: SamplingParams,
+    /// Maximum number of generated tokens.
+    pub max_tokens: u32,
+    /// Strings that end generation when they appear in the decoded text; the
+    /// matched string and anything after it are not emitted.
+    pub stop: Vec<String>,
+    /// Tool definitions passed to the chat template as `tools`.
+    pub tools: Option<Value>,
+    /// Extra variables for the chat template (e.g. `enable_thinking`).
+    pub template_kwargs: Option<Map<String, Value>>,
+    /// Stop at the model's end-of-sequence tokens (default true).
+    pub stop_at_eos: bool,
+}
+
+pub const DEFAULT_MAX_TOKENS: u32 = 256;
+
+impl RequestOptions {
+    pub fn new(input: Input) -> RequestOptions {
+        RequestOptions {
+            input,
+            sampling: SamplingParams::default(),
+            max_tokens: DEFAULT_MAX_TOKENS,
+            stop: vec![],
+            tools: None,
+            template_kwargs: None,
+            stop_at_eos: true,
+        }
+    }
+
+    /// Applies OpenAI-style fields from a JSON object (`max_tokens`,
+    /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
+    /// `repetition_context_size`, `seed`, `stop`, `tools`,
+    /// `chat_template_kwargs`, `ignore_eos`). Unknown fields are an error so a
+    /// typo never silently does nothing.
+    pub fn apply_json(&mut self, json: &str) -> Result<()> {
+        let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
+        let Value::Object(obj) = v else {
+            return Err(Error::new(crate::ErrorKind::InvalidJson, "options must be a JSON object"));
+        };
+        for (k, v) in obj {
+            let num = || v.as_f64().ok_or_else(|| Error::invalid(format!("option `{k}` must be a number")));
+            let int = || {
+                v.as_u64()
+                    .ok_or_else(|| Error::invalid(format!("option `{k}` must be a non-negative integer")))
+            };
+            match k.as_str() {
+                "max_tokens" | "max_completion_tokens" => {
+                    self.max_tokens = u32::try_from(int()?).map_err(|_| Error::invalid("max_tokens is too large"))?
+                }
+                "temperature" => self.sampling.temperature = num()? as f32,
+                "top_p" => self.sampling.top_p = num()? as f32,
+                "top_k" => self.sampling.top_k = i32::try_from(int()?).map_err(|_| Error::invalid("top_k is too large"))?,
+                "min_p" => self.sampling.min_p = num()? as f32,
+                "repetition_penalty" => self.sampling.repetition_penalty = num()? as f32,
+                "repetition_context_size" => self.sampling.repetition_context_size = int()? as usize,
+                "seed" => self.sampling.seed = if v.is_null() { None } else { Some(int()?) },
+                "stop" => {
+                    self.stop = match &v {
+                        Value::Null => vec![],
+                        Value::String(s) => vec![s.clone()],
+                        Value::Array(a) => a
+                            .iter()
+                            .map(|s| s.as_str().map(str::to_owned))
+                            .collect::<Option<Vec<_>>>()
+                            .ok_or_else(|| Error::invalid("option `stop` must be a string or an array of strings"))?,
+                        _ => return Err(Error::invalid("option `stop` must be a string or an array of strings")),
+                    }
+                }
+                "tools" => self.tools = (!v.is_null()).then_some(v),
+                "chat_template_kwargs" => match v {
+                    Value::Object(m) => self.template_kwargs = Some(m),
+                    Value::Null => self.template_kwargs = None,
+                    _ => return Err(Error::invalid("option `chat_template_kwargs` must be an object")),
+                },
+                "ignore_eos" => {
+                    self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
+                }
+                other => {
+                    return Err(Error::invalid(format!(
+                        "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
+                         repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos)"
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        self.sampling.validate()?;
+        if self.max_tokens == 0 {
+            return Err(Error::invalid("max_tokens must be at least 1"));
+        }
+        if self.stop.iter().any(String::is_empty) {
+            return Err(Error::invalid("stop strings must not be empty"));
+        }
+        Ok(())
+    }
+}
+
+/// Why a request ended normally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` or the context length was reached.
+    Length,
+    /// The request was cancelled.
+    Cancelled,
+}
+
+/// Token counts and timings of a finished request.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    /// Prompt tokens whose KV state came from a cache (0 until prompt caching).
+    pub cached_tokens: u32,
+    pub completion_tokens: u32,
+    /// Submission to first generated token.
+    pub ttft_ms: f64,
+    /// Start of prompt processing to first generated token.
+    pub prefill_ms: f64,
+    /// First to last generated token.
+    pub decode_ms: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+}
+
+/// What a request yields, in order: any number of `Delta`s, then exactly one
+/// terminal event (`Done` or `Error`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// New output: complete UTF-8 text and the token ids it came from (ids of
+    /// tokens whose text was withheld are carried by a later delta).
+    Delta { text: String, tokens: Vec<u32> },
+    Done { finish: FinishReason, stop_index: Option<usize>, usage: Usage },
+    Error(Error),
+}
+
+impl Event {
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, Event::Delta { .. })
+    }
+}
+
+/// Receives a request's events on the engine's delivery thread. Dropped right
+/// after the terminal event.
+pub trait EventSink: Send {
+    fn deliver(&mut self, event: &Event);
+}
+
+impl<F: FnMut(&Event) + Send> EventSink for F {
+    fn deliver(&mut self, event: &Event) {
+        self(event)
+    }
+}
+
+/// State shared by the host's handle and the scheduler.
+#[derive(Debug)]
+pub(crate) struct RequestState {
+    pub id: u64,
+    pub cancelled: AtomicBool,
+}
+
+impl RequestState {
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+}
+
+/// A validated, tokenized request on its way to the scheduler.
+pub(crate) struct Job {
+    pub state: Arc<RequestState>,
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: u32,
+    pub stop: Vec<String>,
+    pub stop_at_eos: bool,
+    pub submitted: Instant,
+    pub sink: Box<dyn EventSink>,
+}

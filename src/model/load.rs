@@ -1,0 +1,322 @@
+//! Loading a model from a Hugging Face MLX-format folder or a single GGUF file
+//! into an architecture plus the text assets (tokenizer, chat template, EOS
+//! ids). Weights are evaluated here, so a bad file fails the load, not the
+//! first request.
+
+use super::layers::QuantSpec;
+use super::llama::{Llama, LlamaConfig};
+use super::weights::{QuantConfig, Weights};
+use super::{LanguageModel, ModelInfo};
+use crate::error::{Error, Result};
+use crate::mlx::io::{Meta, TensorFile};
+use crate::mlx::{self, Array, Dtype};
+use crate::text::{ChatTemplate, GgufVocab, Tokenizer};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// Cast quantization scales/biases to f32 when running on the CPU device
+    /// (lossless; MLX's CPU kernel is ~30× slower with f16 scales).
+    pub cpu_f32_scales: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { cpu_f32_scales: true }
+    }
+}
+
+/// Tokenizer, template and stop ids: plain data usable from any thread.
+pub struct TextAssets {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub eos_ids: Vec<u32>,
+}
+
+pub struct LoadedModel {
+    pub model: Box<dyn LanguageModel>,
+    pub text: TextAssets,
+    /// Bytes of all parameters as loaded.
+    pub parameter_bytes: usize,
+}
+
+type Parts = (Box<dyn LanguageModel>, TextAssets);
+
+/// Loads `path`: a `.gguf` file or a folder with `config.json`.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let ctx = || format!("loading model {}", path.display());
+    if !path.exists() {
+        return Err(Error::model(format!("model path {} does not exist", path.display())));
+    }
+    let scale_dtype = (opts.cpu_f32_scales && !mlx::device::default_is_gpu()).then_some(Dtype::F32);
+    let loaded = if path.is_dir() {
+        load_folder(path, scale_dtype).map_err(|e| e.context(ctx()))?
+    } else {
+        load_gguf(path, scale_dtype).map_err(|e| e.context(ctx()))?
+    };
+    let (model, text) = loaded;
+    let params = model.parameters();
+    mlx::eval(&params).map_err(|e| Error::model(e.to_string()).context(ctx()))?;
+    let parameter_bytes = params.iter().map(|a| a.nbytes()).sum();
+    drop(params);
+    Ok(LoadedModel { model, text, parameter_bytes })
+}
+
+// ---------------------------------------------------------------- folders
+
+fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::model(format!("cannot read {}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| Error::model(format!("{} is not valid JSON: {e}", path.display())))
+}
+
+fn load_folder(dir: &Path, scale_dtype: Option<Dtype>) -> Result<Parts> {
+    let config = read_json(&dir.join("config.json"))?;
+    let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::model(format!("no .safetensors files in {}", dir.display())));
+    }
+    let mut tensors = HashMap::new();
+    for f in &files {
+        let mut tf = TensorFile::load_safetensors(&f.to_string_lossy())
+            .map_err(|e| Error::model(format!("{}: {}", f.display(), e.0)))?;
+        for name in tf.names() {
+            let a = tf.take(&name)?;
+            tensors.insert(name, a);
+        }
+    }
+    let quant = quant_config(&config)?;
+    let mut weights = Weights::new(tensors, quant, scale_dtype);
+    let info = ModelInfo { format: "mlx-folder".into(), ..Default::default() };
+    let model = build(model_type, &config, &mut weights, info)?;
+    let text = folder_text_assets(dir, &config)?;
+    Ok((model, text))
+}
+
+/// Dispatches on `model_type`; an unknown type is an error that names it.
+fn build(model_type: &str, config: &Value, w: &mut Weights, info: ModelInfo) -> Result<Box<dyn LanguageModel>> {
+    match model_type {
+        "llama" | "mistral" => {
+            let cfg: LlamaConfig = serde_json::from_value(config.clone())
+                .map_err(|e| Error::model(format!("config.json for {model_type}: {e}")))?;
+            Ok(Box::new(Llama::load(&cfg, w, info)?))
+        }
+        "" => Err(Error::model("config.json has no `model_type`")),
+        other => Err(Error::unsupported(format!("model_type `{other}` is not supported"))),
+    }
+}
+
+fn quant_config(config: &Value) -> Result<QuantConfig> {
+    let Some(q) = config.get("quantization").or_else(|| config.get("quantization_config")) else {
+        return Ok(QuantConfig::default());
+    };
+    let spec = |v: &Value| -> Option<QuantSpec> {
+        Some(QuantSpec {
+            group_size: v.get("group_size")?.as_i64()? as i32,
+            bits: v.get("bits")?.as_i64()? as i32,
+        })
+    };
+    if let Some(mode) = q.get("mode").and_then(Value::as_str) {
+        if mode != "affine" {
+            return Err(Error::unsupported(format!("quantization mode `{mode}` is not supported (only affine)")));
+        }
+    }
+    let default = spec(q);
+    let overrides = q
+        .as_object()
+        .map(|m| m.iter().filter_map(|(k, v)| spec(v).map(|s| (k.clone(), s))).collect())
+        .unwrap_or_default();
+    Ok(QuantConfig { default, overrides })
+}
+
+fn token_string(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+fn ids_of(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
+        _ => vec![],
+    }
+}
+
+fn folder_text_assets(dir: &Path, config: &Value) -> Result<TextAssets> {
+    let tok_path = dir.join("tokenizer.json");
+    if !tok_path.exists() {
+        return Err(Error::model(format!("{} is missing", tok_path.display())));
+    }
+    let tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| Error::model(e.to_string()))?;
+    let tc_path = dir.join("tokenizer_config.json");
+    let tc = if tc_path.exists() { read_json(&tc_path)? } else { Value::Null };
+    let jinja = dir.join("chat_template.jinja");
+    let source = if jinja.exists() {
+        Some(std::fs::read_to_string(&jinja)?)
+    } else {
+        tc.get("chat_template").and_then(Value::as_str).map(str::to_owned)
+    };
+    let bos = token_string(tc.get("bos_token"));
+    let eos = token_string(tc.get("eos_token"));
+    let template = source
+        .map(|s| ChatTemplate::new(&s, bos.as_deref(), eos.as_deref()))
+        .transpose()
+        .map_err(|e| Error::model(format!("chat template: {e}")))?;
+    let mut eos_ids = ids_of(config.get("eos_token_id"));
+    let gen = dir.join("generation_config.json");
+    if gen.exists() {
+        eos_ids.extend(ids_of(read_json(&gen)?.get("eos_token_id")));
+    }
+    if let Some(id) = eos.as_deref().and_then(|t| tokenizer.token_to_id(t)) {
+        eos_ids.push(id);
+    }
+    eos_ids.sort_unstable();
+    eos_ids.dedup();
+    Ok(TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids })
+}
+
+// ---------------------------------------------------------------- GGUF
+
+fn meta_u32(f: &TensorFile, key: &str) -> Result<Option<u32>> {
+    match f.meta(key)? {
+        Some(Meta::Arr(a)) => Ok(Some(a.to_vec_i32()?.first().copied().unwrap_or(0) as u32)),
+        _ => Ok(None),
+    }
+}
+
+fn meta_f32(f: &TensorFile, key: &str) -> Result<Option<f32>> {
+    match f.meta(key)? {
+        Some(Meta::Arr(a)) => Ok(a.to_vec_f32()?.first().copied()),
+        _ => Ok(None),
+    }
+}
+
+fn meta_string(f: &TensorFile, key: &str) -> Result<Option<String>> {
+    match f.meta(key)? {
+        Some(Meta::Str(s)) => Ok(Some(s)),
+        _ => Ok(None),
+    }
+}
+
+/// HF module path for a GGUF tensor base name (without `.weight` etc.).
+fn hf_module(base: &str) -> Option<String> {
+    match base {
+        "token_embd" => return Some("model.embed_tokens".into()),
+        "output_norm" => return Some("model.norm".into()),
+        "output" => return Some("lm_head".into()),
+        _ => {}
+    }
+    let rest = base.strip_prefix("blk.")?;
+    let (layer, part) = rest.split_once('.')?;
+    let hf = match part {
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}"))
+}
+
+/// GGUF stores Llama Q/K rows interleaved for traditional RoPE; this restores
+/// the Hugging Face half-split order (rows only, so it is exact for packed
+/// weights, scales and biases alike).
+fn unpermute_rows(a: &Array, heads: i32) -> Result<Array> {
+    let s = a.shape();
+    let rows = s[0];
+    let hd = rows / heads;
+    let mut split = vec![heads, hd / 2, 2];
+    split.extend_from_slice(&s[1..]);
+    Ok(a.reshape(&split)?.swapaxes(1, 2)?.reshape(&s)?)
+}
+
+fn load_gguf(path: &Path, scale_dtype: Option<Dtype>) -> Result<Parts> {
+    let mut f = TensorFile::load_gguf(&path.to_string_lossy()).map_err(|e| Error::model(e.0))?;
+    let arch = meta_string(&f, "general.architecture")?.unwrap_or_default();
+    if arch != "llama" {
+        return Err(Error::unsupported(format!("GGUF architecture `{arch}` is not supported (only llama)")));
+    }
+    let need = |key: &str, v: Option<u32>| v.ok_or_else(|| Error::model(format!("GGUF metadata `{key}` is missing")));
+    let k = |s: &str| format!("{arch}.{s}");
+    let heads = need("attention.head_count", meta_u32(&f, &k("attention.head_count"))?)? as i32;
+    let kv_heads = meta_u32(&f, &k("attention.head_count_kv"))?.map_or(heads, |v| v as i32);
+    let hidden = need("embedding_length", meta_u32(&f, &k("embedding_length"))?)? as i32;
+
+    let mut tensors = HashMap::new();
+    let mut quant = QuantConfig::default();
+    for name in f.names() {
+        let (base, suffix) = name.rsplit_once('.').unwrap_or((&name, ""));
+        let Some(module) = hf_module(base) else {
+            return Err(Error::model(format!("unexpected GGUF tensor `{name}`")));
+        };
+        let mut a = f.take(&name)?;
+        if module.ends_with("q_proj") {
+            a = unpermute_rows(&a, heads)?;
+        } else if module.ends_with("k_proj") {
+            a = unpermute_rows(&a, kv_heads)?;
+        }
+        tensors.insert(format!("{module}.{suffix}"), a);
+    }
+    // MLX's GGUF loader turns Q4_0/Q4_1/Q8_0 into affine groups of 32; the
+    // bit width follows from the packed width over the number of groups.
+    for (name, s) in tensors.iter().filter(|(n, _)| n.ends_with(".scales")) {
+        let module = name.trim_end_matches(".scales");
+        let w = tensors
+            .get(&format!("{module}.weight"))
+            .ok_or_else(|| Error::model(format!("GGUF tensor `{module}` has scales but no weight")))?;
+        let bits = w.dim(-1) / s.dim(-1);
+        quant.overrides.insert(module.to_string(), QuantSpec { group_size: 32, bits });
+    }
+    let vocab_size = match meta_u32(&f, &k("vocab_size"))? {
+        Some(v) => v as i32,
+        None => tensors.get("model.embed_tokens.weight").map(|a| a.dim(0)).unwrap_or(0),
+    };
+    let cfg = LlamaConfig {
+        hidden_size: hidden,
+        num_hidden_layers: need("block_count", meta_u32(&f, &k("block_count"))?)? as i32,
+        intermediate_size: need("feed_forward_length", meta_u32(&f, &k("feed_forward_length"))?)? as i32,
+        num_attention_heads: heads,
+        rms_norm_eps: meta_f32(&f, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
+        vocab_size,
+        head_dim: meta_u32(&f, &k("attention.key_length"))?.map(|v| v as i32),
+        max_position_embeddings: meta_u32(&f, &k("context_length"))?.map(i64::from),
+        num_key_value_heads: Some(kv_heads),
+        attention_bias: false,
+        mlp_bias: false,
+        rope_theta: meta_f32(&f, &k("rope.freq_base"))?.unwrap_or(10000.0),
+        rope_traditional: false,
+        rope_scaling: None,
+        tie_word_embeddings: Some(!tensors.contains_key("lm_head.weight")),
+    };
+    let mut weights = Weights::new(tensors, quant, scale_dtype);
+    let info = ModelInfo { format: "gguf".into(), ..Default::default() };
+    let model: Box<dyn LanguageModel> = Box::new(Llama::load(&cfg, &mut weights, info)?);
+
+    let vocab = GgufVocab::from_tensor_file(&f).map_err(|e| Error::model(e.to_string()))?;
+    let tokenizer = Tokenizer::from_gguf(&vocab).map_err(|e| Error::model(e.to_string()))?;
+    let name_of = |id: Option<u32>| id.and_then(|i| tokenizer.id_to_token(i));
+    let template = vocab
+        .chat_template
+        .as_deref()
+        .map(|s| ChatTemplate::new(s, name_of(vocab.bos_id).as_deref(), name_of(vocab.eos_id).as_deref()))
+        .transpose()
+        .map_err(|e| Error::model(format!("chat template: {e}")))?;
+    let eos_ids = vocab.eos_id.into_iter().collect();
+    Ok((model, TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids }))
+}

@@ -1,0 +1,130 @@
+//! A checkpoint's tensors by name, taken one by one while a model is built, so
+//! a missing or misshapen tensor fails the load with its name.
+
+use super::layers::{Embedding, Linear, QuantSpec};
+use crate::error::{Error, Result};
+use crate::mlx::{Array, Dtype};
+use std::collections::{BTreeMap, HashMap};
+
+/// Per-checkpoint quantization settings: a default and per-module overrides
+/// (keyed by module path, e.g. `model.embed_tokens`), as in MLX configs.
+#[derive(Debug, Clone, Default)]
+pub struct QuantConfig {
+    pub default: Option<QuantSpec>,
+    pub overrides: HashMap<String, QuantSpec>,
+}
+
+impl QuantConfig {
+    fn spec_for(&self, module: &str) -> Option<QuantSpec> {
+        self.overrides.get(module).copied().or(self.default)
+    }
+}
+
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+    quant: QuantConfig,
+    /// Quantization scales/biases are cast to this dtype at load (f32 on the
+    /// CPU device, where f16 scales take a much slower kernel path).
+    scale_dtype: Option<Dtype>,
+}
+
+impl Weights {
+    pub fn new(tensors: HashMap<String, Array>, quant: QuantConfig, scale_dtype: Option<Dtype>) -> Weights {
+        Weights { tensors, quant, scale_dtype }
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    pub fn take(&mut self, name: &str) -> Result<Array> {
+        self.tensors
+            .remove(name)
+            .ok_or_else(|| Error::model(format!("checkpoint is missing tensor `{name}`")))
+    }
+
+    /// Takes a tensor and checks its shape.
+    pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let a = self.take(name)?;
+        check_shape(name, &a, shape)?;
+        Ok(a)
+    }
+
+    fn take_optional(&mut self, name: &str, shape: &[i32]) -> Result<Option<Array>> {
+        if self.contains(name) {
+            self.take_shaped(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn take_scales(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+        let a = self.take_shaped(name, shape)?;
+        match self.scale_dtype {
+            Some(dt) if a.dtype() != dt => Ok(a.astype(dt)?),
+            _ => Ok(a),
+        }
+    }
+
+    /// A linear layer `prefix` mapping `in_dim` → `out_dim`, quantized when the
+    /// checkpoint has `prefix.scales`.
+    pub fn linear(&mut self, prefix: &str, in_dim: i32, out_dim: i32, bias: bool) -> Result<Linear> {
+        let b = if bias {
+            Some(self.take_shaped(&format!("{prefix}.bias"), &[out_dim])?)
+        } else {
+            self.take_optional(&format!("{prefix}.bias"), &[out_dim])?
+        };
+        if !self.contains(&format!("{prefix}.scales")) {
+            let w = self.take_shaped(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
+            return Ok(Linear::Dense { w, b });
+        }
+        let (w, scales, biases, spec) = self.quantized(prefix, in_dim, out_dim)?;
+        Ok(Linear::Quantized { w, scales, biases, b, spec })
+    }
+
+    /// A token embedding table `prefix` of `vocab` rows × `dim`.
+    pub fn embedding(&mut self, prefix: &str, vocab: i32, dim: i32) -> Result<Embedding> {
+        if !self.contains(&format!("{prefix}.scales")) {
+            let w = self.take_shaped(&format!("{prefix}.weight"), &[vocab, dim])?;
+            return Ok(Embedding::Dense { w });
+        }
+        let (w, scales, biases, spec) = self.quantized(prefix, dim, vocab)?;
+        Ok(Embedding::Quantized { w, scales, biases, spec })
+    }
+
+    fn quantized(&mut self, prefix: &str, in_dim: i32, out_dim: i32) -> Result<(Array, Array, Array, QuantSpec)> {
+        let spec = self.quant.spec_for(prefix).ok_or_else(|| {
+            Error::model(format!(
+                "`{prefix}` has quantization scales but the config has no quantization settings for it"
+            ))
+        })?;
+        if in_dim % spec.group_size != 0 || (in_dim * spec.bits) % 32 != 0 {
+            return Err(Error::model(format!(
+                "`{prefix}`: input size {in_dim} does not fit group size {} / {} bits",
+                spec.group_size, spec.bits
+            )));
+        }
+        let w = self.take_shaped(&format!("{prefix}.weight"), &[out_dim, in_dim * spec.bits / 32])?;
+        if w.dtype() != Dtype::U32 {
+            return Err(Error::model(format!("`{prefix}.weight` is {:?}, expected packed uint32", w.dtype())));
+        }
+        let groups = in_dim / spec.group_size;
+        let scales = self.take_scales(&format!("{prefix}.scales"), &[out_dim, groups])?;
+        let biases = self.take_scales(&format!("{prefix}.biases"), &[out_dim, groups])?;
+        Ok((w, scales, biases, spec))
+    }
+
+    /// Names left over after the model took what it needs (sorted).
+    pub fn leftover(&self) -> Vec<String> {
+        let set: BTreeMap<_, _> = self.tensors.keys().map(|k| (k.clone(), ())).collect();
+        set.into_keys().collect()
+    }
+}
+
+pub fn check_shape(name: &str, a: &Array, want: &[i32]) -> Result<()> {
+    let got = a.shape();
+    if got != want {
+        return Err(Error::model(format!("tensor `{name}` has shape {got:?}, expected {want:?}")));
+    }
+    Ok(())
+}
