@@ -66,8 +66,15 @@ fn main() {
     println!("cargo:rustc-env=MLXRT_MLX_DIR={}", mlx.display());
 
     // The header is generated into OUT_DIR; tests/header.rs compares it with the
-    // committed include/mlxrt.h and scripts/update-header.sh copies it over.
-    let config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    // committed include/mlxrt.h, which `MLXRT_UPDATE_HEADER=1 cargo build`
+    // (scripts/update-header.sh) overwrites.
+    println!("cargo:rerun-if-env-changed=MLXRT_UPDATE_HEADER");
+    let mut config = cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    let version = env::var("CARGO_PKG_VERSION").unwrap();
+    config.after_includes = Some(format!(
+        "{}\n/** The version of mlxrt this header belongs to. */\n#define MLXRT_VERSION \"{version}\"\n",
+        config.after_includes.unwrap_or_default()
+    ));
     let header = out.join("mlxrt.h");
     match cbindgen::Builder::new()
         .with_crate(&root)
@@ -80,4 +87,8 @@ fn main() {
         Err(e) => panic!("cbindgen failed: {e}"),
     }
     println!("cargo:rustc-env=MLXRT_GENERATED_HEADER={}", header.display());
+    if env::var_os("MLXRT_UPDATE_HEADER").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(root.join("include")).expect("create include/");
+        std::fs::copy(&header, root.join("include/mlxrt.h")).expect("copy the header to include/");
+    }
 }

@@ -243,12 +243,18 @@ impl Engine {
 
     /// Hands a prepared request to the scheduler. Events go to `sink` on the
     /// delivery thread; it is dropped after the terminal event.
-    pub fn enqueue(&self, mut prepared: Prepared, sink: Box<dyn EventSink>) -> RequestHandle {
+    pub fn enqueue(&self, prepared: Prepared, sink: Box<dyn EventSink>) -> RequestHandle {
+        self.enqueue_with(prepared, |_| sink)
+    }
+
+    /// `enqueue` with a sink built from the request's id.
+    pub fn enqueue_with(&self, mut prepared: Prepared, make_sink: impl FnOnce(u64) -> Box<dyn EventSink>) -> RequestHandle {
         prepared.armed = false;
         let state = Arc::new(RequestState {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             cancelled: AtomicBool::new(false),
         });
+        let sink = make_sink(state.id);
         let o = &prepared.options;
         let job = Job {
             state: state.clone(),

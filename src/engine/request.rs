@@ -37,7 +37,7 @@ pub struct RequestOptions {
     pub stop_at_eos: bool,
 }
 
-pub const DEFAULT_MAX_TOKENS: u32 = 256;
+pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
 
 impl RequestOptions {
     pub fn new(input: Input) -> RequestOptions {

@@ -1,0 +1,120 @@
+//! Engine handle: configuration, creation and destruction.
+
+use super::args::{req_str, versioned};
+use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
+use crate::engine::{Device, Engine, EngineConfig};
+use crate::error::Error;
+use std::ffi::c_char;
+use std::mem::size_of;
+
+/// An engine: one loaded model, its scheduler thread and delivery thread.
+/// All functions taking an engine may be called from any thread at the same
+/// time, except `mlxrt_engine_destroy`, which must be the last call on it.
+pub struct mlxrt_engine {
+    pub(crate) engine: Engine,
+}
+
+/// `mlxrt_engine_config.device`: MLX's default device (the GPU where present).
+pub const MLXRT_DEVICE_AUTO: i32 = 0;
+/// `mlxrt_engine_config.device`: the CPU.
+pub const MLXRT_DEVICE_CPU: i32 = 1;
+/// `mlxrt_engine_config.device`: the GPU (Metal or CUDA).
+pub const MLXRT_DEVICE_GPU: i32 = 2;
+
+/// Engine settings. Fill with `mlxrt_engine_config_init`, then set fields.
+/// Fields are only ever appended; `struct_size` tells the library which ones
+/// the caller knows.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mlxrt_engine_config {
+    /// `sizeof(mlxrt_engine_config)`, set by `mlxrt_engine_config_init`.
+    pub struct_size: usize,
+    /// A `.gguf` file or a Hugging Face MLX-format folder (UTF-8, copied).
+    pub model_path: *const c_char,
+    /// One of `MLXRT_DEVICE_*` (default AUTO).
+    pub device: i32,
+    /// Requests accepted but not yet finished before submit returns BUSY
+    /// (default 256).
+    pub max_in_flight: u32,
+    /// Prompt tokens per prefill forward pass (default 512).
+    pub prefill_chunk: u32,
+    /// Base seed for requests without their own seed (default 0).
+    pub seed: u64,
+}
+
+const CONFIG_V1_SIZE: usize = size_of::<mlxrt_engine_config>();
+
+fn default_config() -> mlxrt_engine_config {
+    let d = EngineConfig::new("");
+    mlxrt_engine_config {
+        struct_size: size_of::<mlxrt_engine_config>(),
+        model_path: std::ptr::null(),
+        device: MLXRT_DEVICE_AUTO,
+        max_in_flight: d.max_in_flight as u32,
+        prefill_chunk: d.prefill_chunk as u32,
+        seed: d.seed,
+    }
+}
+
+/// Fills `config` with defaults (and its `struct_size`). NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn mlxrt_engine_config_init(config: *mut mlxrt_engine_config) {
+    guard_value((), || {
+        if !config.is_null() {
+            // SAFETY: the caller passes a writable `mlxrt_engine_config`.
+            unsafe { config.write(default_config()) };
+        }
+    })
+}
+
+/// Loads the model and starts the engine; blocks until the model is ready.
+/// On success `*out_engine` receives the engine (free it with
+/// `mlxrt_engine_destroy`); on failure it is set to NULL and `*error` (when
+/// `error` is not NULL) receives an error to free with `mlxrt_error_free`.
+#[no_mangle]
+pub extern "C" fn mlxrt_engine_create(
+    config: *const mlxrt_engine_config,
+    out_engine: *mut *mut mlxrt_engine,
+    error: *mut *mut mlxrt_error,
+) -> mlxrt_status {
+    guard(error, || {
+        if out_engine.is_null() {
+            return Err(Error::invalid("out_engine is NULL"));
+        }
+        // SAFETY: checked non-NULL; the caller passes a writable pointer.
+        unsafe { *out_engine = std::ptr::null_mut() };
+        let c = versioned(config, default_config(), CONFIG_V1_SIZE, "config")?;
+        let path = req_str(c.model_path, "config.model_path")?;
+        let device = match c.device {
+            MLXRT_DEVICE_AUTO => Device::Auto,
+            MLXRT_DEVICE_CPU => Device::Cpu,
+            MLXRT_DEVICE_GPU => Device::Gpu,
+            other => return Err(Error::invalid(format!("config.device {other} is not a MLXRT_DEVICE_* value"))),
+        };
+        let mut cfg = EngineConfig::new(path);
+        cfg.device = device;
+        cfg.max_in_flight = c.max_in_flight as usize;
+        cfg.prefill_chunk = c.prefill_chunk as usize;
+        cfg.seed = c.seed;
+        let engine = Engine::new(cfg)?;
+        let handle = Box::into_raw(Box::new(mlxrt_engine { engine }));
+        // SAFETY: checked non-NULL above.
+        unsafe { *out_engine = handle };
+        Ok(())
+    })
+}
+
+/// Cancels every request in flight, delivers their terminal events, stops the
+/// threads and frees the engine. Request handles stay valid (and must still
+/// be freed) but do nothing. May be called from an event callback: the
+/// remaining events are then delivered after that callback returns. NULL is a
+/// no-op.
+#[no_mangle]
+pub extern "C" fn mlxrt_engine_destroy(engine: *mut mlxrt_engine) {
+    guard_value((), || {
+        if !engine.is_null() {
+            // SAFETY: the pointer came from `mlxrt_engine_create`; destroyed once.
+            drop(unsafe { Box::from_raw(engine) });
+        }
+    })
+}

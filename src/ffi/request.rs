@@ -1,0 +1,375 @@
+//! Requests: parameters, submission, events delivered to a callback, cancel.
+
+use super::args::{opt_str, reference, req_str, slice, versioned};
+use super::engine::mlxrt_engine;
+use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
+use crate::engine::{Event, EventSink, FinishReason, Input, RequestHandle, RequestOptions, Usage};
+use crate::error::{Error, ErrorKind};
+use crate::sample::SamplingParams;
+use std::ffi::{c_char, c_void, CString};
+use std::mem::size_of;
+
+/// A submitted request. The handle is independent of the request's progress:
+/// free it with `mlxrt_request_free` whenever convenient (that does not
+/// cancel). Any thread may use it.
+pub struct mlxrt_request {
+    handle: RequestHandle,
+}
+
+/// Request settings. Fill with `mlxrt_request_params_init`, then set exactly
+/// one input (`messages_json`, `prompt` or `prompt_tokens`). Everything is
+/// copied by `mlxrt_request_submit`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mlxrt_request_params {
+    /// `sizeof(mlxrt_request_params)`, set by `mlxrt_request_params_init`.
+    pub struct_size: usize,
+    /// Chat messages as a JSON array of `{"role": ..., "content": ...}`,
+    /// rendered with the model's chat template (generation prompt appended).
+    pub messages_json: *const c_char,
+    /// Raw prompt text (special-token text such as `<|im_start|>` is parsed).
+    pub prompt: *const c_char,
+    /// Prompt token ids, used as they are.
+    pub prompt_tokens: *const u32,
+    pub n_prompt_tokens: usize,
+    /// Maximum number of generated tokens (default 256).
+    pub max_tokens: u32,
+    /// 0 = greedy (default).
+    pub temperature: f32,
+    /// Nucleus sampling mass in (0, 1); 0 = off (default).
+    pub top_p: f32,
+    /// Sample among the k most likely tokens; 0 = off (default).
+    pub top_k: i32,
+    /// Minimum probability relative to the most likely token; 0 = off.
+    pub min_p: f32,
+    /// Penalty on recently seen tokens (mlx-lm semantics); 1 = off (default).
+    pub repetition_penalty: f32,
+    /// Tokens the repetition penalty looks back over (default 20).
+    pub repetition_context_size: u32,
+    /// Non-zero: use `seed` for sampling, making the output reproducible.
+    pub use_seed: u8,
+    pub seed: u64,
+    /// Stop strings (UTF-8): generation ends when one appears in the output
+    /// text, which then ends before it.
+    pub stop: *const *const c_char,
+    pub n_stop: usize,
+    /// Optional JSON object of OpenAI-style fields applied after the fields
+    /// above: max_tokens, temperature, top_p, top_k, min_p,
+    /// repetition_penalty, repetition_context_size, seed, stop, tools,
+    /// chat_template_kwargs, ignore_eos. Unknown fields are an error.
+    pub options_json: *const c_char,
+}
+
+const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
+
+fn default_params() -> mlxrt_request_params {
+    let s = SamplingParams::default();
+    mlxrt_request_params {
+        struct_size: size_of::<mlxrt_request_params>(),
+        messages_json: std::ptr::null(),
+        prompt: std::ptr::null(),
+        prompt_tokens: std::ptr::null(),
+        n_prompt_tokens: 0,
+        max_tokens: crate::engine::request::DEFAULT_MAX_TOKENS,
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_k: s.top_k,
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty,
+        repetition_context_size: s.repetition_context_size as u32,
+        use_seed: 0,
+        seed: 0,
+        stop: std::ptr::null(),
+        n_stop: 0,
+        options_json: std::ptr::null(),
+    }
+}
+
+/// Fills `params` with defaults (and its `struct_size`). NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn mlxrt_request_params_init(params: *mut mlxrt_request_params) {
+    guard_value((), || {
+        if !params.is_null() {
+            // SAFETY: the caller passes a writable `mlxrt_request_params`.
+            unsafe { params.write(default_params()) };
+        }
+    })
+}
+
+fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOptions> {
+    let messages = opt_str(p.messages_json, "params.messages_json")?;
+    let prompt = opt_str(p.prompt, "params.prompt")?;
+    let tokens = slice(p.prompt_tokens, p.n_prompt_tokens, "params.prompt_tokens")?;
+    let given = messages.is_some() as u8 + prompt.is_some() as u8 + (!tokens.is_empty()) as u8;
+    if given != 1 {
+        return Err(Error::invalid(
+            "set exactly one of params.messages_json, params.prompt and params.prompt_tokens",
+        ));
+    }
+    let input = if let Some(m) = messages {
+        let v = serde_json::from_str(m)
+            .map_err(|e| Error::new(ErrorKind::InvalidJson, format!("params.messages_json: {e}")))?;
+        Input::Messages(v)
+    } else if let Some(t) = prompt {
+        Input::Prompt(t.to_owned())
+    } else {
+        Input::Tokens(tokens.to_vec())
+    };
+    let mut o = RequestOptions::new(input);
+    o.max_tokens = p.max_tokens;
+    o.sampling = SamplingParams {
+        temperature: p.temperature,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        top_k: p.top_k,
+        repetition_penalty: p.repetition_penalty,
+        repetition_context_size: p.repetition_context_size as usize,
+        seed: (p.use_seed != 0).then_some(p.seed),
+    };
+    let stops = slice(p.stop, p.n_stop, "params.stop")?;
+    o.stop = stops
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| req_str(s, &format!("params.stop[{i}]")).map(str::to_owned))
+        .collect::<crate::Result<_>>()?;
+    if let Some(json) = opt_str(p.options_json, "params.options_json")? {
+        o.apply_json(json)?;
+    }
+    Ok(o)
+}
+
+/// `mlxrt_event.kind`.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum mlxrt_event_kind {
+    /// New output text (complete UTF-8) and its token ids.
+    Delta = 1,
+    /// The request finished (terminal); see `finish_reason` and `usage`.
+    Done = 2,
+    /// The request failed (terminal); see `error_status`, `error_message`.
+    Error = 3,
+}
+
+/// `mlxrt_event.finish_reason` for DONE events.
+#[repr(i32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum mlxrt_finish_reason {
+    /// Not a DONE event.
+    None = 0,
+    /// An end-of-sequence token or a stop string (`stop_index` says which).
+    Stop = 1,
+    /// `max_tokens` or the model's context length was reached.
+    Length = 2,
+    /// The request was cancelled.
+    Cancelled = 3,
+}
+
+/// Token counts and timings of a finished request.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlxrt_usage {
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from a prompt cache.
+    pub cached_tokens: u32,
+    pub completion_tokens: u32,
+    /// Submission to first generated token, in milliseconds.
+    pub ttft_ms: f64,
+    /// Prompt processing time, in milliseconds.
+    pub prefill_ms: f64,
+    /// First to last generated token, in milliseconds.
+    pub decode_ms: f64,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+}
+
+/// One event of a request. Passed to the callback by pointer; it and every
+/// pointer in it are valid only during the callback (copy what you keep).
+#[repr(C)]
+pub struct mlxrt_event {
+    /// `sizeof(mlxrt_event)` of the library that made it.
+    pub struct_size: usize,
+    pub kind: mlxrt_event_kind,
+    pub request_id: u64,
+    /// DELTA: NUL-terminated UTF-8, never a partial character. Else "".
+    pub text: *const c_char,
+    /// Length of `text` in bytes (without the NUL).
+    pub text_len: usize,
+    /// DELTA: ids of the tokens this text came from. Else NULL.
+    pub tokens: *const u32,
+    pub n_tokens: usize,
+    /// DONE: why the request ended.
+    pub finish_reason: mlxrt_finish_reason,
+    /// DONE with a stop string: its index in the request's stop list; else -1.
+    pub stop_index: i32,
+    /// DONE: counts and timings.
+    pub usage: mlxrt_usage,
+    /// ERROR: the status; else OK.
+    pub error_status: mlxrt_status,
+    /// ERROR: NUL-terminated UTF-8 message; else "".
+    pub error_message: *const c_char,
+}
+
+/// Receives a request's events, on the engine's delivery thread (never inside
+/// a call into mlxrt, never on the caller's thread). Events of one request
+/// arrive in order, DELTA* then exactly one DONE or ERROR. A callback may
+/// call any mlxrt function, including cancel and engine destroy.
+pub type mlxrt_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const mlxrt_event)>;
+
+/// Frees `user_data`; called exactly once, after the terminal event.
+pub type mlxrt_free_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+
+/// Forwards events to a C callback; frees `user_data` when dropped (right
+/// after the terminal event).
+struct CallbackSink {
+    callback: unsafe extern "C" fn(*mut c_void, *const mlxrt_event),
+    user_data: *mut c_void,
+    free: mlxrt_free_fn,
+    request_id: u64,
+}
+
+// SAFETY: the C contract makes the callback and user_data usable from the
+// engine's delivery thread (documented on `mlxrt_request_submit`).
+unsafe impl Send for CallbackSink {}
+
+impl Drop for CallbackSink {
+    fn drop(&mut self) {
+        if let Some(free) = self.free {
+            // SAFETY: called once, as the contract promises.
+            unsafe { free(self.user_data) };
+        }
+    }
+}
+
+fn usage_c(u: &Usage) -> mlxrt_usage {
+    mlxrt_usage {
+        prompt_tokens: u.prompt_tokens,
+        cached_tokens: u.cached_tokens,
+        completion_tokens: u.completion_tokens,
+        ttft_ms: u.ttft_ms,
+        prefill_ms: u.prefill_ms,
+        decode_ms: u.decode_ms,
+        prefill_tokens_per_s: u.prefill_tokens_per_s,
+        decode_tokens_per_s: u.decode_tokens_per_s,
+    }
+}
+
+impl EventSink for CallbackSink {
+    fn deliver(&mut self, event: &Event) {
+        let empty = c"".as_ptr();
+        let mut ev = mlxrt_event {
+            struct_size: size_of::<mlxrt_event>(),
+            kind: mlxrt_event_kind::Delta,
+            request_id: self.request_id,
+            text: empty,
+            text_len: 0,
+            tokens: std::ptr::null(),
+            n_tokens: 0,
+            finish_reason: mlxrt_finish_reason::None,
+            stop_index: -1,
+            usage: mlxrt_usage::default(),
+            error_status: mlxrt_status::Ok,
+            error_message: empty,
+        };
+        // Owners of the buffers the event points into, alive until the call returns.
+        let text: CString;
+        let message: CString;
+        match event {
+            Event::Delta { text: t, tokens } => {
+                text = c_string(t);
+                ev.text = text.as_ptr();
+                ev.text_len = text.as_bytes().len();
+                ev.tokens = tokens.as_ptr();
+                ev.n_tokens = tokens.len();
+            }
+            Event::Done { finish, stop_index, usage } => {
+                ev.kind = mlxrt_event_kind::Done;
+                ev.finish_reason = match finish {
+                    FinishReason::Stop => mlxrt_finish_reason::Stop,
+                    FinishReason::Length => mlxrt_finish_reason::Length,
+                    FinishReason::Cancelled => mlxrt_finish_reason::Cancelled,
+                };
+                ev.stop_index = stop_index.map_or(-1, |i| i as i32);
+                ev.usage = usage_c(usage);
+            }
+            Event::Error(e) => {
+                ev.kind = mlxrt_event_kind::Error;
+                ev.error_status = e.kind.into();
+                message = c_string(&e.message);
+                ev.error_message = message.as_ptr();
+            }
+        }
+        // SAFETY: the callback was given by the caller for exactly this use.
+        unsafe { (self.callback)(self.user_data, &ev) };
+    }
+}
+
+/// Submits a request. Validation, chat templating and tokenization happen
+/// here, on the calling thread; generation happens on the engine's thread and
+/// never blocks this call.
+///
+/// On success, events go to `callback(user_data, event)` on the engine's
+/// delivery thread, `user_data_free(user_data)` (if not NULL) is called once
+/// after the terminal event, and `*out_request` (if `out_request` is not
+/// NULL) receives a handle to free with `mlxrt_request_free`. On failure
+/// nothing is called, `user_data` stays the caller's, `*out_request` is NULL.
+/// BUSY means too many requests are in flight; retry later.
+#[no_mangle]
+pub extern "C" fn mlxrt_request_submit(
+    engine: *const mlxrt_engine,
+    params: *const mlxrt_request_params,
+    callback: mlxrt_event_fn,
+    user_data: *mut c_void,
+    user_data_free: mlxrt_free_fn,
+    out_request: *mut *mut mlxrt_request,
+    error: *mut *mut mlxrt_error,
+) -> mlxrt_status {
+    guard(error, || {
+        if !out_request.is_null() {
+            // SAFETY: the caller passes NULL or a writable pointer.
+            unsafe { *out_request = std::ptr::null_mut() };
+        }
+        let engine = &reference(engine, "engine")?.engine;
+        let callback = callback.ok_or_else(|| Error::invalid("callback is NULL"))?;
+        let p = versioned(params, default_params(), PARAMS_V1_SIZE, "params")?;
+        let prepared = engine.prepare(options_from(&p)?)?;
+        let handle = engine.enqueue_with(prepared, |request_id| {
+            Box::new(CallbackSink { callback, user_data, free: user_data_free, request_id })
+        });
+        if !out_request.is_null() {
+            // SAFETY: checked non-NULL above.
+            unsafe { *out_request = Box::into_raw(Box::new(mlxrt_request { handle })) };
+        }
+        Ok(())
+    })
+}
+
+/// Asks the engine to stop the request: while queued, between prefill chunks
+/// or between decode steps. The request then ends with a DONE event whose
+/// finish reason is CANCELLED (unless it had already finished), and no events
+/// follow it. Idempotent; works after the engine is destroyed (no-op).
+#[no_mangle]
+pub extern "C" fn mlxrt_request_cancel(request: *const mlxrt_request, error: *mut *mut mlxrt_error) -> mlxrt_status {
+    guard(error, || {
+        reference(request, "request")?.handle.cancel();
+        Ok(())
+    })
+}
+
+/// The request's id (the `request_id` of its events); 0 for NULL.
+#[no_mangle]
+pub extern "C" fn mlxrt_request_id(request: *const mlxrt_request) -> u64 {
+    guard_value(0, || reference(request, "request").map_or(0, |r| r.handle.id()))
+}
+
+/// Frees a request handle (does not cancel the request). NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn mlxrt_request_free(request: *mut mlxrt_request) {
+    guard_value((), || {
+        if !request.is_null() {
+            // SAFETY: the pointer came from `mlxrt_request_submit`; freed once.
+            drop(unsafe { Box::from_raw(request) });
+        }
+    })
+}
