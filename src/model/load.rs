@@ -76,6 +76,7 @@ fn read_json(path: &Path) -> Result<Value> {
 fn load_folder(dir: &Path, scale_dtype: Option<Dtype>) -> Result<Parts> {
     let config = read_json(&dir.join("config.json"))?;
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
+    check_supported(model_type)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -101,7 +102,21 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>) -> Result<Parts> {
     Ok((model, text))
 }
 
-/// Dispatches on `model_type`; an unknown type is an error that names it.
+const FOLDER_ARCHITECTURES: &[&str] = &["llama", "mistral"];
+
+/// Fails early, before reading weights, for a `model_type` we cannot build.
+fn check_supported(model_type: &str) -> Result<()> {
+    match model_type {
+        "" => Err(Error::model("config.json has no `model_type`")),
+        t if FOLDER_ARCHITECTURES.contains(&t) => Ok(()),
+        other => Err(Error::unsupported(format!(
+            "model_type `{other}` is not supported (supported: {})",
+            FOLDER_ARCHITECTURES.join(", ")
+        ))),
+    }
+}
+
+/// Builds the architecture `model_type` names (checked by `check_supported`).
 fn build(model_type: &str, config: &Value, w: &mut Weights, info: ModelInfo) -> Result<Box<dyn LanguageModel>> {
     match model_type {
         "llama" | "mistral" => {
@@ -109,8 +124,7 @@ fn build(model_type: &str, config: &Value, w: &mut Weights, info: ModelInfo) -> 
                 .map_err(|e| Error::model(format!("config.json for {model_type}: {e}")))?;
             Ok(Box::new(Llama::load(&cfg, w, info)?))
         }
-        "" => Err(Error::model("config.json has no `model_type`")),
-        other => Err(Error::unsupported(format!("model_type `{other}` is not supported"))),
+        other => check_supported(other).and(Err(Error::internal(format!("no builder for `{other}`")))),
     }
 }
 

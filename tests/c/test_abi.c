@@ -1,0 +1,454 @@
+/* C ABI tests against the real default model. Built and run by
+ * tests/c_abi.rs (plain, under AddressSanitizer and under valgrind).
+ *
+ *   test_abi MODEL_PATH SCRATCH_DIR
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "mlxrt.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                             \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      failures++;                                                    \
+      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                  \
+      fprintf(stderr, "\n");                                         \
+    }                                                                \
+  } while (0)
+
+/* ---- a recording callback ---- */
+
+struct rec {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int deltas;
+  int terminals;
+  int events_after_terminal;
+  int freed; /* user_data_free calls */
+  int last_kind;
+  int finish_reason;
+  int error_status;
+  uint32_t completion_tokens;
+  uint32_t n_tokens; /* token ids seen in deltas */
+  char text[16384];
+  size_t text_len;
+  char error_message[512];
+  mlxrt_request *cancel_after_first; /* cancel from inside the callback */
+};
+
+static void rec_init(struct rec *r) {
+  memset(r, 0, sizeof *r);
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+}
+
+static void on_event(void *ud, const mlxrt_event *ev) {
+  struct rec *r = ud;
+  pthread_mutex_lock(&r->mu);
+  if (r->terminals > 0) r->events_after_terminal++;
+  r->last_kind = ev->kind;
+  if (ev->kind == MLXRT_EVENT_KIND_DELTA) {
+    r->deltas++;
+    r->n_tokens += (uint32_t)ev->n_tokens;
+    if (strlen(ev->text) != ev->text_len) r->events_after_terminal += 1000; /* NUL/len mismatch */
+    if (r->text_len + ev->text_len < sizeof r->text) {
+      memcpy(r->text + r->text_len, ev->text, ev->text_len);
+      r->text_len += ev->text_len;
+      r->text[r->text_len] = 0;
+    }
+    if (r->cancel_after_first) {
+      mlxrt_request_cancel(r->cancel_after_first, NULL);
+      r->cancel_after_first = NULL;
+    }
+  } else {
+    r->terminals++;
+    r->finish_reason = ev->finish_reason;
+    r->completion_tokens = ev->usage.completion_tokens;
+    r->error_status = ev->error_status;
+    snprintf(r->error_message, sizeof r->error_message, "%s", ev->error_message);
+  }
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static void on_free(void *ud) {
+  struct rec *r = ud;
+  pthread_mutex_lock(&r->mu);
+  r->freed++;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* Waits until `freed` (the very last thing for a request) or 300 s. */
+static int rec_wait(struct rec *r) {
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  t.tv_sec += 300;
+  int rc = 0;
+  pthread_mutex_lock(&r->mu);
+  while (r->freed == 0 && rc == 0) rc = pthread_cond_timedwait(&r->cv, &r->mu, &t);
+  pthread_mutex_unlock(&r->mu);
+  return r->freed != 0;
+}
+
+static void rec_wait_deltas(struct rec *r, int n) {
+  pthread_mutex_lock(&r->mu);
+  while (r->deltas < n && r->terminals == 0) pthread_cond_wait(&r->cv, &r->mu);
+  pthread_mutex_unlock(&r->mu);
+}
+
+static const char *CHAT = "[{\"role\": \"user\", \"content\": \"What is the capital of France?\"}]";
+
+static mlxrt_status submit(mlxrt_engine *e, mlxrt_request_params *p, struct rec *r, mlxrt_request **out,
+                           mlxrt_error **err) {
+  return mlxrt_request_submit(e, p, on_event, r, on_free, out, err);
+}
+
+/* Expects `st` with an error object in `*errp` of the same status and a
+ * message; frees it and resets `*errp`. */
+static void expect_error(mlxrt_status st, mlxrt_error **errp, mlxrt_status want, const char *what) {
+  mlxrt_error *err = *errp;
+  *errp = NULL;
+  CHECK(st == want, "%s: status %d (%s), want %d", what, st, mlxrt_status_name(st), want);
+  CHECK(err != NULL, "%s: no error object", what);
+  if (err) {
+    CHECK(mlxrt_error_status(err) == want, "%s: error object status %d", what, mlxrt_error_status(err));
+    CHECK(strlen(mlxrt_error_message(err)) > 5, "%s: empty message", what);
+    fprintf(stderr, "  ok %s -> %s: %s\n", what, mlxrt_status_name(st), mlxrt_error_message(err));
+  }
+  mlxrt_error_free(err);
+}
+
+/* ---- tests ---- */
+
+static void test_versions(void) {
+  CHECK(mlxrt_abi_version() == MLXRT_ABI_VERSION, "abi %u", mlxrt_abi_version());
+  CHECK(strcmp(mlxrt_version_string(), MLXRT_VERSION) == 0, "version %s", mlxrt_version_string());
+  CHECK(strcmp(mlxrt_status_name(MLXRT_STATUS_BUSY), "busy") == 0, "status name");
+  CHECK(strcmp(mlxrt_status_name(12345), "unknown status") == 0, "unknown status name");
+  /* NULL-tolerant getters and frees */
+  CHECK(mlxrt_error_status(NULL) == MLXRT_STATUS_INVALID_ARGUMENT, "error_status(NULL)");
+  CHECK(strcmp(mlxrt_error_message(NULL), "") == 0, "error_message(NULL)");
+  mlxrt_error_free(NULL);
+  mlxrt_engine_destroy(NULL);
+  mlxrt_request_free(NULL);
+  mlxrt_engine_config_init(NULL);
+  mlxrt_request_params_init(NULL);
+  CHECK(mlxrt_request_id(NULL) == 0, "request_id(NULL)");
+}
+
+static void test_create_errors(const char *scratch) {
+  mlxrt_engine_config c;
+  mlxrt_engine *e = (mlxrt_engine *)0x1;
+  mlxrt_error *err = NULL;
+
+  expect_error(mlxrt_engine_create(NULL, &e, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "NULL config");
+  CHECK(e == NULL, "out_engine not cleared");
+  mlxrt_engine_config_init(&c);
+  CHECK(mlxrt_engine_create(&c, NULL, NULL) == MLXRT_STATUS_INVALID_ARGUMENT, "NULL out_engine");
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "NULL model_path");
+
+  c.model_path = "/nonexistent/model.gguf";
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_MODEL_LOAD, "missing model path");
+  CHECK(mlxrt_engine_create(&c, &e, NULL) == MLXRT_STATUS_MODEL_LOAD, "NULL error pointer is allowed");
+
+  char bad_utf8[] = {'/', 't', 'm', 'p', '/', (char)0xff, (char)0xfe, 0};
+  c.model_path = bad_utf8;
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_INVALID_UTF8, "invalid UTF-8 path");
+
+  /* a model folder with a broken config.json */
+  char dir[1024], file[1100];
+  snprintf(dir, sizeof dir, "%s/broken_model", scratch);
+  snprintf(file, sizeof file, "%s/config.json", dir);
+  mkdir(dir, 0755);
+  FILE *f = fopen(file, "w");
+  CHECK(f != NULL, "cannot write %s", file);
+  if (f) {
+    fputs("{\"model_type\": \"llama\", \"hidden_size\": ", f);
+    fclose(f);
+  }
+  c.model_path = dir;
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_MODEL_LOAD, "broken config.json");
+
+  /* an unknown architecture */
+  f = fopen(file, "w");
+  if (f) {
+    fputs("{\"model_type\": \"not_a_model\"}", f);
+    fclose(f);
+  }
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_UNSUPPORTED, "unknown model_type");
+
+  mlxrt_engine_config_init(&c);
+  c.model_path = "x";
+  c.struct_size = 8;
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "struct_size too small");
+  mlxrt_engine_config_init(&c);
+  c.model_path = "x";
+  c.device = 42;
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "bad device");
+}
+
+/* A caller built against a newer header passes a larger struct: fine when the
+ * fields this library does not know are zero, an error when they are set. */
+static void test_struct_size_growth(mlxrt_engine *e) {
+  struct {
+    mlxrt_request_params p;
+    uint64_t future_field;
+  } big;
+  memset(&big, 0, sizeof big);
+  mlxrt_request_params_init(&big.p);
+  big.p.struct_size = sizeof big;
+  big.p.messages_json = CHAT;
+  big.p.max_tokens = 2;
+  struct rec r;
+  rec_init(&r);
+  mlxrt_error *err = NULL;
+  mlxrt_status st = submit(e, &big.p, &r, NULL, &err);
+  CHECK(st == MLXRT_STATUS_OK, "larger struct with zero tail: %s", mlxrt_error_message(err));
+  if (st == MLXRT_STATUS_OK) rec_wait(&r);
+  mlxrt_error_free(err);
+  err = NULL;
+  big.future_field = 7;
+  expect_error(submit(e, &big.p, &r, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT,
+               "larger struct with unknown field set");
+}
+
+static void test_submit_errors(mlxrt_engine *e) {
+  mlxrt_request_params p;
+  struct rec r;
+  rec_init(&r);
+  mlxrt_request *req = (mlxrt_request *)0x1;
+  mlxrt_error *err = NULL;
+
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  expect_error(mlxrt_request_submit(NULL, &p, on_event, &r, on_free, &req, &err), &err,
+               MLXRT_STATUS_INVALID_ARGUMENT, "NULL engine");
+  CHECK(req == NULL, "out_request not cleared");
+  expect_error(submit(e, NULL, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "NULL params");
+  expect_error(mlxrt_request_submit(e, &p, NULL, &r, on_free, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT,
+               "NULL callback");
+
+  mlxrt_request_params_init(&p);
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "no input");
+  p.messages_json = CHAT;
+  p.prompt = "hello";
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "two inputs");
+
+  mlxrt_request_params_init(&p);
+  char bad[] = {'h', 'i', ' ', (char)0xc3, (char)0x28, 0};
+  p.prompt = bad;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_UTF8, "invalid UTF-8 prompt");
+
+  mlxrt_request_params_init(&p);
+  p.messages_json = "[{\"role\": \"user\", \"content\": \"hi\"";
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_JSON, "malformed messages JSON");
+  p.messages_json = "{\"role\": \"user\"}";
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "messages not an array");
+
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.options_json = "{\"temprature\": 0.5}";
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "unknown option");
+  p.options_json = "{\"temperature\": ";
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_JSON, "malformed options JSON");
+  p.options_json = NULL;
+  p.temperature = -1.0f;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "negative temperature");
+
+  mlxrt_request_params_init(&p);
+  uint32_t bad_ids[] = {1, 999999};
+  p.prompt_tokens = bad_ids;
+  p.n_prompt_tokens = 2;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "token id out of vocabulary");
+
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  const char *stops[] = {"ok", NULL};
+  p.stop = stops;
+  p.n_stop = 2;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "NULL stop string");
+  p.n_stop = 1;
+  p.stop = NULL;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "NULL stop array");
+
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.struct_size = 4;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "params struct_size");
+
+  CHECK(mlxrt_request_cancel(NULL, NULL) == MLXRT_STATUS_INVALID_ARGUMENT, "cancel(NULL)");
+  CHECK(r.freed == 0 && r.deltas == 0 && r.terminals == 0, "failed submits must not call back (%d %d %d)",
+        r.freed, r.deltas, r.terminals);
+}
+
+static void test_streaming(mlxrt_engine *e) {
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.max_tokens = 32;
+  struct rec r;
+  rec_init(&r);
+  mlxrt_request *req = NULL;
+  mlxrt_error *err = NULL;
+  CHECK(submit(e, &p, &r, &req, &err) == MLXRT_STATUS_OK, "submit: %s", mlxrt_error_message(err));
+  CHECK(req != NULL && mlxrt_request_id(req) != 0, "request handle");
+  CHECK(rec_wait(&r), "streaming request did not finish");
+  CHECK(r.deltas >= 2, "deltas %d", r.deltas);
+  CHECK(strstr(r.text, "Paris") != NULL, "answer %s", r.text);
+  CHECK(r.terminals == 1 && r.freed == 1 && r.events_after_terminal == 0, "terminal %d free %d after %d",
+        r.terminals, r.freed, r.events_after_terminal);
+  CHECK(r.last_kind == MLXRT_EVENT_KIND_DONE && r.finish_reason == MLXRT_FINISH_REASON_STOP, "finish %d",
+        r.finish_reason);
+  CHECK(r.n_tokens >= 1 && r.n_tokens <= r.completion_tokens, "tokens %u / %u", r.n_tokens,
+        r.completion_tokens);
+  /* cancel after the end is harmless */
+  CHECK(mlxrt_request_cancel(req, NULL) == MLXRT_STATUS_OK, "late cancel");
+  mlxrt_request_free(req);
+  fprintf(stderr, "  ok streaming: %s\n", r.text);
+}
+
+static void test_stop_and_length(mlxrt_engine *e) {
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  const char *stops[] = {"zzz", "Paris"};
+  p.stop = stops;
+  p.n_stop = 2;
+  struct rec r;
+  rec_init(&r);
+  CHECK(submit(e, &p, &r, NULL, NULL) == MLXRT_STATUS_OK, "submit stop");
+  rec_wait(&r);
+  CHECK(r.finish_reason == MLXRT_FINISH_REASON_STOP && strstr(r.text, "Paris") == NULL, "stop string: %s",
+        r.text);
+
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.options_json = "{\"max_tokens\": 3, \"ignore_eos\": true}";
+  rec_init(&r);
+  CHECK(submit(e, &p, &r, NULL, NULL) == MLXRT_STATUS_OK, "submit length");
+  rec_wait(&r);
+  CHECK(r.finish_reason == MLXRT_FINISH_REASON_LENGTH && r.completion_tokens == 3, "length: %d %u",
+        r.finish_reason, r.completion_tokens);
+}
+
+static void test_cancel(mlxrt_engine *e) {
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.options_json = "{\"max_tokens\": 200, \"ignore_eos\": true}";
+
+  /* cancel from the host thread after the first delta */
+  struct rec r;
+  rec_init(&r);
+  mlxrt_request *req = NULL;
+  CHECK(submit(e, &p, &r, &req, NULL) == MLXRT_STATUS_OK, "submit");
+  rec_wait_deltas(&r, 1);
+  CHECK(mlxrt_request_cancel(req, NULL) == MLXRT_STATUS_OK, "cancel");
+  CHECK(mlxrt_request_cancel(req, NULL) == MLXRT_STATUS_OK, "second cancel");
+  rec_wait(&r);
+  CHECK(r.finish_reason == MLXRT_FINISH_REASON_CANCELLED, "finish %d", r.finish_reason);
+  CHECK(r.completion_tokens < 200, "generated %u", r.completion_tokens);
+  CHECK(r.terminals == 1 && r.freed == 1 && r.events_after_terminal == 0, "terminal guarantees");
+  mlxrt_request_free(req);
+
+  /* cancel from inside the callback */
+  rec_init(&r);
+  CHECK(submit(e, &p, &r, &req, NULL) == MLXRT_STATUS_OK, "submit");
+  pthread_mutex_lock(&r.mu);
+  if (r.deltas == 0) r.cancel_after_first = req;
+  pthread_mutex_unlock(&r.mu);
+  rec_wait(&r);
+  CHECK(r.finish_reason == MLXRT_FINISH_REASON_CANCELLED, "finish from callback %d", r.finish_reason);
+  CHECK(r.terminals == 1 && r.freed == 1 && r.events_after_terminal == 0, "terminal guarantees (callback)");
+  mlxrt_request_free(req);
+
+  /* cancel while queued: a second request behind a long one */
+  struct rec a, b;
+  rec_init(&a);
+  rec_init(&b);
+  mlxrt_request *ra = NULL, *rb = NULL;
+  CHECK(submit(e, &p, &a, &ra, NULL) == MLXRT_STATUS_OK, "submit a");
+  CHECK(submit(e, &p, &b, &rb, NULL) == MLXRT_STATUS_OK, "submit b");
+  mlxrt_request_cancel(rb, NULL);
+  rec_wait(&b);
+  CHECK(b.finish_reason == MLXRT_FINISH_REASON_CANCELLED && b.deltas == 0, "queued cancel: %d deltas %d",
+        b.finish_reason, b.deltas);
+  mlxrt_request_cancel(ra, NULL);
+  rec_wait(&a);
+  CHECK(a.terminals == 1 && a.freed == 1, "a ended");
+  mlxrt_request_free(ra);
+  mlxrt_request_free(rb);
+}
+
+static void test_destroy_in_flight(const char *model) {
+  mlxrt_engine_config c;
+  mlxrt_engine_config_init(&c);
+  c.model_path = model;
+  mlxrt_engine *e = NULL;
+  CHECK(mlxrt_engine_create(&c, &e, NULL) == MLXRT_STATUS_OK, "create");
+  if (!e) return;
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.options_json = "{\"max_tokens\": 500, \"ignore_eos\": true}";
+  struct rec a, b;
+  rec_init(&a);
+  rec_init(&b);
+  mlxrt_request *ra = NULL;
+  CHECK(submit(e, &p, &a, &ra, NULL) == MLXRT_STATUS_OK, "submit a");
+  CHECK(submit(e, &p, &b, NULL, NULL) == MLXRT_STATUS_OK, "submit b (queued)");
+  rec_wait_deltas(&a, 1);
+  mlxrt_engine_destroy(e);
+  /* destroy returns after every terminal event was delivered */
+  CHECK(a.terminals == 1 && a.freed == 1 && a.finish_reason == MLXRT_FINISH_REASON_CANCELLED,
+        "in-flight request: terminal %d freed %d finish %d", a.terminals, a.freed, a.finish_reason);
+  CHECK(b.terminals == 1 && b.freed == 1 && b.finish_reason == MLXRT_FINISH_REASON_CANCELLED,
+        "queued request: terminal %d freed %d finish %d", b.terminals, b.freed, b.finish_reason);
+  /* the handle outlives the engine */
+  CHECK(mlxrt_request_cancel(ra, NULL) == MLXRT_STATUS_OK, "cancel after destroy");
+  mlxrt_request_free(ra);
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) {
+    fprintf(stderr, "usage: %s MODEL_PATH SCRATCH_DIR\n", argv[0]);
+    return 2;
+  }
+  const char *model = argv[1];
+  test_versions();
+  test_create_errors(argv[2]);
+
+  mlxrt_engine_config c;
+  mlxrt_engine_config_init(&c);
+  c.model_path = model;
+  mlxrt_engine *e = NULL;
+  mlxrt_error *err = NULL;
+  if (mlxrt_engine_create(&c, &e, &err) != MLXRT_STATUS_OK) {
+    fprintf(stderr, "FAIL cannot create engine: %s\n", mlxrt_error_message(err));
+    mlxrt_error_free(err);
+    return 1;
+  }
+  test_submit_errors(e);
+  test_struct_size_growth(e);
+  test_streaming(e);
+  test_stop_and_length(e);
+  test_cancel(e);
+  mlxrt_engine_destroy(e);
+  test_destroy_in_flight(model);
+
+  if (failures) {
+    fprintf(stderr, "%d check(s) failed\n", failures);
+    return 1;
+  }
+  fprintf(stderr, "all C ABI checks passed\n");
+  return 0;
+}
