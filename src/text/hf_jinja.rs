@@ -18,7 +18,11 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) if v.is_integer() => Some(" ".repeat(v.as_usize().unwrap_or(0))),
-        Some(v) => Some(v.as_str().map(String::from).ok_or_else(|| invalid("indent must be an int or str"))?),
+        Some(v) => Some(
+            v.as_str()
+                .map(String::from)
+                .ok_or_else(|| invalid("indent must be an int or str"))?,
+        ),
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(pair) => match <[String; 2]>::try_from(pair) {
@@ -26,7 +30,10 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
             Err(_) => return Err(invalid("separators must be an (item, key) pair")),
         },
         // Python's defaults: no space before newlines when indenting.
-        None => ((if indent.is_some() { "," } else { ", " }).into(), ": ".into()),
+        None => (
+            (if indent.is_some() { "," } else { ", " }).into(),
+            ": ".into(),
+        ),
     };
     let dumper = Dumper {
         indent,
@@ -58,12 +65,16 @@ impl Dumper {
         match v.kind() {
             ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-            ValueKind::Number if v.is_integer() => write!(out, "{v}").map_err(|e| invalid(e.to_string()))?,
+            ValueKind::Number if v.is_integer() => {
+                write!(out, "{v}").map_err(|e| invalid(e.to_string()))?
+            }
             ValueKind::Number => out.push_str(&python_float(f64::try_from(v.clone())?)),
             ValueKind::String => self.string(out, v.as_str().unwrap_or_default()),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
-                self.container(out, '[', ']', &items, depth, |out, item, d| self.value(out, item, d))?;
+                self.container(out, '[', ']', &items, depth, |out, item, d| {
+                    self.value(out, item, d)
+                })?;
             }
             ValueKind::Map => {
                 let mut keys: Vec<Value> = v.try_iter()?.collect();
@@ -76,7 +87,11 @@ impl Dumper {
                     self.value(out, &v.get_item(key)?, d)
                 })?;
             }
-            kind => return Err(invalid(format!("tojson: a value of type {kind} is not JSON serializable"))),
+            kind => {
+                return Err(invalid(format!(
+                    "tojson: a value of type {kind} is not JSON serializable"
+                )))
+            }
         }
         Ok(())
     }
@@ -148,7 +163,11 @@ fn key_string(key: &Value) -> Result<String, Error> {
         ValueKind::Bool => (if key.is_true() { "true" } else { "false" }).into(),
         ValueKind::Number if !key.is_integer() => python_float(f64::try_from(key.clone())?),
         ValueKind::Number => key.to_string(),
-        kind => return Err(invalid(format!("tojson: keys must be str, int, float, bool or None, not {kind}"))),
+        kind => {
+            return Err(invalid(format!(
+                "tojson: keys must be str, int, float, bool or None, not {kind}"
+            )))
+        }
     })
 }
 
@@ -166,9 +185,17 @@ fn python_float(f: f64) -> String {
     let exp: i32 = exp.parse().unwrap_or(0);
     if (-4..16).contains(&exp) {
         let s = f.to_string();
-        if s.contains('.') { s } else { s + ".0" }
+        if s.contains('.') {
+            s
+        } else {
+            s + ".0"
+        }
     } else {
-        format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+        format!(
+            "{mantissa}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
     }
 }
 
@@ -181,9 +208,27 @@ pub(super) fn strftime_now(format: &str) -> Result<String, Error> {
     strftime(now.as_secs() as i64, format)
 }
 
-const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const DAYS: [&str; 7] = [
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+];
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
     "December",
 ];
 
@@ -202,12 +247,22 @@ fn strftime(unix: i64, format: &str) -> Result<String, Error> {
             out.push(c);
             continue;
         }
-        let mut spec = chars.next().ok_or_else(|| invalid("strftime_now: format ends with %"))?;
+        let mut spec = chars
+            .next()
+            .ok_or_else(|| invalid("strftime_now: format ends with %"))?;
         let pad = spec != '-';
         if !pad {
-            spec = chars.next().ok_or_else(|| invalid("strftime_now: format ends with %-"))?;
+            spec = chars
+                .next()
+                .ok_or_else(|| invalid("strftime_now: format ends with %-"))?;
         }
-        let num = |n: i64, width: usize| if pad { format!("{n:0width$}") } else { n.to_string() };
+        let num = |n: i64, width: usize| {
+            if pad {
+                format!("{n:0width$}")
+            } else {
+                n.to_string()
+            }
+        };
         let text = match spec {
             'Y' => year.to_string(),
             'y' => num(year.rem_euclid(100), 2),
@@ -229,7 +284,11 @@ fn strftime(unix: i64, format: &str) -> Result<String, Error> {
             'Z' => "UTC".into(),
             'z' => "+0000".into(),
             '%' => "%".into(),
-            other => return Err(invalid(format!("strftime_now: unsupported directive %{other}"))),
+            other => {
+                return Err(invalid(format!(
+                    "strftime_now: unsupported directive %{other}"
+                )))
+            }
         };
         out.push_str(&text);
     }
@@ -280,12 +339,19 @@ mod tests {
             r#"{"z": 1, "a": [1.5, 1e+20, -2.0, 1e-07, null, true], "s": "<&'\"\\\n\u0001é🙂"}"#
         );
         assert_eq!(
-            render("{{ d|tojson(indent=2) }}", serde_json::json!({"d": {"b": [1, {}], "a": []}})).unwrap(),
+            render(
+                "{{ d|tojson(indent=2) }}",
+                serde_json::json!({"d": {"b": [1, {}], "a": []}})
+            )
+            .unwrap(),
             "{\n  \"b\": [\n    1,\n    {}\n  ],\n  \"a\": []\n}"
         );
         assert_eq!(
-            render("{{ d|tojson(sort_keys=true, ensure_ascii=true) }}", serde_json::json!({"d": {"b": "é🙂", "a": 0}}))
-                .unwrap(),
+            render(
+                "{{ d|tojson(sort_keys=true, ensure_ascii=true) }}",
+                serde_json::json!({"d": {"b": "é🙂", "a": 0}})
+            )
+            .unwrap(),
             r#"{"a": 0, "b": "\u00e9\ud83d\ude42"}"#
         );
         assert!(render("{{ 1|tojson(bogus=1) }}", serde_json::json!({})).is_err());
@@ -293,14 +359,25 @@ mod tests {
 
     #[test]
     fn python_float_repr() {
-        for (f, s) in [(0.1, "0.1"), (100.0, "100.0"), (1e16, "1e+16"), (1.5e15, "1500000000000000.0"), (0.0001, "0.0001"), (1.25e-5, "1.25e-05")] {
+        for (f, s) in [
+            (0.1, "0.1"),
+            (100.0, "100.0"),
+            (1e16, "1e+16"),
+            (1.5e15, "1500000000000000.0"),
+            (0.0001, "0.0001"),
+            (1.25e-5, "1.25e-05"),
+        ] {
             assert_eq!(python_float(f), s);
         }
     }
 
     #[test]
     fn raise_exception_fails_with_the_message() {
-        let err = render("{{ raise_exception('no system role') }}", serde_json::json!({})).unwrap_err();
+        let err = render(
+            "{{ raise_exception('no system role') }}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("no system role"), "{err}");
     }
 
@@ -309,7 +386,10 @@ mod tests {
         // 2024-07-26 09:05:03 UTC, a Friday: Python's strftime gives these.
         let t = 1_721_984_703;
         assert_eq!(strftime(t, "%d %b %Y").unwrap(), "26 Jul 2024");
-        assert_eq!(strftime(t, "%A %B %-d, %Y %I:%M:%S %p %j %y %%").unwrap(), "Friday July 26, 2024 09:05:03 AM 208 24 %");
+        assert_eq!(
+            strftime(t, "%A %B %-d, %Y %I:%M:%S %p %j %y %%").unwrap(),
+            "Friday July 26, 2024 09:05:03 AM 208 24 %"
+        );
         assert_eq!(strftime(0, "%Y-%m-%d %a %H").unwrap(), "1970-01-01 Thu 00");
         assert_eq!(strftime(951_782_400, "%F").unwrap(), "2000-02-29");
         assert!(strftime(t, "%Q").unwrap_err().to_string().contains("%Q"));
