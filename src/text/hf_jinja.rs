@@ -2,10 +2,98 @@
 //! templates, with the same semantics: `tojson` is Python's `json.dumps`
 //! (no HTML escaping, keys in insertion order, `indent=`), `raise_exception`
 //! aborts rendering with a message, `strftime_now` formats the current time.
+//! `{{ value }}` prints lists, dicts and floats the way Python's `str()` does.
 
 use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{Error, ErrorKind, Value};
+use minijinja::{Error, ErrorKind, Output, State, Value};
 use std::fmt::Write;
+
+/// Output of `{{ value }}`: Python's `str(value)` for containers and floats
+/// (`[1, 'a']`, `{'k': None}`, `1e+20`); everything else as minijinja prints it.
+pub(super) fn formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    let is_float = value.kind() == ValueKind::Number && !value.is_integer();
+    if matches!(value.kind(), ValueKind::Seq | ValueKind::Map) || is_float {
+        let mut s = String::new();
+        python_repr(&mut s, value)?;
+        out.write_str(&s).map_err(|e| invalid(e.to_string()))
+    } else {
+        minijinja::escape_formatter(out, state, value)
+    }
+}
+
+/// Python's `repr()` of JSON-like data.
+fn python_repr(out: &mut String, v: &Value) -> Result<(), Error> {
+    match v.kind() {
+        ValueKind::None | ValueKind::Undefined => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
+        ValueKind::Number => {
+            let f = f64::try_from(v.clone())?;
+            out.push_str(&match f {
+                f if f.is_nan() => "nan".into(),
+                f if f.is_infinite() => (if f > 0.0 { "inf" } else { "-inf" }).into(),
+                f => python_float(f),
+            })
+        }
+        ValueKind::String => python_str_repr(out, v.as_str().unwrap_or_default()),
+        ValueKind::Map => {
+            out.push('{');
+            for (i, key) in v.try_iter()?.enumerate() {
+                out.push_str(if i > 0 { ", " } else { "" });
+                python_repr(out, &key)?;
+                out.push_str(": ");
+                python_repr(out, &v.get_item(&key)?)?;
+            }
+            out.push('}');
+        }
+        _ => {
+            out.push('[');
+            for (i, item) in v.try_iter()?.enumerate() {
+                out.push_str(if i > 0 { ", " } else { "" });
+                python_repr(out, &item)?;
+            }
+            out.push(']');
+        }
+    }
+    Ok(())
+}
+
+/// `repr(str)`: single quotes unless the text has only `'`s; non-printable
+/// chars escaped. Python's non-printable set is Unicode categories C and Z
+/// (but ' '); this covers the controls, spaces and format chars seen in text.
+fn python_str_repr(out: &mut String, s: &str) {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control()
+                || matches!(c, '\u{a0}' | '\u{ad}' | '\u{1680}' | '\u{2000}'..='\u{200f}' | '\u{2028}'..='\u{202f}'
+                    | '\u{205f}'..='\u{2064}' | '\u{3000}' | '\u{feff}') =>
+            {
+                let n = c as u32;
+                let _ = match n {
+                    0..=0xff => write!(out, "\\x{n:02x}"),
+                    0x100..=0xffff => write!(out, "\\u{n:04x}"),
+                    _ => write!(out, "\\U{n:08x}"),
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
 
 /// `raise_exception(message)`: the template rejects its input.
 pub(super) fn raise_exception(message: String) -> Result<Value, Error> {
@@ -355,6 +443,19 @@ mod tests {
             r#"{"a": 0, "b": "\u00e9\ud83d\ude42"}"#
         );
         assert!(render("{{ 1|tojson(bogus=1) }}", serde_json::json!({})).is_err());
+    }
+
+    #[test]
+    fn prints_values_like_python_str() {
+        let mut env = minijinja::Environment::new();
+        env.set_formatter(formatter);
+        let ctx = serde_json::json!({"d": {"a": [1, 2.5, null, true, "it's", "q\"'\n\u{a0}é"], "b": {}}, "f": 1e20});
+        // Python prints the same data as these strings.
+        assert_eq!(
+            env.render_str("{{ d }}|{{ f }}|{{ d.a[0] }}|{{ d.a[4] }}|{{ none }}", ctx)
+                .unwrap(),
+            r#"{'a': [1, 2.5, None, True, "it's", 'q"\'\n\xa0é'], 'b': {}}|1e+20|1|it's|None"#
+        );
     }
 
     #[test]

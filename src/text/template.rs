@@ -30,6 +30,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_auto_escape_callback(|_| AutoEscape::None);
+        env.set_formatter(hf_jinja::formatter);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_filter("tojson", hf_jinja::tojson);
         env.add_function("raise_exception", hf_jinja::raise_exception);
