@@ -306,6 +306,13 @@ mod tests {
     }
 
     #[test]
+    fn strftime_now_gives_the_current_year() {
+        let t = ChatTemplate::new("{{ strftime_now('%Y') }}", None, None).unwrap();
+        let year = t.render(&user("x"), None, false, None).unwrap();
+        assert!(year.len() == 4 && year.as_str() >= "2025", "{year}");
+    }
+
+    #[test]
     fn messages_are_normalized_like_transformers() {
         let t = ChatTemplate::new("{{ messages|tojson }}", None, None).unwrap();
         let msgs =
