@@ -21,7 +21,12 @@ impl IncrementalDecoder {
     /// tokenizer's decoder cannot be inverted token by token.
     pub fn new(tokenizer: Arc<Tokenizer>) -> Result<IncrementalDecoder, TextError> {
         tokenizer.check_token_bytes()?;
-        Ok(IncrementalDecoder { tokenizer, skip_special: true, pending: Vec::new(), at_start: true })
+        Ok(IncrementalDecoder {
+            tokenizer,
+            skip_special: true,
+            pending: Vec::new(),
+            at_start: true,
+        })
     }
 
     /// Whether special tokens (e.g. `<|im_end|>`) produce their text.
@@ -32,7 +37,10 @@ impl IncrementalDecoder {
 
     /// Adds one token; returns the text it completes (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, TextError> {
-        let bytes = self.tokenizer.token_bytes(id).ok_or(TextError::UnknownTokenId(id))?;
+        let bytes = self
+            .tokenizer
+            .token_bytes(id)
+            .ok_or(TextError::UnknownTokenId(id))?;
         if self.skip_special && self.tokenizer.is_special(id) {
             return Ok(String::new());
         }
@@ -110,16 +118,27 @@ mod tests {
         assert_eq!(pieces.concat(), text);
         assert_eq!(pieces.concat(), t.decode(&ids, true).unwrap());
         assert!(pieces.contains(&"🙂".to_string()), "{pieces:?}");
-        assert_eq!(pieces.iter().filter(|p| p.is_empty()).count(), ids.len() + 1 - text.chars().count());
+        assert_eq!(
+            pieces.iter().filter(|p| p.is_empty()).count(),
+            ids.len() + 1 - text.chars().count()
+        );
     }
 
     #[test]
     fn special_tokens_are_skipped_by_default() {
         let t = Arc::new(tiny_byte_level());
         let ids = t.encode("<|s|>ab<|e|>", true).unwrap();
-        assert_eq!(stream(&mut IncrementalDecoder::new(t.clone()).unwrap(), &ids).concat(), "ab");
-        let mut with = IncrementalDecoder::new(t.clone()).unwrap().with_special_text(true);
-        assert_eq!(stream(&mut with, &ids).concat(), t.decode(&ids, false).unwrap());
+        assert_eq!(
+            stream(&mut IncrementalDecoder::new(t.clone()).unwrap(), &ids).concat(),
+            "ab"
+        );
+        let mut with = IncrementalDecoder::new(t.clone())
+            .unwrap()
+            .with_special_text(true);
+        assert_eq!(
+            stream(&mut with, &ids).concat(),
+            t.decode(&ids, false).unwrap()
+        );
         assert_eq!(with.push(12345), Err(TextError::UnknownTokenId(12345)));
     }
 
@@ -128,11 +147,16 @@ mod tests {
         let t = Arc::new(tiny_byte_level());
         let byte_token = |b: u8| {
             // The token whose byte-level char stands for `b`.
-            (0..t.vocab_size() as u32).find(|&i| t.token_bytes(i) == Some(vec![b])).unwrap()
+            (0..t.vocab_size() as u32)
+                .find(|&i| t.token_bytes(i) == Some(vec![b]))
+                .unwrap()
         };
         // A lone continuation byte, a truncated 3-byte sequence, then ASCII,
         // and an unfinished sequence at the very end.
-        let ids: Vec<u32> = [0x80, 0xE2, 0x82, b'x', 0xF0, 0x9F].iter().map(|&b| byte_token(b)).collect();
+        let ids: Vec<u32> = [0x80, 0xE2, 0x82, b'x', 0xF0, 0x9F]
+            .iter()
+            .map(|&b| byte_token(b))
+            .collect();
         let pieces = stream(&mut IncrementalDecoder::new(t.clone()).unwrap(), &ids);
         assert_eq!(pieces.concat(), t.decode(&ids, true).unwrap());
         assert_eq!(pieces.concat(), "\u{FFFD}\u{FFFD}x\u{FFFD}");
@@ -146,7 +170,11 @@ mod tests {
         let mut vocab = vec!["<unk>".to_string(), "<s>".into()];
         vocab.extend((0..=255u8).map(|b| format!("<0x{b:02X}>")));
         vocab.extend(["▁", "H", "i", "▁H", "▁Hi"].map(String::from));
-        let vocab: serde_json::Map<_, _> = vocab.into_iter().enumerate().map(|(i, t)| (t, i.into())).collect();
+        let vocab: serde_json::Map<_, _> = vocab
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| (t, i.into()))
+            .collect();
         let json = serde_json::json!({
             "version": "1.0",
             "added_tokens": [{"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],

@@ -31,7 +31,7 @@ impl fmt::Display for TextError {
             TextError::Unsupported(why) => write!(f, "unsupported tokenizer: {why}"),
             TextError::Tokenizer(why) => write!(f, "tokenizer: {why}"),
             TextError::UnknownTokenId(id) => write!(f, "token id {id} is not in the vocabulary"),
-            TextError::TemplateSyntax(why) => write!(f, "chat template syntax error: {why}"),
+            TextError::TemplateSyntax(why) => write!(f, "chat template does not compile: {why}"),
             TextError::TemplateRender(why) => write!(f, "chat template error: {why}"),
             TextError::InvalidMessages(why) => write!(f, "invalid chat messages: {why}"),
             TextError::EmptyStopString(i) => write!(f, "stop string #{i} is empty"),

@@ -45,9 +45,11 @@ pub struct GgufVocab {
 impl GgufVocab {
     pub fn from_tensor_file(file: &TensorFile) -> Result<GgufVocab> {
         let meta = |key: &str| {
-            file.meta(&format!("tokenizer.{key}")).map_err(|e| TextError::Gguf(format!("tokenizer.{key}: {e}")))
+            file.meta(&format!("tokenizer.{key}"))
+                .map_err(|e| TextError::Gguf(format!("tokenizer.{key}: {e}")))
         };
-        let wrong = |key: &str, want: &str| TextError::Gguf(format!("tokenizer.{key} is not {want}"));
+        let wrong =
+            |key: &str, want: &str| TextError::Gguf(format!("tokenizer.{key} is not {want}"));
         let string = |key: &str| match meta(key)? {
             None => Ok(None),
             Some(Meta::Str(s)) => Ok(Some(s)),
@@ -60,14 +62,19 @@ impl GgufVocab {
         };
         let ints = |key: &str| match meta(key)? {
             None => Ok(None),
-            Some(Meta::Arr(a)) => a.to_vec_i32().map(Some).map_err(|e| TextError::Gguf(format!("tokenizer.{key}: {e}"))),
+            Some(Meta::Arr(a)) => a
+                .to_vec_i32()
+                .map(Some)
+                .map_err(|e| TextError::Gguf(format!("tokenizer.{key}: {e}"))),
             Some(_) => Err(wrong(key, "a number")),
         };
         let scalar = |key: &str| Ok::<_, TextError>(ints(key)?.and_then(|v| v.first().copied()));
         let id = |key: &str| Ok::<_, TextError>(scalar(key)?.and_then(|v| u32::try_from(v).ok()));
-        let tokens = list("ggml.tokens")?.ok_or_else(|| TextError::Gguf("tokenizer.ggml.tokens is missing".into()))?;
+        let tokens = list("ggml.tokens")?
+            .ok_or_else(|| TextError::Gguf("tokenizer.ggml.tokens is missing".into()))?;
         Ok(GgufVocab {
-            model: string("ggml.model")?.ok_or_else(|| TextError::Gguf("tokenizer.ggml.model is missing".into()))?,
+            model: string("ggml.model")?
+                .ok_or_else(|| TextError::Gguf("tokenizer.ggml.model is missing".into()))?,
             pre: string("ggml.pre")?,
             merges: list("ggml.merges")?.unwrap_or_default(),
             token_types: ints("ggml.token_type")?.unwrap_or_else(|| vec![1; tokens.len()]),
@@ -87,9 +94,17 @@ impl GgufVocab {
 /// value, as in those models' tokenizer.json files.
 fn pre_tokenizer(pre: &str, prefix_space: bool) -> Result<(PreTokenizerWrapper, bool)> {
     let split = |regex: &str| -> Result<PreTokenizerWrapper> {
-        let split = Split::new(SplitPattern::Regex(regex.into()), SplitDelimiterBehavior::Isolated, false)?;
+        let split = Split::new(
+            SplitPattern::Regex(regex.into()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )?;
         // The split already applied the regex; ByteLevel only maps bytes.
-        Ok(Sequence::new(vec![split.into(), ByteLevel::new(prefix_space, false, false).into()]).into())
+        Ok(Sequence::new(vec![
+            split.into(),
+            ByteLevel::new(prefix_space, false, false).into(),
+        ])
+        .into())
     };
     let gpt2 = ByteLevel::new(prefix_space, true, true);
     Ok(match pre {
@@ -124,16 +139,27 @@ impl Tokenizer {
         }
         let pre = v.pre.as_deref().unwrap_or("default");
         let (pre_tokenizer, nfc) = pre_tokenizer(pre, v.add_space_prefix)?;
-        let vocab: Vocab = v.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let vocab: Vocab = v
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         let merges = v
             .merges
             .iter()
-            .map(|m| m.split_once(' ').map(|(a, b)| (a.to_string(), b.to_string())))
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+            })
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| TextError::Gguf("a merge without a space".into()))?;
         // Llama 3 uses a whole-word vocabulary hit before merging.
         let ignore_merges = matches!(pre, "llama-bpe" | "llama3" | "llama-v3");
-        let bpe = BPE::builder().vocab_and_merges(vocab, merges).ignore_merges(ignore_merges).build()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .ignore_merges(ignore_merges)
+            .build()?;
 
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner.with_pre_tokenizer(Some(pre_tokenizer));
@@ -151,7 +177,13 @@ impl Tokenizer {
             .collect();
         inner.add_tokens(added)?;
         let known = |id: Option<u32>| id.filter(|&i| (i as usize) < v.tokens.len());
-        Tokenizer::new(inner, known(v.bos_id), known(v.eos_id), known(v.pad_id), v.add_bos)
+        Tokenizer::new(
+            inner,
+            known(v.bos_id),
+            known(v.eos_id),
+            known(v.pad_id),
+            v.add_bos,
+        )
     }
 }
 
@@ -162,14 +194,20 @@ mod tests {
     /// Byte chars as tokens, a few merges, one control token.
     fn vocab(pre: &str) -> GgufVocab {
         let mut tokens = vec!["<|end|>".to_string()];
-        tokens.extend(['h', 'e', 'l', 'o', 'Ġ', '1', '2', '3', 'w', 'r', 'd'].iter().map(|c| c.to_string()));
+        tokens.extend(
+            ['h', 'e', 'l', 'o', 'Ġ', '1', '2', '3', 'w', 'r', 'd']
+                .iter()
+                .map(|c| c.to_string()),
+        );
         tokens.extend(["he", "ll", "hell", "hello", "Ġw", "12", "123"].map(String::from));
         let mut token_types = vec![1; tokens.len()];
         token_types[0] = TOKEN_CONTROL;
         GgufVocab {
             model: "gpt2".into(),
             pre: Some(pre.into()),
-            merges: ["h e", "l l", "he ll", "hell o", "Ġ w", "1 2", "12 3"].map(String::from).to_vec(),
+            merges: ["h e", "l l", "he ll", "hell o", "Ġ w", "1 2", "12 3"]
+                .map(String::from)
+                .to_vec(),
             tokens,
             token_types,
             eos_id: Some(0),
@@ -178,13 +216,20 @@ mod tests {
     }
 
     fn pieces(t: &Tokenizer, text: &str) -> Vec<String> {
-        t.encode(text, true).unwrap().iter().map(|&i| t.id_to_token(i).unwrap()).collect()
+        t.encode(text, true)
+            .unwrap()
+            .iter()
+            .map(|&i| t.id_to_token(i).unwrap())
+            .collect()
     }
 
     #[test]
     fn smollm_splits_every_digit() {
         let t = Tokenizer::from_gguf(&vocab("smollm")).unwrap();
-        assert_eq!(pieces(&t, "hello world123<|end|>"), ["hello", "Ġw", "o", "r", "l", "d", "1", "2", "3", "<|end|>"]);
+        assert_eq!(
+            pieces(&t, "hello world123<|end|>"),
+            ["hello", "Ġw", "o", "r", "l", "d", "1", "2", "3", "<|end|>"]
+        );
         assert_eq!(t.eos_id(), Some(0));
         assert!(t.is_special(0));
     }
@@ -201,12 +246,21 @@ mod tests {
 
     #[test]
     fn rejects_unknown_kinds_by_name() {
-        let err = Tokenizer::from_gguf(&vocab("mystery")).err().unwrap().to_string();
+        let err = Tokenizer::from_gguf(&vocab("mystery"))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(err.contains("\"mystery\""), "{err}");
-        let spm = GgufVocab { model: "llama".into(), ..vocab("default") };
+        let spm = GgufVocab {
+            model: "llama".into(),
+            ..vocab("default")
+        };
         let err = Tokenizer::from_gguf(&spm).err().unwrap().to_string();
         assert!(err.contains("\"llama\""), "{err}");
-        let bad = GgufVocab { merges: vec!["nospace".into()], ..vocab("default") };
+        let bad = GgufVocab {
+            merges: vec!["nospace".into()],
+            ..vocab("default")
+        };
         assert!(Tokenizer::from_gguf(&bad).is_err());
     }
 }

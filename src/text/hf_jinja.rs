@@ -2,10 +2,108 @@
 //! templates, with the same semantics: `tojson` is Python's `json.dumps`
 //! (no HTML escaping, keys in insertion order, `indent=`), `raise_exception`
 //! aborts rendering with a message, `strftime_now` formats the current time.
+//! `{{ value }}` prints lists, dicts and floats the way Python's `str()` does.
 
+use super::strftime;
 use minijinja::value::{Kwargs, ValueKind};
-use minijinja::{Error, ErrorKind, Value};
+use minijinja::{Error, ErrorKind, Output, State, Value};
 use std::fmt::Write;
+
+/// Output of `{{ value }}`: Python's `str(value)` for containers and floats
+/// (`[1, 'a']`, `{'k': None}`, `1e+20`); everything else as minijinja prints it.
+pub(super) fn formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    let is_float = value.kind() == ValueKind::Number && !value.is_integer();
+    if matches!(value.kind(), ValueKind::Seq | ValueKind::Map) || is_float {
+        let mut s = String::new();
+        python_repr(&mut s, value)?;
+        out.write_str(&s).map_err(|e| invalid(e.to_string()))
+    } else {
+        minijinja::escape_formatter(out, state, value)
+    }
+}
+
+/// Python's `repr()` of JSON-like data.
+fn python_repr(out: &mut String, v: &Value) -> Result<(), Error> {
+    match v.kind() {
+        ValueKind::None | ValueKind::Undefined => out.push_str("None"),
+        ValueKind::Bool => out.push_str(if v.is_true() { "True" } else { "False" }),
+        ValueKind::Number if v.is_integer() => out.push_str(&v.to_string()),
+        ValueKind::Number => {
+            let f = f64::try_from(v.clone())?;
+            out.push_str(&match f {
+                f if f.is_nan() => "nan".into(),
+                f if f.is_infinite() => (if f > 0.0 { "inf" } else { "-inf" }).into(),
+                f => python_float(f),
+            })
+        }
+        ValueKind::String => python_str_repr(out, v.as_str().unwrap_or_default()),
+        ValueKind::Map => {
+            out.push('{');
+            for (i, key) in v.try_iter()?.enumerate() {
+                out.push_str(if i > 0 { ", " } else { "" });
+                python_repr(out, &key)?;
+                out.push_str(": ");
+                python_repr(out, &v.get_item(&key)?)?;
+            }
+            out.push('}');
+        }
+        _ => {
+            out.push('[');
+            for (i, item) in v.try_iter()?.enumerate() {
+                out.push_str(if i > 0 { ", " } else { "" });
+                python_repr(out, &item)?;
+            }
+            out.push(']');
+        }
+    }
+    Ok(())
+}
+
+/// `repr(str)`: single quotes unless the text has only `'`s; non-printable
+/// chars escaped. Python's non-printable set is Unicode categories C and Z
+/// (but ' '); this covers the controls, spaces and format chars seen in text.
+fn python_str_repr(out: &mut String, s: &str) {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control()
+                || matches!(c, '\u{a0}' | '\u{ad}' | '\u{1680}' | '\u{2000}'..='\u{200f}' | '\u{2028}'..='\u{202f}'
+                    | '\u{205f}'..='\u{2064}' | '\u{3000}' | '\u{feff}') =>
+            {
+                let n = c as u32;
+                let _ = match n {
+                    0..=0xff => write!(out, "\\x{n:02x}"),
+                    0x100..=0xffff => write!(out, "\\u{n:04x}"),
+                    _ => write!(out, "\\U{n:08x}"),
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// `strftime_now(format)`: the current time (UTC, where HF uses local time)
+/// formatted like Python's `datetime.strftime`.
+pub(super) fn strftime_now(format: &str) -> Result<String, Error> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| invalid(e.to_string()))?;
+    strftime::format_utc(now.as_secs() as i64, format).map_err(invalid)
+}
 
 /// `raise_exception(message)`: the template rejects its input.
 pub(super) fn raise_exception(message: String) -> Result<Value, Error> {
@@ -18,7 +116,11 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) if v.is_integer() => Some(" ".repeat(v.as_usize().unwrap_or(0))),
-        Some(v) => Some(v.as_str().map(String::from).ok_or_else(|| invalid("indent must be an int or str"))?),
+        Some(v) => Some(
+            v.as_str()
+                .map(String::from)
+                .ok_or_else(|| invalid("indent must be an int or str"))?,
+        ),
     };
     let (item_sep, key_sep) = match kwargs.get::<Option<Vec<String>>>("separators")? {
         Some(pair) => match <[String; 2]>::try_from(pair) {
@@ -26,7 +128,10 @@ pub(super) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
             Err(_) => return Err(invalid("separators must be an (item, key) pair")),
         },
         // Python's defaults: no space before newlines when indenting.
-        None => ((if indent.is_some() { "," } else { ", " }).into(), ": ".into()),
+        None => (
+            (if indent.is_some() { "," } else { ", " }).into(),
+            ": ".into(),
+        ),
     };
     let dumper = Dumper {
         indent,
@@ -58,12 +163,16 @@ impl Dumper {
         match v.kind() {
             ValueKind::None => out.push_str("null"),
             ValueKind::Bool => out.push_str(if v.is_true() { "true" } else { "false" }),
-            ValueKind::Number if v.is_integer() => write!(out, "{v}").map_err(|e| invalid(e.to_string()))?,
+            ValueKind::Number if v.is_integer() => {
+                write!(out, "{v}").map_err(|e| invalid(e.to_string()))?
+            }
             ValueKind::Number => out.push_str(&python_float(f64::try_from(v.clone())?)),
             ValueKind::String => self.string(out, v.as_str().unwrap_or_default()),
             ValueKind::Seq | ValueKind::Iterable => {
                 let items: Vec<Value> = v.try_iter()?.collect();
-                self.container(out, '[', ']', &items, depth, |out, item, d| self.value(out, item, d))?;
+                self.container(out, '[', ']', &items, depth, |out, item, d| {
+                    self.value(out, item, d)
+                })?;
             }
             ValueKind::Map => {
                 let mut keys: Vec<Value> = v.try_iter()?.collect();
@@ -76,7 +185,11 @@ impl Dumper {
                     self.value(out, &v.get_item(key)?, d)
                 })?;
             }
-            kind => return Err(invalid(format!("tojson: a value of type {kind} is not JSON serializable"))),
+            kind => {
+                return Err(invalid(format!(
+                    "tojson: a value of type {kind} is not JSON serializable"
+                )))
+            }
         }
         Ok(())
     }
@@ -148,7 +261,11 @@ fn key_string(key: &Value) -> Result<String, Error> {
         ValueKind::Bool => (if key.is_true() { "true" } else { "false" }).into(),
         ValueKind::Number if !key.is_integer() => python_float(f64::try_from(key.clone())?),
         ValueKind::Number => key.to_string(),
-        kind => return Err(invalid(format!("tojson: keys must be str, int, float, bool or None, not {kind}"))),
+        kind => {
+            return Err(invalid(format!(
+                "tojson: keys must be str, int, float, bool or None, not {kind}"
+            )))
+        }
     })
 }
 
@@ -166,98 +283,18 @@ fn python_float(f: f64) -> String {
     let exp: i32 = exp.parse().unwrap_or(0);
     if (-4..16).contains(&exp) {
         let s = f.to_string();
-        if s.contains('.') { s } else { s + ".0" }
+        if s.contains('.') {
+            s
+        } else {
+            s + ".0"
+        }
     } else {
-        format!("{mantissa}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+        format!(
+            "{mantissa}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
     }
-}
-
-/// `strftime_now(format)`: the current UTC time, formatted like Python's
-/// `datetime.strftime`.
-pub(super) fn strftime_now(format: &str) -> Result<String, Error> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_err(|e| invalid(e.to_string()))?;
-    strftime(now.as_secs() as i64, format)
-}
-
-const DAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
-const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
-    "December",
-];
-
-/// Formats a Unix time (UTC) with the common strftime directives, plus glibc's
-/// `%-d` style unpadded numbers.
-fn strftime(unix: i64, format: &str) -> Result<String, Error> {
-    let (days, secs) = (unix.div_euclid(86_400), unix.rem_euclid(86_400));
-    let (year, month, day) = civil_from_days(days);
-    let weekday = (days + 3).rem_euclid(7) as usize; // 1970-01-01 was a Thursday
-    let yday = days - days_from_civil(year, 1, 1) + 1;
-    let (hour, minute, second) = (secs / 3600, secs / 60 % 60, secs % 60);
-    let mut out = String::new();
-    let mut chars = format.chars();
-    while let Some(c) = chars.next() {
-        if c != '%' {
-            out.push(c);
-            continue;
-        }
-        let mut spec = chars.next().ok_or_else(|| invalid("strftime_now: format ends with %"))?;
-        let pad = spec != '-';
-        if !pad {
-            spec = chars.next().ok_or_else(|| invalid("strftime_now: format ends with %-"))?;
-        }
-        let num = |n: i64, width: usize| if pad { format!("{n:0width$}") } else { n.to_string() };
-        let text = match spec {
-            'Y' => year.to_string(),
-            'y' => num(year.rem_euclid(100), 2),
-            'm' => num(month, 2),
-            'd' => num(day, 2),
-            'e' => format!("{day:>2}"),
-            'j' => num(yday, 3),
-            'H' => num(hour, 2),
-            'I' => num((hour + 11) % 12 + 1, 2),
-            'M' => num(minute, 2),
-            'S' => num(second, 2),
-            'p' => (if hour < 12 { "AM" } else { "PM" }).into(),
-            'A' => DAYS[weekday].into(),
-            'a' => DAYS[weekday][..3].into(),
-            'B' => MONTHS[month as usize - 1].into(),
-            'b' | 'h' => MONTHS[month as usize - 1][..3].into(),
-            'F' => format!("{year}-{month:02}-{day:02}"),
-            'T' => format!("{hour:02}:{minute:02}:{second:02}"),
-            'Z' => "UTC".into(),
-            'z' => "+0000".into(),
-            '%' => "%".into(),
-            other => return Err(invalid(format!("strftime_now: unsupported directive %{other}"))),
-        };
-        out.push_str(&text);
-    }
-    Ok(out)
-}
-
-/// Days since 1970-01-01 → (year, month, day), proleptic Gregorian
-/// (Howard Hinnant's algorithm).
-fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (yoe + era * 400 + i64::from(month <= 2), month, day)
-}
-
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 #[cfg(test)]
@@ -280,39 +317,58 @@ mod tests {
             r#"{"z": 1, "a": [1.5, 1e+20, -2.0, 1e-07, null, true], "s": "<&'\"\\\n\u0001é🙂"}"#
         );
         assert_eq!(
-            render("{{ d|tojson(indent=2) }}", serde_json::json!({"d": {"b": [1, {}], "a": []}})).unwrap(),
+            render(
+                "{{ d|tojson(indent=2) }}",
+                serde_json::json!({"d": {"b": [1, {}], "a": []}})
+            )
+            .unwrap(),
             "{\n  \"b\": [\n    1,\n    {}\n  ],\n  \"a\": []\n}"
         );
         assert_eq!(
-            render("{{ d|tojson(sort_keys=true, ensure_ascii=true) }}", serde_json::json!({"d": {"b": "é🙂", "a": 0}}))
-                .unwrap(),
+            render(
+                "{{ d|tojson(sort_keys=true, ensure_ascii=true) }}",
+                serde_json::json!({"d": {"b": "é🙂", "a": 0}})
+            )
+            .unwrap(),
             r#"{"a": 0, "b": "\u00e9\ud83d\ude42"}"#
         );
         assert!(render("{{ 1|tojson(bogus=1) }}", serde_json::json!({})).is_err());
     }
 
     #[test]
+    fn prints_values_like_python_str() {
+        let mut env = minijinja::Environment::new();
+        env.set_formatter(formatter);
+        let ctx = serde_json::json!({"d": {"a": [1, 2.5, null, true, "it's", "q\"'\n\u{a0}é"], "b": {}}, "f": 1e20});
+        // Python prints the same data as these strings.
+        assert_eq!(
+            env.render_str("{{ d }}|{{ f }}|{{ d.a[0] }}|{{ d.a[4] }}|{{ none }}", ctx)
+                .unwrap(),
+            r#"{'a': [1, 2.5, None, True, "it's", 'q"\'\n\xa0é'], 'b': {}}|1e+20|1|it's|None"#
+        );
+    }
+
+    #[test]
     fn python_float_repr() {
-        for (f, s) in [(0.1, "0.1"), (100.0, "100.0"), (1e16, "1e+16"), (1.5e15, "1500000000000000.0"), (0.0001, "0.0001"), (1.25e-5, "1.25e-05")] {
+        for (f, s) in [
+            (0.1, "0.1"),
+            (100.0, "100.0"),
+            (1e16, "1e+16"),
+            (1.5e15, "1500000000000000.0"),
+            (0.0001, "0.0001"),
+            (1.25e-5, "1.25e-05"),
+        ] {
             assert_eq!(python_float(f), s);
         }
     }
 
     #[test]
     fn raise_exception_fails_with_the_message() {
-        let err = render("{{ raise_exception('no system role') }}", serde_json::json!({})).unwrap_err();
+        let err = render(
+            "{{ raise_exception('no system role') }}",
+            serde_json::json!({}),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("no system role"), "{err}");
-    }
-
-    #[test]
-    fn strftime_like_python() {
-        // 2024-07-26 09:05:03 UTC, a Friday: Python's strftime gives these.
-        let t = 1_721_984_703;
-        assert_eq!(strftime(t, "%d %b %Y").unwrap(), "26 Jul 2024");
-        assert_eq!(strftime(t, "%A %B %-d, %Y %I:%M:%S %p %j %y %%").unwrap(), "Friday July 26, 2024 09:05:03 AM 208 24 %");
-        assert_eq!(strftime(0, "%Y-%m-%d %a %H").unwrap(), "1970-01-01 Thu 00");
-        assert_eq!(strftime(951_782_400, "%F").unwrap(), "2000-02-29");
-        assert!(strftime(t, "%Q").unwrap_err().to_string().contains("%Q"));
-        assert!(strftime_now("%Y").unwrap().len() == 4);
     }
 }

@@ -8,6 +8,7 @@ mod error;
 mod gguf;
 mod hf_jinja;
 mod stop;
+mod strftime;
 mod template;
 mod tokenizer;
 

@@ -28,7 +28,11 @@ impl StopMatcher {
             return Err(TextError::EmptyStopString(i));
         }
         let stops = stops.iter().map(|s| s.as_ref().to_string()).collect();
-        Ok(StopMatcher { stops, held: String::new(), stopped: None })
+        Ok(StopMatcher {
+            stops,
+            held: String::new(),
+            stopped: None,
+        })
     }
 
     /// Adds decoded text. On a match, emits the text before the stop string
@@ -36,7 +40,10 @@ impl StopMatcher {
     /// listed); after that, input is ignored.
     pub fn push(&mut self, text: &str) -> StopResult {
         if self.stopped.is_some() {
-            return StopResult { emit: String::new(), stopped: self.stopped };
+            return StopResult {
+                emit: String::new(),
+                stopped: self.stopped,
+            };
         }
         self.held.push_str(text);
         // `held` is shorter than the longest stop string plus `text`, so this
@@ -50,11 +57,17 @@ impl StopMatcher {
         if let Some((at, i)) = hit {
             self.held.truncate(at);
             self.stopped = Some(i);
-            return StopResult { emit: std::mem::take(&mut self.held), stopped: Some(i) };
+            return StopResult {
+                emit: std::mem::take(&mut self.held),
+                stopped: Some(i),
+            };
         }
         let keep = self.partial_suffix_len();
         let tail = self.held.split_off(self.held.len() - keep);
-        StopResult { emit: std::mem::replace(&mut self.held, tail), stopped: None }
+        StopResult {
+            emit: std::mem::replace(&mut self.held, tail),
+            stopped: None,
+        }
     }
 
     /// Releases withheld text at the end of generation (nothing after a stop).
@@ -94,12 +107,27 @@ mod tests {
 
     #[test]
     fn stop_string_split_across_pushes() {
-        assert_eq!(run(&["</s>"], &["Hello <", "/", "s", "> more"]), ("Hello ".into(), Some(0)));
+        assert_eq!(
+            run(&["</s>"], &["Hello <", "/", "s", "> more"]),
+            ("Hello ".into(), Some(0))
+        );
         let mut m = StopMatcher::new(&["STOP"]).unwrap();
         assert_eq!(m.push("abST").emit, "ab");
         assert_eq!(m.push("O").emit, "");
-        assert_eq!(m.push("P!"), StopResult { emit: String::new(), stopped: Some(0) });
-        assert_eq!(m.push("later"), StopResult { emit: String::new(), stopped: Some(0) });
+        assert_eq!(
+            m.push("P!"),
+            StopResult {
+                emit: String::new(),
+                stopped: Some(0)
+            }
+        );
+        assert_eq!(
+            m.push("later"),
+            StopResult {
+                emit: String::new(),
+                stopped: Some(0)
+            }
+        );
         assert_eq!(m.finish(), "");
     }
 
@@ -114,7 +142,10 @@ mod tests {
     #[test]
     fn overlapping_prefixes() {
         // "aab" must still be found after the first "a" fails to continue "aab".
-        assert_eq!(run(&["aab"], &["a", "a", "a", "b", "z"]), ("a".into(), Some(0)));
+        assert_eq!(
+            run(&["aab"], &["a", "a", "a", "b", "z"]),
+            ("a".into(), Some(0))
+        );
         assert_eq!(run(&["abab"], &["ab", "ab", "ab"]), ("".into(), Some(0)));
         let mut m = StopMatcher::new(&["aab"]).unwrap();
         assert_eq!(m.push("aaa").emit, "a");
@@ -122,8 +153,14 @@ mod tests {
 
     #[test]
     fn multiple_stop_strings() {
-        assert_eq!(run(&["END", "\n\n"], &["a\n", "\nEND"]), ("a".into(), Some(1)));
-        assert_eq!(run(&["END", "\n\n"], &["aE", "ND\n\n"]), ("a".into(), Some(0)));
+        assert_eq!(
+            run(&["END", "\n\n"], &["a\n", "\nEND"]),
+            ("a".into(), Some(1))
+        );
+        assert_eq!(
+            run(&["END", "\n\n"], &["aE", "ND\n\n"]),
+            ("a".into(), Some(0))
+        );
         // Several complete in one push: the earliest start wins, then list order.
         assert_eq!(run(&["bc", "abcd"], &["xabcd"]), ("x".into(), Some(1)));
         assert_eq!(run(&["abc", "ab"], &["xabcd"]), ("x".into(), Some(0)));
@@ -131,13 +168,22 @@ mod tests {
 
     #[test]
     fn no_stop_flushes_everything() {
-        assert_eq!(run(&["<|im_end|>"], &["a", "<|im", "_e"]), ("a<|im_e".into(), None));
-        assert_eq!(run(&[] as &[&str], &["free ", "text"]), ("free text".into(), None));
+        assert_eq!(
+            run(&["<|im_end|>"], &["a", "<|im", "_e"]),
+            ("a<|im_e".into(), None)
+        );
+        assert_eq!(
+            run(&[] as &[&str], &["free ", "text"]),
+            ("free text".into(), None)
+        );
     }
 
     #[test]
     fn multibyte_text_stays_whole() {
-        assert_eq!(run(&["日本語"], &["é日", "本", "x日"]), ("é日本x日".into(), None));
+        assert_eq!(
+            run(&["日本語"], &["é日", "本", "x日"]),
+            ("é日本x日".into(), None)
+        );
         assert_eq!(run(&["日本語"], &["é日", "本語"]), ("é".into(), Some(0)));
         let mut m = StopMatcher::new(&["🙂!"]).unwrap();
         assert_eq!(m.push("a🙂").emit, "a");

@@ -16,7 +16,11 @@ enum PieceBytes {
     ByteLevel,
     /// SentencePiece style: `space` stands for ' ', `<0xAB>` for a byte (with
     /// byte fallback), and the decoder strips one leading space of the text.
-    Sentencepiece { space: char, byte_fallback: bool, strip_leading_space: bool },
+    Sentencepiece {
+        space: char,
+        byte_fallback: bool,
+        strip_leading_space: bool,
+    },
     /// A decoder this module cannot invert per token (named).
     Unsupported(String),
 }
@@ -93,7 +97,8 @@ impl HfTokenizerConfig {
 }
 
 fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| TextError::File(path.display().to_string(), e.to_string()))
+    std::fs::read_to_string(path)
+        .map_err(|e| TextError::File(path.display().to_string(), e.to_string()))
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -121,11 +126,21 @@ impl Tokenizer {
         let inner = tokenizers::Tokenizer::from_file(tokenizer_json)
             .map_err(|e| TextError::File(tokenizer_json.display().to_string(), e.to_string()))?;
         let id = |t: &Option<String>| t.as_deref().and_then(|t| inner.token_to_id(t));
-        let (bos, eos, pad) = (id(&config.bos_token), id(&config.eos_token), id(&config.pad_token));
+        let (bos, eos, pad) = (
+            id(&config.bos_token),
+            id(&config.eos_token),
+            id(&config.pad_token),
+        );
         // HF adds BOS through the post-processor: probe it with an empty text.
         let leading = inner.encode_fast("", true)?.get_ids().first().copied();
         let add_bos = leading.is_some_and(|t| bos.map_or(true, |b| b == t));
-        Tokenizer::new(inner, bos.or(leading.filter(|_| add_bos)), eos, pad, add_bos)
+        Tokenizer::new(
+            inner,
+            bos.or(leading.filter(|_| add_bos)),
+            eos,
+            pad,
+            add_bos,
+        )
     }
 
     /// Wraps a built library tokenizer (its added tokens flagged `special` are
@@ -147,7 +162,16 @@ impl Tokenizer {
         let pieces = piece_bytes(parse.get_decoder())?;
         let mut plain = parse.clone();
         plain.set_encode_special_tokens(true);
-        Ok(Tokenizer { parse, plain, pieces, special, bos_id, eos_id, pad_id, add_bos })
+        Ok(Tokenizer {
+            parse,
+            plain,
+            pieces,
+            special,
+            bos_id,
+            eos_id,
+            pad_id,
+            add_bos,
+        })
     }
 
     /// Token ids of `text`. With `parse_special`, special tokens written in the
@@ -155,7 +179,11 @@ impl Tokenizer {
     /// without, they are tokenized as ordinary text (use for raw user input).
     /// Never adds BOS: see `add_bos()`.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>> {
-        let t = if parse_special { &self.parse } else { &self.plain };
+        let t = if parse_special {
+            &self.parse
+        } else {
+            &self.plain
+        };
         Ok(t.encode_fast(text, false)?.get_ids().to_vec())
     }
 
@@ -174,7 +202,11 @@ impl Tokenizer {
         let token = self.parse.id_to_token(id)?;
         match &self.pieces {
             PieceBytes::ByteLevel => Some(byte_level_bytes(&token)),
-            PieceBytes::Sentencepiece { space, byte_fallback, .. } => {
+            PieceBytes::Sentencepiece {
+                space,
+                byte_fallback,
+                ..
+            } => {
                 if *byte_fallback {
                     if let Some(b) = byte_fallback_byte(&token) {
                         return Some(vec![b]);
@@ -199,7 +231,13 @@ impl Tokenizer {
     /// Whether decoding drops one leading space of the whole text
     /// (SentencePiece style); the incremental decoder does the same.
     pub(super) fn strips_leading_space(&self) -> bool {
-        matches!(self.pieces, PieceBytes::Sentencepiece { strip_leading_space: true, .. })
+        matches!(
+            self.pieces,
+            PieceBytes::Sentencepiece {
+                strip_leading_space: true,
+                ..
+            }
+        )
     }
 
     /// Number of ids with a token (model vocabulary and added tokens).
@@ -262,12 +300,18 @@ fn piece_bytes(decoder: Option<&tokenizers::DecoderWrapper>) -> Result<PieceByte
             }
             "ByteFallback" => byte_fallback = true,
             "Fuse" => {}
-            "Strip" if step["content"] == " " && step["start"] == 1 && step["stop"] == 0 => strip = true,
+            "Strip" if step["content"] == " " && step["start"] == 1 && step["stop"] == 0 => {
+                strip = true
+            }
             other => return Ok(PieceBytes::Unsupported(other.to_string())),
         }
     }
     Ok(match space {
-        Some(space) => PieceBytes::Sentencepiece { space, byte_fallback, strip_leading_space: strip },
+        Some(space) => PieceBytes::Sentencepiece {
+            space,
+            byte_fallback,
+            strip_leading_space: strip,
+        },
         None => PieceBytes::Unsupported(json["type"].as_str().unwrap_or("?").to_string()),
     })
 }
@@ -282,8 +326,8 @@ fn single_char(s: &str) -> Option<char> {
 fn byte_level_byte(c: char) -> Option<u8> {
     match c as u32 {
         n @ (33..=126 | 161..=172 | 174..=255) => Some(n as u8),
-        n @ 256..=288 => Some((n - 256) as u8),        // 0..=32
-        n @ 289..=322 => Some((n - 289 + 127) as u8),  // 127..=160
+        n @ 256..=288 => Some((n - 256) as u8), // 0..=32
+        n @ 289..=322 => Some((n - 289 + 127) as u8), // 127..=160
         323 => Some(173),
         _ => None,
     }
@@ -292,13 +336,19 @@ fn byte_level_byte(c: char) -> Option<u8> {
 /// Like the library's ByteLevel decoder: a token with a char outside the
 /// table (e.g. an added token with a space) stands for its own UTF-8 bytes.
 fn byte_level_bytes(token: &str) -> Vec<u8> {
-    token.chars().map(byte_level_byte).collect::<Option<Vec<u8>>>().unwrap_or_else(|| token.as_bytes().to_vec())
+    token
+        .chars()
+        .map(byte_level_byte)
+        .collect::<Option<Vec<u8>>>()
+        .unwrap_or_else(|| token.as_bytes().to_vec())
 }
 
 /// `<0xAB>` → 0xAB, as the ByteFallback decoder reads it.
 fn byte_fallback_byte(token: &str) -> Option<u8> {
     let hex = token.strip_prefix("<0x")?.strip_suffix('>')?;
-    (hex.len() == 2).then(|| u8::from_str_radix(hex, 16).ok()).flatten()
+    (hex.len() == 2)
+        .then(|| u8::from_str_radix(hex, 16).ok())
+        .flatten()
 }
 
 #[cfg(test)]
@@ -330,7 +380,10 @@ pub(crate) mod tests {
         let mut vocab = serde_json::Map::new();
         vocab.insert("<|s|>".into(), 0.into());
         vocab.insert("<|e|>".into(), 1.into());
-        for c in (0..=323u32).filter_map(char::from_u32).filter(|&c| byte_level_byte(c).is_some()) {
+        for c in (0..=323u32)
+            .filter_map(char::from_u32)
+            .filter(|&c| byte_level_byte(c).is_some())
+        {
             let id = vocab.len();
             vocab.insert(c.to_string(), id.into());
         }
@@ -366,18 +419,27 @@ pub(crate) mod tests {
         assert_eq!(t.decode(&ids, false).unwrap(), "<|s|>ab");
         assert!(t.is_special(0) && t.is_special(1) && !t.is_special(ab));
         assert_eq!(t.special_ids(), &[0, 1]);
-        assert_eq!((t.bos_id(), t.eos_id(), t.pad_id(), t.add_bos()), (Some(0), Some(1), None, false));
+        assert_eq!(
+            (t.bos_id(), t.eos_id(), t.pad_id(), t.add_bos()),
+            (Some(0), Some(1), None, false)
+        );
     }
 
     #[test]
     fn token_bytes_undo_the_byte_level_mapping() {
         let t = tiny_byte_level();
         let ids = t.encode("é €", false).unwrap();
-        let bytes: Vec<u8> = ids.iter().flat_map(|&id| t.token_bytes(id).unwrap()).collect();
+        let bytes: Vec<u8> = ids
+            .iter()
+            .flat_map(|&id| t.token_bytes(id).unwrap())
+            .collect();
         assert_eq!(bytes, "é €".as_bytes());
         assert_eq!(t.token_bytes(0).unwrap(), b"<|s|>");
         assert_eq!(t.token_bytes(99_999), None);
-        assert_eq!(t.decode(&[99_999], false), Err(TextError::UnknownTokenId(99_999)));
+        assert_eq!(
+            t.decode(&[99_999], false),
+            Err(TextError::UnknownTokenId(99_999))
+        );
     }
 
     #[test]
@@ -386,14 +448,18 @@ pub(crate) mod tests {
         let json = t.to_json_string().unwrap();
         let back = Tokenizer::new(json.parse().unwrap(), None, None, None, false).unwrap();
         let text = "ab<|e|> x\n\n12";
-        assert_eq!(back.encode(text, true).unwrap(), t.encode(text, true).unwrap());
+        assert_eq!(
+            back.encode(text, true).unwrap(),
+            t.encode(text, true).unwrap()
+        );
     }
 
     #[test]
     fn reads_hf_config_and_probes_bos() {
         let dir = std::env::temp_dir().join(format!("mlxrt-text-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut json: Value = serde_json::from_str(&tiny_byte_level().to_json_string().unwrap()).unwrap();
+        let mut json: Value =
+            serde_json::from_str(&tiny_byte_level().to_json_string().unwrap()).unwrap();
         json["post_processor"] = serde_json::json!({"type": "TemplateProcessing",
             "single": [{"SpecialToken": {"id": "<|s|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
             "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
@@ -406,14 +472,25 @@ pub(crate) mod tests {
         )
         .unwrap();
         let t = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
-        assert_eq!((t.bos_id(), t.eos_id(), t.pad_id(), t.add_bos()), (Some(0), Some(1), Some(1), true));
+        assert_eq!(
+            (t.bos_id(), t.eos_id(), t.pad_id(), t.add_bos()),
+            (Some(0), Some(1), Some(1), true)
+        );
         // encode never adds BOS itself.
         assert_eq!(t.encode("ab", false).unwrap().len(), 1);
         let cfg = HfTokenizerConfig::from_dir(&dir).unwrap();
         assert_eq!(cfg.chat_template.as_deref(), Some("D"));
         std::fs::write(dir.join("chat_template.jinja"), "J").unwrap();
-        assert_eq!(HfTokenizerConfig::from_dir(&dir).unwrap().chat_template.as_deref(), Some("J"));
-        let missing = Tokenizer::from_file(&dir.join("nope.json")).unwrap_err().to_string();
+        assert_eq!(
+            HfTokenizerConfig::from_dir(&dir)
+                .unwrap()
+                .chat_template
+                .as_deref(),
+            Some("J")
+        );
+        let missing = Tokenizer::from_file(&dir.join("nope.json"))
+            .unwrap_err()
+            .to_string();
         assert!(missing.contains("nope.json"), "{missing}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -426,10 +503,22 @@ pub(crate) mod tests {
             {"type": "Strip", "content": " ", "start": 1, "stop": 0}]});
         let dec: tokenizers::DecoderWrapper = serde_json::from_value(json).unwrap();
         let p = piece_bytes(Some(&dec)).unwrap();
-        assert_eq!(p, PieceBytes::Sentencepiece { space: '▁', byte_fallback: true, strip_leading_space: true });
-        let wp: tokenizers::DecoderWrapper =
-            serde_json::from_value(serde_json::json!({"type": "WordPiece", "prefix": "##", "cleanup": true})).unwrap();
-        assert_eq!(piece_bytes(Some(&wp)).unwrap(), PieceBytes::Unsupported("WordPiece".into()));
+        assert_eq!(
+            p,
+            PieceBytes::Sentencepiece {
+                space: '▁',
+                byte_fallback: true,
+                strip_leading_space: true
+            }
+        );
+        let wp: tokenizers::DecoderWrapper = serde_json::from_value(
+            serde_json::json!({"type": "WordPiece", "prefix": "##", "cleanup": true}),
+        )
+        .unwrap();
+        assert_eq!(
+            piece_bytes(Some(&wp)).unwrap(),
+            PieceBytes::Unsupported("WordPiece".into())
+        );
         assert_eq!(byte_fallback_byte("<0xE2>"), Some(0xE2));
         assert_eq!(byte_fallback_byte("<0xE>"), None);
     }
