@@ -337,7 +337,8 @@ typedef struct mlxrt_event {
   mlxrt_event_kind kind;
   uint64_t request_id;
   /**
-   * DELTA: NUL-terminated UTF-8, never a partial character. Else "".
+   * DELTA: NUL-terminated UTF-8, never a partial character; empty when the
+   * delta only reports ids of tokens that make no text. Else "".
    */
   const char *text;
   /**

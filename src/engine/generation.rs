@@ -193,6 +193,14 @@ impl Generation {
         }
     }
 
+    /// Reports tokens that produced no text (special tokens at the end).
+    fn send_held_tokens(&mut self) {
+        if !self.held.is_empty() {
+            let tokens = std::mem::take(&mut self.held);
+            self.emit(Event::Delta { text: String::new(), tokens });
+        }
+    }
+
     /// Flushes withheld text (unless a stop string matched) and sends `Done`.
     fn finish(&mut self, mut finish: FinishReason, mut stop_index: Option<usize>) {
         if finish != FinishReason::Cancelled && stop_index.is_none() {
@@ -206,6 +214,9 @@ impl Generation {
                 }
             }
             self.send_text(rest);
+            if stop_index.is_none() {
+                self.send_held_tokens();
+            }
         }
         let usage = self.usage();
         self.emit(Event::Done { finish, stop_index, usage });

@@ -155,8 +155,10 @@ pub struct Usage {
 /// terminal event (`Done` or `Error`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// New output: complete UTF-8 text and the token ids it came from (ids of
-    /// tokens whose text was withheld are carried by a later delta).
+    /// New output: complete UTF-8 text and the token ids it came from. Ids of
+    /// tokens whose text is withheld (a partial character, a possible stop
+    /// string) come with a later delta; tokens that make no text at the end
+    /// (special tokens) come in a last delta with empty text.
     Delta { text: String, tokens: Vec<u32> },
     Done { finish: FinishReason, stop_index: Option<usize>, usage: Usage },
     Error(Error),

@@ -192,7 +192,8 @@ pub struct mlxrt_event {
     pub struct_size: usize,
     pub kind: mlxrt_event_kind,
     pub request_id: u64,
-    /// DELTA: NUL-terminated UTF-8, never a partial character. Else "".
+    /// DELTA: NUL-terminated UTF-8, never a partial character; empty when the
+    /// delta only reports ids of tokens that make no text. Else "".
     pub text: *const c_char,
     /// Length of `text` in bytes (without the NUL).
     pub text_len: usize,

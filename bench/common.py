@@ -1,0 +1,156 @@
+"""Shared helpers for mlxrt's benchmarks (bench/*.py): machine info, medians, ratios,
+running a command that prints a JSON object, the deterministic benchmark prompt, and
+writing bench/results/<name>.json in the format of design.md section 7.
+
+The result JSON always holds: name, date (UTC), command (the driver's command line),
+machine {cpu, cores, os, python, mlx, mlx_lm}, then what the benchmark adds (raw figures
+for both sides, medians, and `<metric>_ratio` values where > 1.0 means mlxrt is better).
+"""
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+
+# A fixed English text for benchmark prompts (written for this project; any stable text
+# works). It is tokenized without special tokens and repeated to the wanted length.
+BENCH_TEXT = (
+    "The lighthouse keeper climbed the narrow stairs every evening at dusk, counting the "
+    "one hundred and twelve steps as his father had before him. From the lamp room he could "
+    "see the fishing boats returning to the harbour, their lanterns swaying like fireflies "
+    "over the dark water. He wrote the weather in a leather notebook: wind from the west, "
+    "light rain, a long swell from the south. In winter the storms came without warning, and "
+    "he would stay awake through the night, polishing the great lens and trimming the wick "
+    "so that no ship would mistake the rocks for open sea. "
+)
+
+
+def _version(pkg):
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_model():
+    """CPU model name: /proc/cpuinfo on Linux, sysctl on macOS, else platform."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    try:
+        return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return platform.processor() or platform.machine()
+
+
+def machine_info():
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": cpu_model(),
+        "cores": cores,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "mlx": _version("mlx"),
+        "mlx_backend_pkg": next((p for p in ("mlx-metal", "mlx-cpu", "mlx-cuda-13", "mlx-cuda-12")
+                                 if _version(p)), None),
+        "mlx_lm": _version("mlx-lm"),
+    }
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def medians(rounds, keys):
+    """{key: median over rounds} for a list of per-round dicts."""
+    return {k: median([r[k] for r in rounds]) for k in keys}
+
+
+def ratio(mlxrt, ref, higher_is_better=True):
+    """mlxrt/ref for rates, ref/mlxrt for times: > 1.0 always means mlxrt is better."""
+    if not mlxrt or not ref:
+        return None
+    return mlxrt / ref if higher_is_better else ref / mlxrt
+
+
+def last_json_object(text):
+    """The last line of `text` that parses as a JSON object (commands may log before it)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                return obj
+    # Maybe a pretty-printed object: try the whole output.
+    obj = json.loads(text)
+    if not isinstance(obj, dict):
+        raise ValueError("output is not a JSON object")
+    return obj
+
+
+def run_json_command(cmd, env=None, timeout=None):
+    """Run a shell command; return the JSON object it prints on stdout (stderr passes through)."""
+    proc = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, text=True,
+                          env={**os.environ, **(env or {})}, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"command failed with status {proc.returncode}: {cmd}\n{proc.stdout[-2000:]}")
+    try:
+        return last_json_object(proc.stdout)
+    except ValueError as e:
+        raise RuntimeError(f"no JSON object in the output of: {cmd}\n{proc.stdout[-2000:]}") from e
+
+
+def bench_prompt_ids(encode, n_tokens):
+    """Deterministic n-token prompt: BENCH_TEXT tokenized (no special tokens), repeated, cut."""
+    chunk = list(encode(BENCH_TEXT))
+    return (chunk * (n_tokens // len(chunk) + 1))[:n_tokens]
+
+
+def read_prompt_ids(path):
+    """Prompt ids from a JSON file: a plain list, or an object with an "ids" list."""
+    data = json.loads(Path(path).read_text())
+    ids = data["ids"] if isinstance(data, dict) else data
+    return [int(i) for i in ids]
+
+
+def write_prompt_ids(path, ids, **extra):
+    Path(path).write_text(json.dumps({"ids": ids, **extra}) + "\n")
+
+
+def load_mlxlm(model, f32_scales=True):
+    """mlx-lm model + tokenizer exactly as the correctness oracle loads them."""
+    sys.path.insert(0, str(REPO / "tests" / "oracle"))
+    from mlxlm_reference import load_reference_model
+
+    return load_reference_model(model, f32_scales)
+
+
+def write_result(name, payload, results_dir=RESULTS):
+    """Write results_dir/<name>.json with the common header; returns the path."""
+    out = {
+        "name": name,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable] + sys.argv),
+        "machine": machine_info(),
+        **payload,
+    }
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / f"{name}.json"
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return path
