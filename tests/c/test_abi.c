@@ -87,16 +87,21 @@ static void on_free(void *ud) {
   pthread_mutex_unlock(&r->mu);
 }
 
-/* Waits until `freed` (the very last thing for a request) or 300 s. */
-static int rec_wait(struct rec *r) {
+/* Waits until `freed` (the very last thing for a request). A request that
+ * never ends is a failure; the program stops, since the engine still points
+ * at `r`. */
+static void rec_wait(struct rec *r) {
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
-  t.tv_sec += 300;
+  t.tv_sec += 1800;
   int rc = 0;
   pthread_mutex_lock(&r->mu);
   while (r->freed == 0 && rc == 0) rc = pthread_cond_timedwait(&r->cv, &r->mu, &t);
   pthread_mutex_unlock(&r->mu);
-  return r->freed != 0;
+  if (r->freed == 0) {
+    fprintf(stderr, "FAIL a request did not end within 30 minutes\n");
+    exit(1);
+  }
 }
 
 static void rec_wait_deltas(struct rec *r, int n) {
@@ -128,6 +133,8 @@ static void expect_error(mlxrt_status st, mlxrt_error **errp, mlxrt_status want,
 }
 
 /* ---- tests ---- */
+/* Under valgrind only the tests that generate nothing run ("quick" mode):
+ * generation there is ~100x slower. AddressSanitizer runs them all. */
 
 static void test_versions(void) {
   CHECK(mlxrt_abi_version() == MLXRT_ABI_VERSION, "abi %u", mlxrt_abi_version());
@@ -301,7 +308,7 @@ static void test_streaming(mlxrt_engine *e) {
   mlxrt_error *err = NULL;
   CHECK(submit(e, &p, &r, &req, &err) == MLXRT_STATUS_OK, "submit: %s", mlxrt_error_message(err));
   CHECK(req != NULL && mlxrt_request_id(req) != 0, "request handle");
-  CHECK(rec_wait(&r), "streaming request did not finish");
+  rec_wait(&r);
   CHECK(r.deltas >= 2, "deltas %d", r.deltas);
   CHECK(strstr(r.text, "Paris") != NULL, "answer %s", r.text);
   CHECK(r.terminals == 1 && r.freed == 1 && r.events_after_terminal == 0, "terminal %d free %d after %d",
@@ -389,7 +396,8 @@ static void test_cancel(mlxrt_engine *e) {
   mlxrt_request_free(rb);
 }
 
-static void test_destroy_in_flight(const char *model) {
+/* `wait_first`: destroy after the first delta (else right after submitting). */
+static void test_destroy_in_flight(const char *model, int wait_first) {
   mlxrt_engine_config c;
   mlxrt_engine_config_init(&c);
   c.model_path = model;
@@ -406,7 +414,7 @@ static void test_destroy_in_flight(const char *model) {
   mlxrt_request *ra = NULL;
   CHECK(submit(e, &p, &a, &ra, NULL) == MLXRT_STATUS_OK, "submit a");
   CHECK(submit(e, &p, &b, NULL, NULL) == MLXRT_STATUS_OK, "submit b (queued)");
-  rec_wait_deltas(&a, 1);
+  if (wait_first) rec_wait_deltas(&a, 1);
   mlxrt_engine_destroy(e);
   /* destroy returns after every terminal event was delivered */
   CHECK(a.terminals == 1 && a.freed == 1 && a.finish_reason == MLXRT_FINISH_REASON_CANCELLED,
@@ -420,10 +428,11 @@ static void test_destroy_in_flight(const char *model) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: %s MODEL_PATH SCRATCH_DIR\n", argv[0]);
+    fprintf(stderr, "usage: %s MODEL_PATH SCRATCH_DIR [quick]\n", argv[0]);
     return 2;
   }
   const char *model = argv[1];
+  int quick = argc > 3 && strcmp(argv[3], "quick") == 0;
   test_versions();
   test_create_errors(argv[2]);
 
@@ -438,12 +447,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   test_submit_errors(e);
-  test_struct_size_growth(e);
-  test_streaming(e);
-  test_stop_and_length(e);
-  test_cancel(e);
+  if (!quick) {
+    test_struct_size_growth(e);
+    test_streaming(e);
+    test_stop_and_length(e);
+    test_cancel(e);
+  }
   mlxrt_engine_destroy(e);
-  test_destroy_in_flight(model);
+  test_destroy_in_flight(model, !quick);
 
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);

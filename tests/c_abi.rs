@@ -1,0 +1,84 @@
+//! Compiles tests/c/test_abi.c with the system C compiler against the built
+//! cdylib and runs it: plainly, under AddressSanitizer (with LeakSanitizer),
+//! and, for the parts that generate nothing, under valgrind.
+
+mod common;
+
+use common::*;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// target/<profile>, where cargo put libmlxrt.so for this test run.
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
+}
+
+fn compile(name: &str, extra: &[&str]) -> PathBuf {
+    let root = repo_root();
+    let out = lib_dir().join(name);
+    let lib = lib_dir();
+    let mut cmd = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cmd.args(["-std=c11", "-g", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(extra)
+        .arg(format!("-I{}", root.join("include").display()))
+        .arg(root.join("tests/c/test_abi.c"))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lmlxrt")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lpthread", "-o"])
+        .arg(&out);
+    let st = cmd.status().expect("run the C compiler");
+    assert!(st.success(), "compiling test_abi.c failed: {cmd:?}");
+    out
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let scratch = tempdir(what);
+    let out = cmd.arg(model_path()).arg(&scratch).output().expect("run test_abi");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    assert!(out.status.success(), "{what}: test_abi failed ({})", out.status);
+    assert!(stderr.contains("all C ABI checks passed"), "{what}: no success line");
+}
+
+fn tempdir(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mlxrt-c-abi-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn c_abi_plain() {
+    let bin = compile("test_abi", &[]);
+    run(&mut Command::new(bin), "plain");
+}
+
+#[test]
+fn c_abi_under_address_sanitizer() {
+    let bin = compile("test_abi_asan", &["-fsanitize=address", "-fno-omit-frame-pointer"]);
+    // Leak checking is on by default with ASan on Linux; make it explicit.
+    run(Command::new(bin).env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0"), "asan");
+}
+
+#[test]
+fn c_abi_under_valgrind() {
+    let bin = compile("test_abi_vg", &[]);
+    let mut cmd = Command::new("valgrind");
+    cmd.args([
+        "--error-exitcode=99",
+        "--leak-check=full",
+        "--errors-for-leak-kinds=definite",
+        "--show-leak-kinds=definite",
+        "--track-origins=no",
+    ])
+    .arg(bin);
+    // `quick` is appended after the model and scratch paths by `run`.
+    let scratch = tempdir("valgrind");
+    let out = cmd.arg(model_path()).arg(&scratch).arg("quick").output().expect("run valgrind");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    assert!(out.status.success(), "valgrind: test_abi failed ({})", out.status);
+    assert!(stderr.contains("all C ABI checks passed"), "valgrind: no success line");
+    assert!(stderr.contains("ERROR SUMMARY: 0 errors"), "valgrind reported errors");
+}
