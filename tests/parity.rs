@@ -72,6 +72,7 @@ fn cases(reference: &Path) -> Vec<Case> {
     let mut f = TensorFile::load_safetensors(reference.to_str().unwrap()).unwrap();
     let mut names: Vec<String> = f
         .names()
+        .unwrap()
         .iter()
         .filter_map(|n| n.strip_suffix(".prompt_ids").map(str::to_owned))
         .collect();

@@ -142,7 +142,7 @@ impl Array {
     }
 
     pub fn shape(&self) -> Vec<i32> {
-        ffi::shape_of(self.raw())
+        ffi::shape_of(self.raw()).expect("reading a shape cannot fail")
     }
     pub fn ndim(&self) -> usize {
         self.shape().len()
@@ -156,10 +156,11 @@ impl Array {
         self.shape().iter().map(|&d| d as usize).product()
     }
     pub fn dtype(&self) -> Dtype {
-        Dtype::from_code(ffi::dtype_of(self.raw())).expect("MLX returned an unknown dtype")
+        Dtype::from_code(ffi::dtype_of(self.raw()).expect("reading a dtype cannot fail"))
+            .expect("MLX returned an unknown dtype")
     }
     pub fn nbytes(&self) -> usize {
-        ffi::nbytes_of(self.raw())
+        ffi::nbytes_of(self.raw()).expect("reading a size cannot fail")
     }
 
     /// Evaluates and copies out as f32 (any dtype is converted).
@@ -202,25 +203,25 @@ impl fmt::Debug for Array {
 pub(crate) struct ArrVec(pub(crate) UniquePtr<ffi::ArrVec>);
 
 impl ArrVec {
-    pub(crate) fn from_refs(arrays: &[&Array]) -> ArrVec {
-        let mut v = ffi::vec_new();
+    pub(crate) fn from_refs(arrays: &[&Array]) -> Result<ArrVec> {
+        let mut v = ffi::vec_new()?;
         for a in arrays {
-            ffi::vec_push(v.pin_mut(), a.raw());
+            ffi::vec_push(v.pin_mut(), a.raw())?;
         }
-        ArrVec(v)
+        Ok(ArrVec(v))
     }
     pub(crate) fn into_arrays(self) -> Result<Vec<Array>> {
-        let n = ffi::vec_len(&self.0);
+        let n = ffi::vec_len(&self.0)?;
         (0..n).map(|i| wrap(ffi::vec_get(&self.0, i))).collect()
     }
 }
 
 /// Evaluates all arrays in one graph execution.
 pub fn eval(arrays: &[&Array]) -> Result<()> {
-    Ok(ffi::eval_vec(&ArrVec::from_refs(arrays).0)?)
+    Ok(ffi::eval_vec(&ArrVec::from_refs(arrays)?.0)?)
 }
 
 /// Schedules evaluation and returns at once; reading any of them later waits.
 pub fn async_eval(arrays: &[&Array]) -> Result<()> {
-    Ok(ffi::async_eval_vec(&ArrVec::from_refs(arrays).0)?)
+    Ok(ffi::async_eval_vec(&ArrVec::from_refs(arrays)?.0)?)
 }

@@ -13,7 +13,7 @@ use sys::ffi;
 
 /// The version of the libmlx this process linked.
 pub fn version() -> String {
-    ffi::mlx_version()
+    ffi::mlx_version().unwrap_or_default()
 }
 
 /// Device selection for the calling thread's default stream.
@@ -26,30 +26,31 @@ pub mod device {
         Ok(ffi::set_default_device(gpu)?)
     }
     pub fn default_is_gpu() -> bool {
-        ffi::default_device_is_gpu()
+        ffi::default_device_is_gpu().unwrap_or(false)
     }
 }
 
-/// MLX allocator statistics (bytes).
+/// MLX allocator statistics (bytes). These cannot fail in practice; an
+/// error reads as 0 / is ignored.
 pub mod memory {
     use super::ffi;
     pub fn active() -> usize {
-        ffi::active_memory()
+        ffi::active_memory().unwrap_or(0)
     }
     pub fn peak() -> usize {
-        ffi::peak_memory()
+        ffi::peak_memory().unwrap_or(0)
     }
     pub fn cache() -> usize {
-        ffi::cache_memory()
+        ffi::cache_memory().unwrap_or(0)
     }
     pub fn reset_peak() {
-        ffi::reset_peak_memory()
+        let _ = ffi::reset_peak_memory();
     }
     pub fn clear_cache() {
-        ffi::clear_cache()
+        let _ = ffi::clear_cache();
     }
     pub fn set_cache_limit(bytes: usize) -> usize {
-        ffi::set_cache_limit(bytes)
+        ffi::set_cache_limit(bytes).unwrap_or(0)
     }
 }
 

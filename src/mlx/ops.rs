@@ -81,7 +81,7 @@ impl Array {
         wrap(ffi::slice_update(self.raw(), update.raw(), start, stop))
     }
     pub fn concatenate(arrays: &[&Array], axis: i32) -> Result<Array> {
-        wrap(ffi::concatenate(&ArrVec::from_refs(arrays).0, axis))
+        wrap(ffi::concatenate(&ArrVec::from_refs(arrays)?.0, axis))
     }
     pub fn take(&self, indices: &Array, axis: i32) -> Result<Array> {
         wrap(ffi::take(self.raw(), indices.raw(), axis))

@@ -20,16 +20,16 @@ pub(crate) mod ffi {
         fn arange_i32(start: i32, stop: i32) -> Result<UniquePtr<array>>;
         fn zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<array>>;
         fn clone_arr(a: &array) -> Result<UniquePtr<array>>;
-        fn shape_of(a: &array) -> Vec<i32>;
-        fn dtype_of(a: &array) -> u8;
-        fn nbytes_of(a: &array) -> usize;
+        fn shape_of(a: &array) -> Result<Vec<i32>>;
+        fn dtype_of(a: &array) -> Result<u8>;
+        fn nbytes_of(a: &array) -> Result<usize>;
         fn to_vec_f32(a: &array) -> Result<Vec<f32>>;
         fn to_vec_i32(a: &array) -> Result<Vec<i32>>;
         fn to_bytes(a: &array) -> Result<Vec<u8>>;
 
-        fn vec_new() -> UniquePtr<ArrVec>;
-        fn vec_push(v: Pin<&mut ArrVec>, a: &array);
-        fn vec_len(v: &ArrVec) -> usize;
+        fn vec_new() -> Result<UniquePtr<ArrVec>>;
+        fn vec_push(v: Pin<&mut ArrVec>, a: &array) -> Result<()>;
+        fn vec_len(v: &ArrVec) -> Result<usize>;
         fn vec_get(v: &ArrVec, i: usize) -> Result<UniquePtr<array>>;
         fn eval_vec(v: &ArrVec) -> Result<()>;
         fn async_eval_vec(v: &ArrVec) -> Result<()>;
@@ -114,26 +114,26 @@ pub(crate) mod ffi {
         fn load_safetensors(path: &str) -> Result<UniquePtr<TensorFile>>;
         fn load_gguf(path: &str) -> Result<UniquePtr<TensorFile>>;
         fn save_safetensors(path: &str, f: &TensorFile) -> Result<()>;
-        fn tensor_file_new() -> UniquePtr<TensorFile>;
-        fn tensor_file_insert(f: Pin<&mut TensorFile>, name: &str, a: &array);
-        fn tensor_file_set_meta(f: Pin<&mut TensorFile>, key: &str, value: &str);
-        fn tensor_names(f: &TensorFile) -> Vec<String>;
+        fn tensor_file_new() -> Result<UniquePtr<TensorFile>>;
+        fn tensor_file_insert(f: Pin<&mut TensorFile>, name: &str, a: &array) -> Result<()>;
+        fn tensor_file_set_meta(f: Pin<&mut TensorFile>, key: &str, value: &str) -> Result<()>;
+        fn tensor_names(f: &TensorFile) -> Result<Vec<String>>;
         fn tensor_take(f: Pin<&mut TensorFile>, name: &str) -> Result<UniquePtr<array>>;
-        fn meta_keys(f: &TensorFile) -> Vec<String>;
-        fn meta_kind(f: &TensorFile, key: &str) -> u8;
+        fn meta_keys(f: &TensorFile) -> Result<Vec<String>>;
+        fn meta_kind(f: &TensorFile, key: &str) -> Result<u8>;
         fn meta_str(f: &TensorFile, key: &str) -> Result<String>;
         fn meta_list(f: &TensorFile, key: &str) -> Result<Vec<String>>;
         fn meta_arr(f: &TensorFile, key: &str) -> Result<UniquePtr<array>>;
 
         fn gpu_available() -> Result<bool>;
         fn set_default_device(gpu: bool) -> Result<()>;
-        fn default_device_is_gpu() -> bool;
-        fn active_memory() -> usize;
-        fn peak_memory() -> usize;
-        fn cache_memory() -> usize;
-        fn reset_peak_memory();
-        fn clear_cache();
-        fn set_cache_limit(limit: usize) -> usize;
-        fn mlx_version() -> String;
+        fn default_device_is_gpu() -> Result<bool>;
+        fn active_memory() -> Result<usize>;
+        fn peak_memory() -> Result<usize>;
+        fn cache_memory() -> Result<usize>;
+        fn reset_peak_memory() -> Result<()>;
+        fn clear_cache() -> Result<()>;
+        fn set_cache_limit(limit: usize) -> Result<usize>;
+        fn mlx_version() -> Result<String>;
     }
 }

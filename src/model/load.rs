@@ -89,7 +89,7 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>) -> Result<Parts> {
     for f in &files {
         let mut tf = TensorFile::load_safetensors(&f.to_string_lossy())
             .map_err(|e| Error::model(format!("{}: {}", f.display(), e.0)))?;
-        for name in tf.names() {
+        for name in tf.names()? {
             let a = tf.take(&name)?;
             tensors.insert(name, a);
         }
@@ -274,7 +274,7 @@ fn load_gguf(path: &Path, scale_dtype: Option<Dtype>) -> Result<Parts> {
 
     let mut tensors = HashMap::new();
     let mut quant = QuantConfig::default();
-    for name in f.names() {
+    for name in f.names()? {
         let (base, suffix) = name.rsplit_once('.').unwrap_or((&name, ""));
         let Some(module) = hf_module(base) else {
             return Err(Error::model(format!("unexpected GGUF tensor `{name}`")));
