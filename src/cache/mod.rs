@@ -1,5 +1,33 @@
-//! Caches owned by the scheduler thread. Only the plain KV cache exists so far.
+//! Caches owned by the scheduler thread.
 
 pub mod kv;
 
 pub use kv::KvCache;
+
+use crate::mlx::fast::Mask;
+use crate::mlx::Array;
+
+/// Where the new tokens of a forward pass start, for RoPE: the same position
+/// for every row, or one per row (`[B]` int32) when rows are left-padded.
+pub enum Positions {
+    Same(i32),
+    PerRow(Array),
+}
+
+/// The attention mask of a forward pass, computed once for all layers.
+pub enum AttnMask {
+    None,
+    Causal,
+    /// Boolean `[B, 1, L, T]`: true where a query may attend to a key.
+    Array(Array),
+}
+
+impl AttnMask {
+    pub fn as_mask(&self) -> Mask<'_> {
+        match self {
+            AttnMask::None => Mask::None,
+            AttnMask::Causal => Mask::Causal,
+            AttnMask::Array(a) => Mask::Array(a),
+        }
+    }
+}

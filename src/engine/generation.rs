@@ -64,7 +64,7 @@ impl Generation {
             max_tokens: job.max_tokens,
             stop_at_eos: job.stop_at_eos,
             submitted: job.submitted,
-            cache: model.new_cache(),
+            cache: model.new_cache(1),
             sampler: Sampler::new(job.sampling, seed)?,
             prefilled: 0,
             pending: None,

@@ -188,6 +188,23 @@ pub mod fast {
         wrap(ffi::rope_freqs(x.raw(), dims, traditional, scale, offset, freqs.raw()))
     }
 
+    /// RoPE where each batch row starts at its own position (`offsets`: `[B]`).
+    pub fn rope_at(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offsets: &Array) -> Result<Array> {
+        wrap(ffi::rope_positions(x.raw(), dims, traditional, base, scale, offsets.raw()))
+    }
+
+    /// `rope_with_freqs` with per-row start positions.
+    pub fn rope_with_freqs_at(
+        x: &Array,
+        dims: i32,
+        traditional: bool,
+        scale: f32,
+        offsets: &Array,
+        freqs: &Array,
+    ) -> Result<Array> {
+        wrap(ffi::rope_freqs_positions(x.raw(), dims, traditional, scale, offsets.raw(), freqs.raw()))
+    }
+
     /// Attention mask choice for `scaled_dot_product_attention`.
     pub enum Mask<'a> {
         None,

@@ -255,6 +255,14 @@ ArrPtr rope_freqs(const array& x, int32_t dims, bool traditional, float scale, i
                   const array& freqs) {
   return up(mx::fast::rope(x, dims, traditional, std::nullopt, scale, offset, freqs));
 }
+ArrPtr rope_positions(const array& x, int32_t dims, bool traditional, float base, float scale,
+                      const array& offsets) {
+  return up(mx::fast::rope(x, dims, traditional, base, scale, offsets));
+}
+ArrPtr rope_freqs_positions(const array& x, int32_t dims, bool traditional, float scale,
+                            const array& offsets, const array& freqs) {
+  return up(mx::fast::rope(x, dims, traditional, std::nullopt, scale, offsets, freqs));
+}
 ArrPtr sdpa(const array& q, const array& k, const array& v, float scale, rust::Str mask_mode) {
   return up(mx::fast::scaled_dot_product_attention(q, k, v, scale, str(mask_mode)));
 }

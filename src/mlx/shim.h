@@ -111,6 +111,10 @@ ArrPtr rope(const array& x, int32_t dims, bool traditional, float base, float sc
             int32_t offset);
 ArrPtr rope_freqs(const array& x, int32_t dims, bool traditional, float scale, int32_t offset,
                   const array& freqs);
+ArrPtr rope_positions(const array& x, int32_t dims, bool traditional, float base, float scale,
+                      const array& offsets);
+ArrPtr rope_freqs_positions(const array& x, int32_t dims, bool traditional, float scale,
+                            const array& offsets, const array& freqs);
 ArrPtr sdpa(const array& q, const array& k, const array& v, float scale, rust::Str mask_mode);
 ArrPtr sdpa_masked(const array& q, const array& k, const array& v, float scale,
                    const array& mask);

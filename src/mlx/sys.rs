@@ -102,6 +102,22 @@ pub(crate) mod ffi {
             offset: i32,
             freqs: &array,
         ) -> Result<UniquePtr<array>>;
+        fn rope_positions(
+            x: &array,
+            dims: i32,
+            traditional: bool,
+            base: f32,
+            scale: f32,
+            offsets: &array,
+        ) -> Result<UniquePtr<array>>;
+        fn rope_freqs_positions(
+            x: &array,
+            dims: i32,
+            traditional: bool,
+            scale: f32,
+            offsets: &array,
+            freqs: &array,
+        ) -> Result<UniquePtr<array>>;
         fn sdpa(q: &array, k: &array, v: &array, scale: f32, mask_mode: &str)
             -> Result<UniquePtr<array>>;
         fn sdpa_masked(q: &array, k: &array, v: &array, scale: f32, mask: &array)

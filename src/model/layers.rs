@@ -1,6 +1,7 @@
 //! Building blocks shared by the architectures: linear layers (dense or
 //! affine-quantized), embeddings, RMSNorm and rotary position embeddings.
 
+use crate::cache::Positions;
 use crate::error::{Error, Result};
 use crate::mlx::{dequantize, fast, quantized_matmul, Array};
 use serde_json::Value;
@@ -127,11 +128,14 @@ impl Rope {
         }
     }
 
-    /// Rotates `x` `[B, heads, L, head_dim]` for positions starting at `offset`.
-    pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
-        Ok(match &self.freqs {
-            Some(f) => fast::rope_with_freqs(x, self.dims, self.traditional, self.scale, offset, f)?,
-            None => fast::rope(x, self.dims, self.traditional, self.base, self.scale, offset)?,
+    /// Rotates `x` `[B, heads, L, head_dim]` for positions starting at `pos`.
+    pub fn forward(&self, x: &Array, pos: &Positions) -> Result<Array> {
+        let (d, t, s) = (self.dims, self.traditional, self.scale);
+        Ok(match (&self.freqs, pos) {
+            (Some(f), Positions::Same(o)) => fast::rope_with_freqs(x, d, t, s, *o, f)?,
+            (None, Positions::Same(o)) => fast::rope(x, d, t, self.base, s, *o)?,
+            (Some(f), Positions::PerRow(o)) => fast::rope_with_freqs_at(x, d, t, s, o, f)?,
+            (None, Positions::PerRow(o)) => fast::rope_at(x, d, t, self.base, s, o)?,
         })
     }
 }

@@ -5,9 +5,9 @@
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
-use crate::cache::KvCache;
+use crate::cache::{AttnMask, KvCache, Positions};
 use crate::error::{Error, Result};
-use crate::mlx::fast::{self, Mask};
+use crate::mlx::fast;
 use crate::mlx::Array;
 use serde::Deserialize;
 use serde_json::Value;
@@ -89,7 +89,7 @@ struct Attention {
 }
 
 impl Attention {
-    fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope) -> Result<Array> {
+    fn forward(&self, x: &Array, cache: &mut KvCache, rope: &Rope, pos: &Positions, mask: &AttnMask) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         let split = |y: Array, h: i32| -> Result<Array> {
@@ -98,12 +98,10 @@ impl Attention {
         let q = split(self.q.forward(x)?, self.heads)?;
         let k = split(self.k.forward(x)?, self.kv_heads)?;
         let v = split(self.v.forward(x)?, self.kv_heads)?;
-        let offset = cache.offset();
-        let q = rope.forward(&q, offset)?;
-        let k = rope.forward(&k, offset)?;
+        let q = rope.forward(&q, pos)?;
+        let k = rope.forward(&k, pos)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
-        let mask = if l > 1 { Mask::Causal } else { Mask::None };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask)?;
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_mask())?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         self.o.forward(&o)
     }
@@ -195,17 +193,19 @@ impl LanguageModel for Llama {
         &self.info
     }
 
-    fn new_cache(&self) -> Vec<KvCache> {
-        (0..self.blocks.len()).map(|_| KvCache::new()).collect()
+    fn new_cache(&self, rows: usize) -> Vec<KvCache> {
+        (0..self.blocks.len()).map(|_| KvCache::new(rows)).collect()
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [KvCache], out: Output) -> Result<Option<Array>> {
         if cache.len() != self.blocks.len() {
             return Err(Error::internal("cache has the wrong number of layers"));
         }
+        let pos = cache[0].positions()?;
+        let mask = cache[0].mask(tokens.dim(1))?;
         let mut h = self.embed.forward(tokens)?;
         for (blk, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            let a = blk.attn.forward(&blk.input_norm.forward(&h)?, c, &self.rope)?;
+            let a = blk.attn.forward(&blk.input_norm.forward(&h)?, c, &self.rope, &pos, &mask)?;
             h = h.add(&a)?;
             let m = blk.mlp.forward(&blk.post_norm.forward(&h)?)?;
             h = h.add(&m)?;

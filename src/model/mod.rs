@@ -40,9 +40,10 @@ pub struct ModelInfo {
 /// arrays and so live on the scheduler thread only.
 pub trait LanguageModel {
     fn info(&self) -> &ModelInfo;
-    /// Empty caches for one sequence batch (one entry per layer).
-    fn new_cache(&self) -> Vec<KvCache>;
-    /// Runs `tokens` (`[B, L]` int32) after what `cache` holds, appending to it.
+    /// Empty caches (one per layer) for a batch of `rows` sequences.
+    fn new_cache(&self, rows: usize) -> Vec<KvCache>;
+    /// Runs `tokens` (`[B, L]` int32, B = the cache's rows) after what `cache`
+    /// holds, appending to it. Rows may be left-padded (see `KvCache`).
     fn forward(&self, tokens: &Array, cache: &mut [KvCache], out: Output) -> Result<Option<Array>>;
     /// Every parameter array (for evaluation at load and memory accounting).
     fn parameters(&self) -> Vec<&Array>;
