@@ -218,13 +218,30 @@ typedef struct mlxrt_engine_config {
    */
   uint32_t max_in_flight;
   /**
-   * Prompt tokens per prefill forward pass (default 512).
+   * Prompt positions per prefill forward pass when nothing else is
+   * generating (default 2048).
    */
   uint32_t prefill_chunk;
   /**
    * Base seed for requests without their own seed (default 0).
    */
   uint64_t seed;
+  /**
+   * Requests prefilling or generating at once, batched together; the rest
+   * wait in FIFO order (default 32).
+   */
+  uint32_t max_rows;
+  /**
+   * Bytes of KV cache the running requests may reserve, each for its
+   * prompt + max_tokens (default 4 GiB). A request that can never fit is
+   * rejected at submit; one that does not fit now waits.
+   */
+  uint64_t kv_budget;
+  /**
+   * Prompt tokens one scheduler step may prefill while other requests are
+   * generating; bounds their inter-token latency (default 256).
+   */
+  uint32_t step_token_budget;
 } mlxrt_engine_config;
 
 /**
@@ -294,9 +311,14 @@ typedef struct mlxrt_request_params {
    * Optional JSON object of OpenAI-style fields applied after the fields
    * above: max_tokens, temperature, top_p, top_k, min_p,
    * repetition_penalty, repetition_context_size, seed, stop, tools,
-   * chat_template_kwargs, ignore_eos. Unknown fields are an error.
+   * chat_template_kwargs, ignore_eos, prefill_chunk. Unknown fields are
+   * an error.
    */
   const char *options_json;
+  /**
+   * Prompt positions per prefill forward pass; 0 = the engine's setting.
+   */
+  uint32_t prefill_chunk;
 } mlxrt_request_params;
 
 /**

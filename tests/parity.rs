@@ -100,7 +100,7 @@ fn cases(reference: &Path) -> Vec<Case> {
 /// the last prompt token, then the last one on its own); returns the tokens
 /// and the logits at `keep` steps.
 fn greedy(m: &LoadedModel, prompt: &[u32], steps: usize, keep: &[usize]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut cache = m.model.new_cache();
+    let mut cache = m.model.new_cache(1);
     let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
     let n = ids.len();
     if n > 1 {

@@ -29,6 +29,13 @@ impl KvCache {
         KvCache { keys: None, values: None, len: 0, pad: vec![0; rows] }
     }
 
+    /// Declares left padding for the rows of an empty cache; padding may
+    /// run past what is written (those rows' prompts start later).
+    pub fn set_padding(&mut self, pads: &[i32]) {
+        debug_assert!(self.len == 0 && pads.len() == self.pad.len());
+        self.pad = pads.to_vec();
+    }
+
     pub fn rows(&self) -> usize {
         self.pad.len()
     }
@@ -143,20 +150,28 @@ impl KvCache {
     }
 
     /// Adds `other`'s rows after this cache's rows, right-aligning both
-    /// timelines (the shorter one is left-padded).
+    /// timelines (the shorter one is left-padded). Either may have positions
+    /// but no buffers yet (all padding); zeros stand in for them.
     pub fn extend(&mut self, mut other: KvCache) -> Result<()> {
         let end = self.len.max(other.len);
         self.pad_front(end - self.len)?;
         other.pad_front(end - other.len)?;
-        self.pad.extend_from_slice(&other.pad);
-        match (self.contents()?, other.contents()?) {
-            (Some((k1, v1)), Some((k2, v2))) => {
-                self.keys = Some(Array::concatenate(&[&k1, &k2], 0)?);
-                self.values = Some(Array::concatenate(&[&v1, &v2], 0)?);
-            }
-            (None, None) => {}
-            _ => return Err(Error::internal("extending a cache with an empty one of non-zero length")),
+        let (mine, theirs) = (self.contents()?, other.contents()?);
+        let like = mine.as_ref().or(theirs.as_ref()).map(|(k, v)| (k.shape(), v.shape(), k.dtype()));
+        if let Some((ks, vs, dt)) = like {
+            let fill = |rows: usize, s: &[i32]| Array::zeros(&[rows as i32, s[1], end, s[3]], dt);
+            let (k1, v1) = match mine {
+                Some(kv) => kv,
+                None => (fill(self.rows(), &ks)?, fill(self.rows(), &vs)?),
+            };
+            let (k2, v2) = match theirs {
+                Some(kv) => kv,
+                None => (fill(other.rows(), &ks)?, fill(other.rows(), &vs)?),
+            };
+            self.keys = Some(Array::concatenate(&[&k1, &k2], 0)?);
+            self.values = Some(Array::concatenate(&[&v1, &v2], 0)?);
         }
+        self.pad.extend_from_slice(&other.pad);
         Ok(())
     }
 
@@ -169,7 +184,7 @@ impl KvCache {
             self.keys = Some(k.take(&idx_arr, 0)?);
             self.values = Some(v.take(&idx_arr, 0)?);
         }
-        let shared = self.pad.iter().copied().min().unwrap_or(0);
+        let shared = self.pad.iter().copied().min().unwrap_or(0).min(self.len);
         if shared > 0 {
             if let Some((k, v)) = self.contents()? {
                 self.keys = Some(k.slice_axis(2, shared, self.len)?);

@@ -2,12 +2,18 @@
 //! ABI call and never stall the scheduler. It guarantees exactly one terminal
 //! event per request: a sink is dropped right after its terminal event, later
 //! events for it are ignored, and sinks still open at shutdown get an error.
+//! It also releases the request's in-flight place just before delivering the
+//! terminal event, so a host that submits again from (or right after) it is
+//! not refused as busy.
 
 use super::request::{Event, EventSink};
+use super::Shared;
 use crate::error::{Error, ErrorKind};
 use crossbeam_channel::{Receiver, Sender};
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 pub(crate) enum Msg {
     /// A request's sink; sent by the scheduler before any of its events.
@@ -20,32 +26,38 @@ pub(crate) enum Msg {
 
 pub(crate) type DeliveryTx = Sender<Msg>;
 
-pub(crate) fn run(rx: Receiver<Msg>) {
+pub(crate) fn run(rx: Receiver<Msg>, shared: Arc<Shared>) {
     let mut open: HashMap<u64, Box<dyn EventSink>> = HashMap::new();
     let mut poisoned: Option<String> = None;
     let poison_event = |why: &str| {
         Event::Error(Error::new(ErrorKind::EnginePoisoned, format!("the engine failed and cannot continue: {why}")))
     };
+    let end = |mut sink: Box<dyn EventSink>, ev: &Event| {
+        shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        shared.completed.fetch_add(1, Ordering::Relaxed);
+        deliver(&mut sink, ev);
+    };
     for msg in rx.iter() {
         match msg {
-            Msg::Open(id, mut sink) => match &poisoned {
-                Some(why) => deliver(&mut sink, &poison_event(why)),
+            Msg::Open(id, sink) => match &poisoned {
+                Some(why) => end(sink, &poison_event(why)),
                 None => {
                     open.insert(id, sink);
                 }
             },
+            Msg::Event(id, ev) if ev.is_terminal() => {
+                if let Some(sink) = open.remove(&id) {
+                    end(sink, &ev);
+                }
+            }
             Msg::Event(id, ev) => {
-                let terminal = ev.is_terminal();
                 if let Some(sink) = open.get_mut(&id) {
                     deliver(sink, &ev);
                 }
-                if terminal {
-                    open.remove(&id);
-                }
             }
             Msg::Poisoned(why) => {
-                for (_, mut sink) in open.drain() {
-                    deliver(&mut sink, &poison_event(&why));
+                for (_, sink) in open.drain() {
+                    end(sink, &poison_event(&why));
                 }
                 poisoned = Some(why);
             }
@@ -53,8 +65,8 @@ pub(crate) fn run(rx: Receiver<Msg>) {
         }
     }
     let ended = Event::Error(Error::new(ErrorKind::Internal, "the engine was destroyed before the request ended"));
-    for (_, mut sink) in open.drain() {
-        deliver(&mut sink, &ended);
+    for (_, sink) in open.drain() {
+        end(sink, &ended);
     }
 }
 

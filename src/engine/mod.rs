@@ -5,9 +5,12 @@
 //! template and tokenizes on the calling thread; `enqueue` hands the request to
 //! the scheduler. Cancel is a flag plus a wake-up message.
 
+mod batch;
+mod cohort;
 mod delivery;
-mod generation;
+mod planner;
 pub mod request;
+mod row;
 mod scheduler;
 
 pub use request::{Event, EventSink, FinishReason, Input, RequestOptions, Usage};
@@ -40,26 +43,49 @@ pub struct EngineConfig {
     pub device: Device,
     /// Requests accepted but not finished (queued + running); more is `Busy`.
     pub max_in_flight: usize,
-    /// Prompt tokens per prefill forward pass.
+    /// Requests generating (or prefilling) at once; the rest wait in FIFO order.
+    pub max_rows: usize,
+    /// Bytes of KV cache all running requests may reserve (prompt + max_tokens
+    /// each). A request that can never fit is rejected; one that does not fit
+    /// now waits.
+    pub kv_budget: usize,
+    /// Prompt positions per prefill forward pass when nothing is decoding.
     pub prefill_chunk: usize,
+    /// Prompt tokens one scheduler iteration may prefill while rows are
+    /// decoding (bounds their inter-token latency).
+    pub step_token_budget: usize,
     /// Base seed for requests that do not give one.
     pub seed: u64,
 }
 
 impl EngineConfig {
     pub fn new(model_path: impl Into<PathBuf>) -> EngineConfig {
-        EngineConfig { model_path: model_path.into(), device: Device::Auto, max_in_flight: 256, prefill_chunk: 512, seed: 0 }
+        EngineConfig {
+            model_path: model_path.into(),
+            device: Device::Auto,
+            max_in_flight: 256,
+            max_rows: 32,
+            kv_budget: 4 << 30,
+            prefill_chunk: 2048,
+            step_token_budget: 256,
+            seed: 0,
+        }
     }
 
     fn validate(&self) -> Result<()> {
         if self.model_path.as_os_str().is_empty() {
             return Err(Error::invalid("model_path is empty"));
         }
-        if self.max_in_flight == 0 {
-            return Err(Error::invalid("max_in_flight must be at least 1"));
-        }
-        if self.prefill_chunk == 0 {
-            return Err(Error::invalid("prefill_chunk must be at least 1"));
+        for (name, v) in [
+            ("max_in_flight", self.max_in_flight),
+            ("max_rows", self.max_rows),
+            ("kv_budget", self.kv_budget),
+            ("prefill_chunk", self.prefill_chunk),
+            ("step_token_budget", self.step_token_budget),
+        ] {
+            if v == 0 {
+                return Err(Error::invalid(format!("{name} must be at least 1")));
+            }
         }
         Ok(())
     }
@@ -70,6 +96,8 @@ impl EngineConfig {
 pub(crate) struct StatsCell {
     pub queued: AtomicUsize,
     pub active: AtomicUsize,
+    pub kv_bytes: AtomicUsize,
+    pub kv_reserved: AtomicUsize,
     pub active_memory: AtomicUsize,
     pub peak_memory: AtomicUsize,
     pub cache_memory: AtomicUsize,
@@ -77,10 +105,15 @@ pub(crate) struct StatsCell {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct EngineStats {
+    /// Requests waiting for admission.
     pub queued: usize,
+    /// Requests prefilling or generating.
     pub active: usize,
     pub in_flight: usize,
     pub completed: u64,
+    /// Bytes held by KV caches now, and reserved by running requests.
+    pub kv_bytes: usize,
+    pub kv_reserved: usize,
     /// MLX allocator figures in bytes.
     pub active_memory: usize,
     pub peak_memory: usize,
@@ -103,6 +136,7 @@ pub struct Engine {
     info: ModelInfo,
     parameter_bytes: usize,
     max_in_flight: usize,
+    kv_budget: usize,
     next_id: AtomicU64,
     threads: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
 }
@@ -112,6 +146,7 @@ pub struct Engine {
 pub struct Prepared {
     prompt: Vec<u32>,
     options: RequestOptions,
+    kv_need: usize,
     shared: Arc<Shared>,
     armed: bool,
 }
@@ -159,7 +194,7 @@ impl Engine {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared::default());
-        let max_in_flight = config.max_in_flight;
+        let (max_in_flight, kv_budget) = (config.max_in_flight, config.kv_budget);
         let threads = scheduler::spawn(config, shared.clone(), rx, ready_tx)
             .map_err(|e| Error::internal(format!("cannot start engine threads: {e}")))?;
         let ready = ready_rx.recv().unwrap_or_else(|_| Err(Error::internal("the scheduler thread exited during load")));
@@ -171,6 +206,7 @@ impl Engine {
                 info,
                 parameter_bytes,
                 max_in_flight,
+                kv_budget,
                 next_id: AtomicU64::new(1),
                 threads: Mutex::new(Some(threads)),
             }),
@@ -200,6 +236,8 @@ impl Engine {
         EngineStats {
             queued: s.queued.load(Ordering::Relaxed),
             active: s.active.load(Ordering::Relaxed),
+            kv_bytes: s.kv_bytes.load(Ordering::Relaxed),
+            kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
             in_flight: self.shared.in_flight.load(Ordering::Relaxed),
             completed: self.shared.completed.load(Ordering::Relaxed),
             active_memory: s.active_memory.load(Ordering::Relaxed),
@@ -230,8 +268,18 @@ impl Engine {
         if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
             return Err(Error::invalid(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }
+        let kv_need = self.kv_need(prompt.len(), options.max_tokens);
+        if kv_need > self.kv_budget {
+            return Err(Error::invalid(format!(
+                "the request needs {kv_need} bytes of KV cache ({} prompt + {} max tokens), more than the engine's \
+                 kv_budget of {} bytes; lower max_tokens or raise kv_budget",
+                prompt.len(),
+                options.max_tokens,
+                self.kv_budget
+            )));
+        }
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
-        let prepared = Prepared { prompt, options, shared: self.shared.clone(), armed: true };
+        let prepared = Prepared { prompt, options, kv_need, shared: self.shared.clone(), armed: true };
         if n >= self.max_in_flight {
             return Err(Error::new(
                 ErrorKind::Busy,
@@ -263,6 +311,8 @@ impl Engine {
             max_tokens: o.max_tokens,
             stop: o.stop.clone(),
             stop_at_eos: o.stop_at_eos,
+            prefill_chunk: o.prefill_chunk,
+            kv_need: prepared.kv_need,
             submitted: Instant::now(),
             sink,
         };
@@ -275,6 +325,16 @@ impl Engine {
     /// `prepare` + `enqueue`.
     pub fn submit(&self, options: RequestOptions, sink: Box<dyn EventSink>) -> Result<RequestHandle> {
         Ok(self.enqueue(self.prepare(options)?, sink))
+    }
+
+    /// KV bytes a request may grow to, counting positions up to the context
+    /// length.
+    fn kv_need(&self, prompt: usize, max_tokens: u32) -> usize {
+        let mut positions = prompt + max_tokens as usize;
+        if self.info.context_length > 0 {
+            positions = positions.min(self.info.context_length as usize);
+        }
+        positions * self.info.kv_bytes_per_token
     }
 
     /// The prompt token ids `options` stands for.

@@ -35,6 +35,8 @@ pub struct RequestOptions {
     pub template_kwargs: Option<Map<String, Value>>,
     /// Stop at the model's end-of-sequence tokens (default true).
     pub stop_at_eos: bool,
+    /// Prompt positions per prefill forward pass (None = the engine's).
+    pub prefill_chunk: Option<usize>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -49,13 +51,14 @@ impl RequestOptions {
             tools: None,
             template_kwargs: None,
             stop_at_eos: true,
+            prefill_chunk: None,
         }
     }
 
     /// Applies OpenAI-style fields from a JSON object (`max_tokens`,
     /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
-    /// `chat_template_kwargs`, `ignore_eos`). Unknown fields are an error so a
+    /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -97,13 +100,18 @@ impl RequestOptions {
                     Value::Null => self.template_kwargs = None,
                     _ => return Err(Error::invalid("option `chat_template_kwargs` must be an object")),
                 },
+                "prefill_chunk" => {
+                    let n = int()? as usize;
+                    self.prefill_chunk = (n > 0).then_some(n);
+                }
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
                 other => {
                     return Err(Error::invalid(format!(
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
-                         repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos)"
+                         repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
+                         prefill_chunk)"
                     )))
                 }
             }
@@ -203,6 +211,9 @@ pub(crate) struct Job {
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub stop_at_eos: bool,
+    pub prefill_chunk: Option<usize>,
+    /// KV bytes reserved while it runs.
+    pub kv_need: usize,
     pub submitted: Instant,
     pub sink: Box<dyn EventSink>,
 }

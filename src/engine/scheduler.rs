@@ -1,11 +1,19 @@
 //! The scheduler thread: owns the model and every MLX array, takes commands
-//! from host threads, and runs requests in FIFO order, one unit of work
-//! (a prefill chunk or a decode step) at a time so that commands such as
-//! cancel are seen between units.
+//! from host threads, and runs continuous batching. Each iteration:
+//!   1. admit queued requests (planner: FIFO, rows, KV memory) into the
+//!      prefill cohort,
+//!   2. schedule the next decode step for all generating rows (async),
+//!   3. read the previous step's tokens, emit them, drop rows that ended,
+//!   4. run one prefill chunk of the cohort (bounded by the step budget while
+//!      rows decode); a finished cohort joins the decode batch.
+//! Commands (submit, cancel, shutdown) are taken between iterations.
 
+use super::batch::DecodeBatch;
+use super::cohort::Cohort;
 use super::delivery::{self, DeliveryTx, Msg};
-use super::generation::{Generation, Progress};
+use super::planner::{self, CohortView, Limits, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
+use super::row::Row;
 use super::{Device, EngineConfig, Shared};
 use crate::error::{Error, Result};
 use crate::mlx;
@@ -34,9 +42,10 @@ pub(crate) fn spawn(
     ready: Sender<Ready>,
 ) -> std::io::Result<(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>)> {
     let (dtx, drx) = crossbeam_channel::unbounded();
+    let shared2 = shared.clone();
     let delivery = std::thread::Builder::new()
         .name("mlxrt-delivery".into())
-        .spawn(move || delivery::run(drx))?;
+        .spawn(move || delivery::run(drx, shared2))?;
     let dtx2 = dtx.clone();
     let sched = std::thread::Builder::new().name("mlxrt-scheduler".into()).spawn(move || {
         let run = catch_unwind(AssertUnwindSafe(|| main(config, &shared, &rx, &ready, &dtx)));
@@ -47,10 +56,10 @@ pub(crate) fn spawn(
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "panic on the scheduler thread".into());
             shared.poisoned.store(true, Ordering::Release);
-            let _ = dtx.send(Msg::Poisoned(why.clone()));
+            let _ = dtx.send(Msg::Poisoned(why));
             // Keep serving the channel so that late submissions still get
             // their (error) terminal event and destroy can join us.
-            drain_poisoned(&rx, &dtx, &shared);
+            drain_poisoned(&rx, &dtx);
         }
         let _ = dtx.send(Msg::Shutdown);
     });
@@ -64,11 +73,10 @@ pub(crate) fn spawn(
     }
 }
 
-fn drain_poisoned(rx: &Receiver<Command>, dtx: &DeliveryTx, shared: &Shared) {
+fn drain_poisoned(rx: &Receiver<Command>, dtx: &DeliveryTx) {
     for cmd in rx.iter() {
         match cmd {
             Command::Submit(job) => {
-                shared.in_flight.fetch_sub(1, Ordering::AcqRel);
                 let _ = dtx.send(Msg::Open(job.state.id, job.sink));
             }
             Command::Cancel(_) => {}
@@ -84,7 +92,9 @@ struct Scheduler<'a> {
     shared: &'a Shared,
     dtx: DeliveryTx,
     queue: VecDeque<Job>,
-    active: Option<Generation>,
+    cohort: Option<Cohort>,
+    batch: DecodeBatch,
+    kv_reserved: usize,
     ctx_len: usize,
     seed_counter: u64,
 }
@@ -101,8 +111,7 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
             }
             Device::Auto => {}
         }
-        let opts = LoadOptions { cpu_f32_scales: true };
-        model::load(&config.model_path, &opts)
+        model::load(&config.model_path, &LoadOptions { cpu_f32_scales: true })
     })();
     let loaded = match loaded {
         Ok(l) => l,
@@ -120,8 +129,10 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
         shared,
         dtx: dtx.clone(),
         queue: VecDeque::new(),
-        active: None,
-        ctx_len: if info.context_length > 0 { info.context_length as usize } else { 0 },
+        cohort: None,
+        batch: DecodeBatch::default(),
+        kv_reserved: 0,
+        ctx_len: info.context_length.max(0) as usize,
         seed_counter: config.seed,
         config,
     };
@@ -129,11 +140,14 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
 }
 
 impl Scheduler<'_> {
+    fn idle(&self) -> bool {
+        self.queue.is_empty() && self.cohort.is_none() && self.batch.is_empty()
+    }
+
     fn run(&mut self, rx: &Receiver<Command>) {
         loop {
-            let idle = self.active.is_none() && self.queue.is_empty();
-            let first = if idle { rx.recv().ok() } else { rx.try_recv().ok() };
-            let mut shutdown = first.is_none() && idle;
+            let first = if self.idle() { rx.recv().ok() } else { rx.try_recv().ok() };
+            let mut shutdown = first.is_none() && self.idle();
             for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match cmd {
                     Command::Submit(job) => self.queue.push_back(job),
@@ -145,65 +159,134 @@ impl Scheduler<'_> {
                 self.cancel_all();
                 return;
             }
-            self.work();
+            self.iterate();
             self.publish_stats();
         }
     }
 
-    /// Starts the next queued request if none runs, then runs one unit.
-    fn work(&mut self) {
-        if self.active.is_none() {
-            let Some(job) = self.queue.pop_front() else { return };
-            if job.state.is_cancelled() {
-                self.end_queued(job);
-                return;
+    fn limits(&self) -> Limits {
+        Limits {
+            max_rows: self.config.max_rows,
+            kv_budget: self.config.kv_budget,
+            prefill_chunk: self.config.prefill_chunk,
+            step_budget: self.config.step_token_budget,
+        }
+    }
+
+    fn iterate(&mut self) {
+        let waiting: Vec<Waiting> = self
+            .queue
+            .iter()
+            .map(|j| Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk })
+            .collect();
+        let cohort = self.cohort.as_ref().map(|c| CohortView {
+            rows: c.len(),
+            remaining: c.remaining().max(0) as usize,
+            chunk: c.rows.iter().filter_map(|r| r.prefill_chunk).min(),
+        });
+        let state = planner::State { decoding: self.batch.rows.len(), cohort, waiting: &waiting, kv_reserved: self.kv_reserved };
+        let plan = planner::plan(&state, &self.limits());
+        if let Err(e) = self.admit(plan.admit) {
+            self.fail_cohort(e);
+        }
+        if let Err(e) = self.decode() {
+            let n = self.batch.rows.len();
+            let freed = self.batch.end_all(|r| r.fail(e.clone()));
+            self.rows_ended(n, freed);
+        }
+        if let Err(e) = self.prefill(plan.chunk) {
+            self.fail_cohort(e);
+        }
+    }
+
+    /// An MLX error leaves the cohort's arrays unusable: its requests fail.
+    fn fail_cohort(&mut self, e: Error) {
+        if let Some(mut c) = self.cohort.take() {
+            for r in &mut c.rows {
+                r.fail(e.clone());
             }
+            let freed = c.rows.iter().map(|r| r.kv_reserved).sum();
+            self.rows_ended(c.len(), freed);
+        }
+    }
+
+    /// Moves `n` jobs from the head of the queue into the prefill cohort (a
+    /// new one aligned on the longest of them, or the running one).
+    fn admit(&mut self, n: usize) -> Result<()> {
+        let mut rows = Vec::with_capacity(n);
+        for _ in 0..n {
+            let job = self.queue.pop_front().expect("the plan admits queued jobs");
             self.seed_counter = self.seed_counter.wrapping_add(1);
-            let id = job.state.id;
-            match Generation::start(job, self.model.as_ref(), &self.text, self.seed_counter, self.dtx.clone()) {
-                Ok(g) => self.active = Some(g),
-                Err(e) => {
-                    // `start` hands the sink to delivery before anything can fail.
-                    let _ = self.dtx.send(Msg::Event(id, Event::Error(e)));
-                    self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let need = job.kv_need;
+            match Row::open(job, &self.text, self.seed_counter, need, self.dtx.clone()) {
+                Some(row) => {
+                    self.kv_reserved += need;
+                    rows.push(row);
                 }
+                None => self.request_ended(),
             }
-            return;
         }
-        let g = self.active.as_mut().expect("checked above");
-        if g.state.is_cancelled() {
-            let g = self.active.take().expect("checked above");
-            g.cancel();
+        match &mut self.cohort {
+            Some(c) => rows.into_iter().try_for_each(|r| c.join(r)),
+            None if !rows.is_empty() => {
+                self.cohort = Some(Cohort::new(self.model.as_ref(), rows));
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn decode(&mut self) -> Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.batch.schedule(self.model.as_ref())?;
+        let before = self.batch.rows.len();
+        let freed = self.batch.collect(&self.text, self.ctx_len)?;
+        self.rows_ended(before - self.batch.rows.len(), freed);
+        Ok(())
+    }
+
+    fn prefill(&mut self, chunk: usize) -> Result<()> {
+        let Some(c) = self.cohort.as_mut() else { return Ok(()) };
+        let before = c.len();
+        let freed = c.drop_cancelled()?;
+        let after = c.len();
+        self.rows_ended(before - after, freed);
+        if after == 0 {
+            self.cohort = None;
+            return Ok(());
+        }
+        let c = self.cohort.as_mut().expect("checked above");
+        if let Some(first) = c.advance(self.model.as_ref(), chunk as i32)? {
+            let (rows, cache) = self.cohort.take().expect("checked above").into_parts();
+            self.batch.join(rows, cache, first)?;
+        }
+        Ok(())
+    }
+
+    fn rows_ended(&mut self, n: usize, freed: usize) {
+        self.kv_reserved -= freed;
+        for _ in 0..n {
             self.request_ended();
-            return;
-        }
-        match g.step(self.model.as_ref(), &self.text, self.config.prefill_chunk, self.ctx_len) {
-            Ok(Progress::Running) => {}
-            Ok(Progress::Finished) => {
-                self.active = None;
-                self.request_ended();
-            }
-            Err(e) => {
-                let g = self.active.take().expect("checked above");
-                g.fail(e);
-                self.request_ended();
-            }
         }
     }
 
+    /// Bookkeeping after a request left (its terminal event is on its way;
+    /// the delivery thread releases its in-flight place).
     fn request_ended(&mut self) {
-        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.shared.completed.fetch_add(1, Ordering::Relaxed);
-        mlx::memory::clear_cache();
+        if self.idle() {
+            mlx::memory::clear_cache();
+        }
     }
 
-    /// A request cancelled (or shut down) before it started.
+    /// A request cancelled (or shut down) before it was admitted.
     fn end_queued(&mut self, job: Job) {
         let id = job.state.id;
         let _ = self.dtx.send(Msg::Open(id, job.sink));
         let usage = Usage { prompt_tokens: job.prompt.len() as u32, ..Default::default() };
         let _ = self.dtx.send(Msg::Event(id, Event::Done { finish: FinishReason::Cancelled, stop_index: None, usage }));
-        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.request_ended();
     }
 
     fn cancel_queued(&mut self, id: u64) {
@@ -214,9 +297,15 @@ impl Scheduler<'_> {
     }
 
     fn cancel_all(&mut self) {
-        if let Some(g) = self.active.take() {
-            g.cancel();
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        let n = self.batch.rows.len();
+        let freed = self.batch.end_all(|r| r.finish(FinishReason::Cancelled, None));
+        self.rows_ended(n, freed);
+        if let Some(mut c) = self.cohort.take() {
+            for r in &mut c.rows {
+                r.finish(FinishReason::Cancelled, None);
+            }
+            let freed = c.rows.iter().map(|r| r.kv_reserved).sum();
+            self.rows_ended(c.len(), freed);
         }
         while let Some(job) = self.queue.pop_front() {
             self.end_queued(job);
@@ -225,8 +314,12 @@ impl Scheduler<'_> {
 
     fn publish_stats(&self) {
         let s = &self.shared.stats;
+        let cohort_rows = self.cohort.as_ref().map_or(0, Cohort::len);
+        let kv = self.batch.kv_bytes() + self.cohort.as_ref().map_or(0, Cohort::kv_bytes);
         s.queued.store(self.queue.len(), Ordering::Relaxed);
-        s.active.store(self.active.is_some() as usize, Ordering::Relaxed);
+        s.active.store(self.batch.rows.len() + cohort_rows, Ordering::Relaxed);
+        s.kv_bytes.store(kv, Ordering::Relaxed);
+        s.kv_reserved.store(self.kv_reserved, Ordering::Relaxed);
         s.active_memory.store(mlx::memory::active(), Ordering::Relaxed);
         s.peak_memory.store(mlx::memory::peak(), Ordering::Relaxed);
         s.cache_memory.store(mlx::memory::cache(), Ordering::Relaxed);

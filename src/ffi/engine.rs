@@ -36,10 +36,21 @@ pub struct mlxrt_engine_config {
     /// Requests accepted but not yet finished before submit returns BUSY
     /// (default 256).
     pub max_in_flight: u32,
-    /// Prompt tokens per prefill forward pass (default 512).
+    /// Prompt positions per prefill forward pass when nothing else is
+    /// generating (default 2048).
     pub prefill_chunk: u32,
     /// Base seed for requests without their own seed (default 0).
     pub seed: u64,
+    /// Requests prefilling or generating at once, batched together; the rest
+    /// wait in FIFO order (default 32).
+    pub max_rows: u32,
+    /// Bytes of KV cache the running requests may reserve, each for its
+    /// prompt + max_tokens (default 4 GiB). A request that can never fit is
+    /// rejected at submit; one that does not fit now waits.
+    pub kv_budget: u64,
+    /// Prompt tokens one scheduler step may prefill while other requests are
+    /// generating; bounds their inter-token latency (default 256).
+    pub step_token_budget: u32,
 }
 
 const CONFIG_V1_SIZE: usize = size_of::<mlxrt_engine_config>();
@@ -53,6 +64,9 @@ fn default_config() -> mlxrt_engine_config {
         max_in_flight: d.max_in_flight as u32,
         prefill_chunk: d.prefill_chunk as u32,
         seed: d.seed,
+        max_rows: d.max_rows as u32,
+        kv_budget: d.kv_budget as u64,
+        step_token_budget: d.step_token_budget as u32,
     }
 }
 
@@ -96,6 +110,9 @@ pub extern "C" fn mlxrt_engine_create(
         cfg.max_in_flight = c.max_in_flight as usize;
         cfg.prefill_chunk = c.prefill_chunk as usize;
         cfg.seed = c.seed;
+        cfg.max_rows = c.max_rows as usize;
+        cfg.kv_budget = usize::try_from(c.kv_budget).unwrap_or(usize::MAX);
+        cfg.step_token_budget = c.step_token_budget as usize;
         let engine = Engine::new(cfg)?;
         let handle = Box::into_raw(Box::new(mlxrt_engine { engine }));
         // SAFETY: checked non-NULL above.

@@ -56,8 +56,11 @@ pub struct mlxrt_request_params {
     /// Optional JSON object of OpenAI-style fields applied after the fields
     /// above: max_tokens, temperature, top_p, top_k, min_p,
     /// repetition_penalty, repetition_context_size, seed, stop, tools,
-    /// chat_template_kwargs, ignore_eos. Unknown fields are an error.
+    /// chat_template_kwargs, ignore_eos, prefill_chunk. Unknown fields are
+    /// an error.
     pub options_json: *const c_char,
+    /// Prompt positions per prefill forward pass; 0 = the engine's setting.
+    pub prefill_chunk: u32,
 }
 
 const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
@@ -82,6 +85,7 @@ fn default_params() -> mlxrt_request_params {
         stop: std::ptr::null(),
         n_stop: 0,
         options_json: std::ptr::null(),
+        prefill_chunk: 0,
     }
 }
 
@@ -126,6 +130,7 @@ fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOptions> {
         repetition_context_size: p.repetition_context_size as usize,
         seed: (p.use_seed != 0).then_some(p.seed),
     };
+    o.prefill_chunk = (p.prefill_chunk > 0).then_some(p.prefill_chunk as usize);
     let stops = slice(p.stop, p.n_stop, "params.stop")?;
     o.stop = stops
         .iter()

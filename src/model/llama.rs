@@ -8,7 +8,8 @@ use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::{AttnMask, KvCache, Positions};
 use crate::error::{Error, Result};
 use crate::mlx::fast;
-use crate::mlx::Array;
+use crate::cache::kv::bytes_per_position;
+use crate::mlx::{Array, Dtype};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -181,6 +182,7 @@ impl Llama {
         info.vocab_size = cfg.vocab_size;
         info.num_layers = cfg.num_hidden_layers;
         info.hidden_size = d;
+        info.kv_bytes_per_token = cfg.num_hidden_layers as usize * bytes_per_position(nkv, hd, Dtype::F32);
         if let Some(n) = cfg.max_position_embeddings {
             info.context_length = n;
         }

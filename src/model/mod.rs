@@ -32,6 +32,8 @@ pub struct ModelInfo {
     pub num_layers: i32,
     pub hidden_size: i32,
     pub context_length: i64,
+    /// KV cache bytes one position takes over all layers (upper bound: f32).
+    pub kv_bytes_per_token: usize,
     /// Where it came from: "gguf" or "mlx-folder".
     pub format: String,
 }

@@ -89,6 +89,11 @@ impl Sampler {
         Ok(Sampler { params, key })
     }
 
+    /// Whether draws are argmax (temperature 0).
+    pub fn is_greedy(&self) -> bool {
+        self.key.is_none()
+    }
+
     /// Whether `draw` needs the recent token history.
     pub fn needs_history(&self) -> bool {
         self.params.penalizes()

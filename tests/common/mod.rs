@@ -58,6 +58,19 @@ pub fn collect(rx: &mpsc::Receiver<Event>) -> Vec<Event> {
     }
 }
 
+/// Stats once the scheduler has published an idle state (it does so after
+/// each unit of work, a moment after the last terminal event).
+pub fn wait_idle(engine: &Engine) -> mlxrt::engine::EngineStats {
+    for _ in 0..200 {
+        let s = engine.stats();
+        if s.in_flight == 0 && s.active == 0 && s.queued == 0 {
+            return s;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    engine.stats()
+}
+
 pub fn text_of(events: &[Event]) -> String {
     events
         .iter()

@@ -1,0 +1,134 @@
+//! The decode batch: every row that is generating, one forward pass per step
+//! for all of them. Pipelined: `schedule` builds and starts the next step
+//! from the still-unread tokens of the current one; `collect` then reads the
+//! current tokens, emits them and drops the rows that ended.
+
+use super::row::Row;
+use crate::cache::KvCache;
+use crate::error::Result;
+use crate::mlx::{self, Array};
+use crate::model::load::TextAssets;
+use crate::model::{LanguageModel, Output};
+
+#[derive(Default)]
+pub(crate) struct DecodeBatch {
+    pub rows: Vec<Row>,
+    cache: Vec<KvCache>,
+    /// Scheduled tokens (`[B]`), not read yet: the input of the next step.
+    pending: Option<Array>,
+    /// Tokens `collect` reads this iteration.
+    current: Option<Array>,
+}
+
+/// Draws one token per row from `logits` (`[B, vocab]`). `unread` holds the
+/// tokens just fed (`[B]`, lazy) for the repetition-penalty window; None when
+/// they are already in each row's history (the first draw after a prefill).
+pub(crate) fn sample_rows(rows: &mut [Row], logits: &Array, unread: Option<&Array>) -> Result<Array> {
+    if rows.iter().all(|r| r.sampler.is_greedy() && !r.sampler.needs_history()) {
+        // One argmax for the whole batch (of log-probabilities, as mlx-lm).
+        let lp = logits.subtract(&logits.logsumexp(-1, true)?)?;
+        return Ok(lp.argmax(-1, false)?);
+    }
+    let mut tokens = Vec::with_capacity(rows.len());
+    for (i, r) in rows.iter_mut().enumerate() {
+        let i = i as i32;
+        let row_logits = logits.slice_axis(0, i, i + 1)?;
+        let last = unread.map(|u| u.slice_axis(0, i, i + 1)).transpose()?;
+        let window = r.history_window(last.as_ref())?;
+        tokens.push(r.sampler.draw(&row_logits, window.as_ref())?.token);
+    }
+    let refs: Vec<&Array> = tokens.iter().collect();
+    Ok(Array::concatenate(&refs, 0)?)
+}
+
+impl DecodeBatch {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.iter().map(KvCache::nbytes).sum()
+    }
+
+    /// Adds prefilled rows with their caches and first tokens (`[n]`, lazy).
+    pub fn join(&mut self, rows: Vec<Row>, cache: Vec<KvCache>, first: Array) -> Result<()> {
+        if self.rows.is_empty() {
+            self.cache = cache;
+            self.pending = Some(first);
+        } else {
+            for (mine, theirs) in self.cache.iter_mut().zip(cache) {
+                mine.extend(theirs)?;
+            }
+            let pending = self.pending.take().expect("a non-empty batch has pending tokens");
+            self.pending = Some(Array::concatenate(&[&pending, &first], 0)?);
+        }
+        self.rows.extend(rows);
+        Ok(())
+    }
+
+    /// Builds and starts the step that consumes the pending tokens.
+    pub fn schedule(&mut self, model: &dyn LanguageModel) -> Result<()> {
+        let Some(tokens) = self.pending.take() else { return Ok(()) };
+        let b = self.rows.len() as i32;
+        let x = tokens.reshape(&[b, 1])?;
+        let logits = model.forward(&x, &mut self.cache, Output::LastLogits)?.expect("logits requested");
+        let logits = logits.reshape(&[b, -1])?;
+        let next = sample_rows(&mut self.rows, &logits, Some(&tokens))?;
+        mlx::async_eval(&[&next])?;
+        self.current = Some(tokens);
+        self.pending = Some(next);
+        Ok(())
+    }
+
+    /// Reads the current tokens, hands them to their rows, and removes rows
+    /// that ended (or were cancelled) from the batch. Returns the KV bytes
+    /// reserved by the rows that left.
+    pub fn collect(&mut self, text: &TextAssets, ctx_len: usize) -> Result<usize> {
+        let Some(current) = self.current.take() else { return Ok(0) };
+        let tokens = current.to_vec_i32()?;
+        let mut keep = Vec::with_capacity(self.rows.len());
+        for (i, (row, &tok)) in self.rows.iter_mut().zip(&tokens).enumerate() {
+            let ended = if row.is_cancelled() {
+                row.finish(super::FinishReason::Cancelled, None);
+                true
+            } else {
+                row.accept(tok as u32, text, ctx_len)?
+            };
+            if !ended {
+                keep.push(i);
+            }
+        }
+        self.retain(&keep)
+    }
+
+    fn retain(&mut self, keep: &[usize]) -> Result<usize> {
+        if keep.len() == self.rows.len() {
+            return Ok(0);
+        }
+        let freed = (0..self.rows.len()).filter(|i| !keep.contains(i)).map(|i| self.rows[i].kv_reserved).sum();
+        if keep.is_empty() {
+            *self = DecodeBatch::default();
+            return Ok(freed);
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        self.rows = keep.iter().map(|&i| rows[i].take().expect("each index once")).collect();
+        for c in &mut self.cache {
+            c.filter(keep)?;
+        }
+        if let Some(p) = self.pending.take() {
+            let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+            self.pending = Some(p.take(&Array::from_i32(&idx, &[idx.len() as i32])?, 0)?);
+        }
+        Ok(freed)
+    }
+
+    /// Ends every row with `f` (cancel at shutdown, or an error).
+    pub fn end_all(&mut self, mut f: impl FnMut(&mut Row)) -> usize {
+        let freed = self.rows.iter().map(|r| r.kv_reserved).sum();
+        for r in &mut self.rows {
+            f(r);
+        }
+        *self = DecodeBatch::default();
+        freed
+    }
+}

@@ -1,0 +1,122 @@
+//! A prefill cohort: requests whose prompts are processed together, chunk by
+//! chunk, as one left-padded batch right-aligned on a common last position.
+//! Later arrivals whose prompts fit in the part not processed yet join
+//! between forwards. The last position is forwarded on its own to produce
+//! every row's first token (mlx-lm's tail split); the cohort then joins the
+//! decode batch.
+
+use super::batch::sample_rows;
+use super::row::Row;
+use super::FinishReason;
+use crate::cache::KvCache;
+use crate::error::Result;
+use crate::mlx::{self, Array};
+use crate::model::{LanguageModel, Output};
+
+pub(crate) struct Cohort {
+    pub rows: Vec<Row>,
+    cache: Vec<KvCache>,
+    /// Aligned length: every prompt ends at position `total - 1`.
+    total: i32,
+    /// Positions already in the cache.
+    done: i32,
+}
+
+impl Cohort {
+    pub fn new(model: &dyn LanguageModel, rows: Vec<Row>) -> Cohort {
+        let total = rows.iter().map(|r| r.prompt.len() as i32).max().unwrap_or(0);
+        let pads: Vec<i32> = rows.iter().map(|r| total - r.prompt.len() as i32).collect();
+        let mut cache = model.new_cache(rows.len());
+        for c in &mut cache {
+            c.set_padding(&pads);
+        }
+        Cohort { rows, cache, total, done: 0 }
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Prompt positions not processed yet (a joining prompt must fit in them).
+    pub fn remaining(&self) -> i32 {
+        self.total - self.done
+    }
+
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.iter().map(KvCache::nbytes).sum()
+    }
+
+    /// Adds a row whose prompt fits in `remaining()`. On error the cohort
+    /// (with the row) is unusable.
+    pub fn join(&mut self, row: Row) -> Result<()> {
+        let pad = self.total - row.prompt.len() as i32;
+        if pad < self.done {
+            return Err(crate::Error::internal("a prompt joined a cohort it does not fit in"));
+        }
+        self.rows.push(row);
+        for c in &mut self.cache {
+            let mut fresh = KvCache::new(1);
+            fresh.set_padding(&[pad - self.done]);
+            c.extend(fresh)?;
+        }
+        Ok(())
+    }
+
+    /// Token ids of positions `from..to` for every row (`[B, to - from]`);
+    /// padding positions get id 0, which attention never looks at.
+    fn tokens(&self, from: i32, to: i32) -> Result<Array> {
+        let mut ids = Vec::with_capacity(self.rows.len() * (to - from) as usize);
+        for r in &self.rows {
+            let start = self.total - r.prompt.len() as i32;
+            ids.extend((from..to).map(|p| if p < start { 0 } else { r.prompt[(p - start) as usize] as i32 }));
+        }
+        Ok(Array::from_i32(&ids, &[self.rows.len() as i32, to - from])?)
+    }
+
+    /// Drops cancelled rows (ending them); returns their KV reservations.
+    pub fn drop_cancelled(&mut self) -> Result<usize> {
+        if !self.rows.iter().any(Row::is_cancelled) {
+            return Ok(0);
+        }
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !self.rows[i].is_cancelled()).collect();
+        let mut freed = 0;
+        for r in self.rows.iter_mut().filter(|r| r.is_cancelled()) {
+            r.finish(FinishReason::Cancelled, None);
+            freed += r.kv_reserved;
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        self.rows = keep.iter().map(|&i| rows[i].take().expect("each index once")).collect();
+        if !self.rows.is_empty() {
+            for c in &mut self.cache {
+                c.filter(&keep)?;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// Processes up to `chunk` more positions, or, when only the last one is
+    /// left, produces the first tokens (`[B]`, lazy): then prefill is over.
+    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32) -> Result<Option<Array>> {
+        let body_end = self.total - 1;
+        if self.done < body_end {
+            let to = (self.done + chunk.max(1)).min(body_end);
+            let x = self.tokens(self.done, to)?;
+            model.forward(&x, &mut self.cache, Output::CacheOnly)?;
+            let state: Vec<&Array> = self.cache.iter().flat_map(KvCache::state).collect();
+            mlx::eval(&state)?;
+            self.done = to;
+            return Ok(None);
+        }
+        let x = self.tokens(body_end, self.total)?;
+        let logits = model.forward(&x, &mut self.cache, Output::LastLogits)?.expect("logits requested");
+        let logits = logits.reshape(&[self.rows.len() as i32, -1])?;
+        let first = sample_rows(&mut self.rows, &logits, None)?;
+        mlx::async_eval(&[&first])?;
+        self.done = self.total;
+        Ok(Some(first))
+    }
+
+    pub fn into_parts(self) -> (Vec<Row>, Vec<KvCache>) {
+        (self.rows, self.cache)
+    }
+}

@@ -1,0 +1,158 @@
+//! The admission and prefill planner: a pure function of the scheduler's
+//! state, so its policy is testable without a model.
+//!
+//! Policy:
+//! - FIFO: requests are admitted strictly in arrival order; a request that
+//!   cannot be admitted yet (rows or KV memory) holds back those behind it, so
+//!   nothing starves behind a stream of smaller requests.
+//! - A new cohort starts with the head of the queue and takes the following
+//!   requests while rows and KV memory allow and padding stays within 1/3 of
+//!   the cohort's positions. A running cohort takes arrivals whose prompts fit
+//!   in its unprocessed positions.
+//! - Prefill chunk: with nothing decoding, the prefill chunk size (latency of
+//!   others does not matter); with rows decoding, the per-step token budget
+//!   split over the cohort's rows, so decode steps keep coming.
+
+/// A waiting request, as the planner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Waiting {
+    pub prompt_len: usize,
+    pub kv_need: usize,
+    /// Per-request prefill chunk limit.
+    pub chunk: Option<usize>,
+}
+
+/// The running cohort, as the planner sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CohortView {
+    pub rows: usize,
+    /// Unprocessed positions.
+    pub remaining: usize,
+    /// Smallest per-request chunk limit among its rows.
+    pub chunk: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Limits {
+    pub max_rows: usize,
+    pub kv_budget: usize,
+    pub prefill_chunk: usize,
+    pub step_budget: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct State<'a> {
+    pub decoding: usize,
+    pub cohort: Option<CohortView>,
+    pub waiting: &'a [Waiting],
+    pub kv_reserved: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// How many requests from the head of the queue to admit.
+    pub admit: usize,
+    /// Whether they start a new cohort (else they join the running one).
+    pub new_cohort: bool,
+    /// Positions per row the cohort may process this iteration.
+    pub chunk: usize,
+}
+
+pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
+    let mut rows = s.decoding + s.cohort.map_or(0, |c| c.rows);
+    let mut kv = s.kv_reserved;
+    let fits = |w: &Waiting, rows: usize, kv: usize| rows < l.max_rows && kv + w.kv_need <= l.kv_budget;
+    let mut admit = 0;
+    let mut chunk_pref = s.cohort.and_then(|c| c.chunk);
+    let mut cohort_rows = s.cohort.map_or(0, |c| c.rows);
+    let new_cohort = s.cohort.is_none();
+    // Padding bookkeeping of a new cohort: its aligned length and real tokens.
+    let (mut total, mut real) = (0usize, 0usize);
+    for w in s.waiting {
+        if !fits(w, rows, kv) {
+            break;
+        }
+        match s.cohort {
+            Some(c) if w.prompt_len > c.remaining => break,
+            Some(_) => {}
+            None => {
+                let t = total.max(w.prompt_len);
+                let r = real + w.prompt_len;
+                // Keep padding below a third of all positions.
+                if admit > 0 && 2 * t * (cohort_rows + 1) > 3 * r {
+                    break;
+                }
+                (total, real) = (t, r);
+            }
+        }
+        admit += 1;
+        rows += 1;
+        kv += w.kv_need;
+        cohort_rows += 1;
+        chunk_pref = match (chunk_pref, w.chunk) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    let full = chunk_pref.unwrap_or(l.prefill_chunk).min(l.prefill_chunk).max(1);
+    let chunk = if s.decoding == 0 { full } else { (l.step_budget / cohort_rows.max(1)).clamp(1, full) };
+    Plan { admit, new_cohort: new_cohort && admit > 0, chunk }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: Limits = Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256 };
+
+    fn w(len: usize, kv: usize) -> Waiting {
+        Waiting { prompt_len: len, kv_need: kv, chunk: None }
+    }
+
+    #[test]
+    fn admits_in_order_up_to_rows_and_memory() {
+        let q = [w(100, 100), w(90, 100), w(120, 100), w(100, 100), w(100, 100)];
+        let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
+        assert_eq!(p, Plan { admit: 4, new_cohort: true, chunk: 2048 });
+        // memory: only 2 fit
+        let p = plan(&State { decoding: 1, cohort: None, waiting: &q, kv_reserved: 750 }, &L);
+        assert_eq!(p.admit, 2);
+        assert_eq!(p.chunk, 128, "a decoding batch splits the step budget over the cohort");
+    }
+
+    #[test]
+    fn a_blocked_head_holds_back_the_queue() {
+        let q = [w(100, 900), w(10, 10)];
+        let p = plan(&State { decoding: 1, cohort: None, waiting: &q, kv_reserved: 200 }, &L);
+        assert_eq!(p.admit, 0, "the small request must not overtake the big one");
+        assert!(!p.new_cohort);
+    }
+
+    #[test]
+    fn cohort_padding_is_bounded() {
+        // 1000 then 100: padding would be 900 of 2000 positions (> 1/3).
+        let q = [w(1000, 10), w(100, 10)];
+        let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
+        assert_eq!(p.admit, 1);
+        let q = [w(100, 10), w(80, 10), w(90, 10)];
+        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, 3);
+    }
+
+    #[test]
+    fn arrivals_join_a_running_cohort_when_they_fit() {
+        let c = Some(CohortView { rows: 1, remaining: 50, chunk: None });
+        let q = [w(40, 10), w(60, 10), w(10, 10)];
+        let p = plan(&State { decoding: 0, cohort: c, waiting: &q, kv_reserved: 0 }, &L);
+        assert_eq!(p, Plan { admit: 1, new_cohort: false, chunk: 2048 });
+    }
+
+    #[test]
+    fn per_request_chunks_and_budget() {
+        let q = [Waiting { prompt_len: 100, kv_need: 1, chunk: Some(64) }];
+        let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
+        assert_eq!(p.chunk, 64);
+        let c = Some(CohortView { rows: 300, remaining: 10, chunk: None });
+        let p = plan(&State { decoding: 2, cohort: c, waiting: &[], kv_reserved: 0 }, &L);
+        assert_eq!(p, Plan { admit: 0, new_cohort: false, chunk: 1 });
+    }
+}

@@ -1,0 +1,211 @@
+//! One request's state while it runs, independent of where its KV cache
+//! lives (a prefill cohort or the decode batch): sampler, token history,
+//! detokenizer, stop matching, counters, timings, and the events it sends.
+
+use super::delivery::{DeliveryTx, Msg};
+use super::request::{Event, FinishReason, Job, RequestState, Usage};
+use crate::error::Result;
+use crate::mlx::Array;
+use crate::model::load::TextAssets;
+use crate::sample::Sampler;
+use crate::text::{IncrementalDecoder, StopMatcher};
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(crate) struct Row {
+    pub state: Arc<RequestState>,
+    pub prompt: Vec<u32>,
+    /// Prefill chunk limit this request asked for.
+    pub prefill_chunk: Option<usize>,
+    /// KV bytes reserved for this request at admission.
+    pub kv_reserved: usize,
+    pub sampler: Sampler,
+    max_tokens: u32,
+    stop_at_eos: bool,
+    submitted: Instant,
+    generated: u32,
+    /// Prompt and generated ids (the repetition penalty window).
+    history: Vec<i32>,
+    detok: IncrementalDecoder,
+    stop: Option<StopMatcher>,
+    /// Ids of tokens whose text is still withheld.
+    held: Vec<u32>,
+    started: Instant,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+    tx: DeliveryTx,
+    ended: bool,
+}
+
+impl Row {
+    /// Hands the job's sink to the delivery thread and sets up the state; on
+    /// failure the request gets its error event and None is returned.
+    pub fn open(job: Job, text: &TextAssets, seed: u64, kv_reserved: usize, tx: DeliveryTx) -> Option<Row> {
+        let _ = tx.send(Msg::Open(job.state.id, job.sink));
+        let state = job.state;
+        let build = || -> Result<(Sampler, IncrementalDecoder, Option<StopMatcher>)> {
+            let stop = if job.stop.is_empty() { None } else { Some(StopMatcher::new(&job.stop)?) };
+            Ok((Sampler::new(job.sampling, seed)?, IncrementalDecoder::new(text.tokenizer.clone())?, stop))
+        };
+        match build() {
+            Ok((sampler, detok, stop)) => Some(Row {
+                history: job.prompt.iter().map(|&t| t as i32).collect(),
+                prompt: job.prompt,
+                prefill_chunk: job.prefill_chunk,
+                kv_reserved,
+                sampler,
+                max_tokens: job.max_tokens,
+                stop_at_eos: job.stop_at_eos,
+                submitted: job.submitted,
+                generated: 0,
+                detok,
+                stop,
+                held: vec![],
+                started: Instant::now(),
+                first_token: None,
+                last_token: None,
+                tx,
+                ended: false,
+                state,
+            }),
+            Err(e) => {
+                let _ = tx.send(Msg::Event(state.id, Event::Error(e)));
+                None
+            }
+        }
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        self.state.is_cancelled()
+    }
+
+    fn emit(&self, ev: Event) {
+        let _ = self.tx.send(Msg::Event(self.state.id, ev));
+    }
+
+    /// The repetition-penalty window: the last `context_size` ids, ending
+    /// with `unread` (a lazy `[1]` token not yet in the history) if given.
+    /// None when the sampler does not need it.
+    pub fn history_window(&self, unread: Option<&Array>) -> Result<Option<Array>> {
+        if !self.sampler.needs_history() {
+            return Ok(None);
+        }
+        let ctx = self.sampler.context_size();
+        let n = ctx.saturating_sub(unread.is_some() as usize).min(self.history.len());
+        let known = Array::from_i32(&self.history[self.history.len() - n..], &[n as i32])?;
+        Ok(Some(match unread {
+            Some(t) if n > 0 => Array::concatenate(&[&known, &t.reshape(&[1])?], 0)?,
+            Some(t) => t.reshape(&[1])?,
+            None => known,
+        }))
+    }
+
+    /// Takes a generated token: emits its text, and ends the request (its
+    /// terminal event sent) when it is an end token, completes a stop string,
+    /// or uses up the budget. Returns whether the request ended.
+    pub fn accept(&mut self, tok: u32, text: &TextAssets, ctx_len: usize) -> Result<bool> {
+        let now = Instant::now();
+        self.first_token.get_or_insert(now);
+        self.last_token = Some(now);
+        self.generated += 1;
+        self.history.push(tok as i32);
+        if self.stop_at_eos && text.eos_ids.contains(&tok) {
+            self.finish(FinishReason::Stop, None);
+            return Ok(true);
+        }
+        self.held.push(tok);
+        let piece = self.detok.push(tok)?;
+        if let Some(stop) = &mut self.stop {
+            let r = stop.push(&piece);
+            self.send_text(r.emit);
+            if let Some(i) = r.stopped {
+                self.finish(FinishReason::Stop, Some(i));
+                return Ok(true);
+            }
+        } else {
+            self.send_text(piece);
+        }
+        let total = self.prompt.len() + self.generated as usize;
+        if self.generated >= self.max_tokens || (ctx_len > 0 && total >= ctx_len) {
+            self.finish(FinishReason::Length, None);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn send_text(&mut self, text: String) {
+        if !text.is_empty() {
+            let tokens = std::mem::take(&mut self.held);
+            self.emit(Event::Delta { text, tokens });
+        }
+    }
+
+    /// Ends the request with an error event.
+    pub fn fail(&mut self, err: crate::Error) {
+        if !self.ended {
+            self.ended = true;
+            self.emit(Event::Error(err));
+        }
+    }
+
+    /// Flushes withheld text (unless a stop string matched) and sends `Done`.
+    pub fn finish(&mut self, mut finish: FinishReason, mut stop_index: Option<usize>) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        if finish != FinishReason::Cancelled && stop_index.is_none() {
+            let mut rest = self.detok.finish();
+            if let Some(stop) = &mut self.stop {
+                let r = stop.push(&rest);
+                rest = r.emit;
+                match r.stopped {
+                    Some(i) => (finish, stop_index) = (FinishReason::Stop, Some(i)),
+                    None => rest += &stop.finish(),
+                }
+            }
+            self.send_text(rest);
+            if stop_index.is_none() && !self.held.is_empty() {
+                // Tokens that made no text (special tokens at the end).
+                let tokens = std::mem::take(&mut self.held);
+                self.emit(Event::Delta { text: String::new(), tokens });
+            }
+        }
+        let usage = self.usage();
+        self.emit(Event::Done { finish, stop_index, usage });
+    }
+
+    fn usage(&self) -> Usage {
+        let ms = |a: Instant, b: Instant| b.duration_since(a).as_secs_f64() * 1e3;
+        let mut u = Usage {
+            prompt_tokens: self.prompt.len() as u32,
+            cached_tokens: 0,
+            completion_tokens: self.generated,
+            ..Default::default()
+        };
+        if let Some(first) = self.first_token {
+            u.ttft_ms = ms(self.submitted, first);
+            u.prefill_ms = ms(self.started, first);
+            if u.prefill_ms > 0.0 {
+                u.prefill_tokens_per_s = self.prompt.len() as f64 / (u.prefill_ms / 1e3);
+            }
+            if let Some(last) = self.last_token {
+                u.decode_ms = ms(first, last);
+                if self.generated > 1 && u.decode_ms > 0.0 {
+                    u.decode_tokens_per_s = (self.generated - 1) as f64 / (u.decode_ms / 1e3);
+                }
+            }
+        }
+        u
+    }
+}
+
+impl Drop for Row {
+    /// A row dropped without a terminal event (a bug or a panic unwinding)
+    /// still ends its request.
+    fn drop(&mut self) {
+        if !self.ended {
+            self.fail(crate::Error::internal("the request was dropped by the scheduler"));
+        }
+    }
+}
