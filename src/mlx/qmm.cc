@@ -1,8 +1,10 @@
 #include "mlxrt/src/mlx/qmm.h"
 
 #include <dlfcn.h>
-#include <link.h>
 #include <sched.h>
+#if defined(__linux__)
+#include <link.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -415,6 +417,7 @@ uint8_t fast_node_isa(const array& a) {
 
 size_t pool_threads() { return static_cast<size_t>(Pool::get().size()); }
 
+#if defined(__linux__)
 namespace {
 
 // Objects in the order the dynamic linker loaded them (the main program and
@@ -456,6 +459,10 @@ rust::String blas_library() {
     if (defines(name, "cblas_sgemm")) return rust::String(name);
   return rust::String();
 }
+#else
+// (macOS wheels use Accelerate; no query there.)
+rust::String blas_library() { return rust::String(); }
+#endif
 
 int32_t blas_threads() {
   std::string lib(blas_library());
