@@ -406,26 +406,31 @@ fn interleave() {
     eval(&[&x, &a, &b]).unwrap();
     let q = || fast_quantized_matmul_isa(&x, &wt.w, &wt.s32, &wt.b32, GROUP, 4, QmmIsa::Auto).unwrap();
     let d = || a.matmul(&b).unwrap();
+    let min = |v: &[f64]| v.iter().cloned().fold(f64::MAX, f64::min) * 1e3;
     for _ in 0..3 {
-        let mut alone = Vec::new();
-        let mut after = Vec::new();
+        let (mut q_alone, mut q_after, mut d_alone, mut d_after) = (vec![], vec![], vec![], vec![]);
         for _ in 0..200 {
-            q().eval().unwrap();
+            // Each op timed after ~1 ms of idling (pool threads asleep, BLAS
+            // threads parked) and right after the other op.
+            std::thread::sleep(std::time::Duration::from_millis(1));
             let t = Instant::now();
             q().eval().unwrap();
-            alone.push(t.elapsed().as_secs_f64());
+            q_alone.push(t.elapsed().as_secs_f64());
+            let t = Instant::now();
             d().eval().unwrap();
+            d_after.push(t.elapsed().as_secs_f64());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            let t = Instant::now();
+            d().eval().unwrap();
+            d_alone.push(t.elapsed().as_secs_f64());
             let t = Instant::now();
             q().eval().unwrap();
-            after.push(t.elapsed().as_secs_f64());
+            q_after.push(t.elapsed().as_secs_f64());
         }
-        let min = |v: &[f64]| v.iter().cloned().fold(f64::MAX, f64::min) * 1e3;
         eprintln!(
-            "qmm alone {:.3} ms (min {:.3}), right after a BLAS call {:.3} ms (min {:.3})",
-            median(&mut alone) * 1e3,
-            min(&alone),
-            median(&mut after) * 1e3,
-            min(&after)
+            "qmm: after idle {:.3} ms (min {:.3}), after BLAS {:.3} (min {:.3}) | BLAS: after idle {:.3} (min {:.3}), after qmm {:.3} (min {:.3})",
+            median(&mut q_alone) * 1e3, min(&q_alone), median(&mut q_after) * 1e3, min(&q_after),
+            median(&mut d_alone) * 1e3, min(&d_alone), median(&mut d_after) * 1e3, min(&d_after),
         );
     }
 }

@@ -115,7 +115,10 @@ class Pool {
       cv_.notify_all();
     }
     work(gen);
-    while (job.done.load(std::memory_order_acquire) < n) cpu_relax();
+    for (unsigned spins = 1; job.done.load(std::memory_order_acquire) < n; ++spins) {
+      if (spins % 64 == 0) std::this_thread::yield();  // a preempted worker may need this core
+      cpu_relax();
+    }
   }
 
   // Runs unclaimed chunks of job `gen` until none is left. The state word
@@ -136,12 +139,17 @@ class Pool {
     }
   }
 
+  // Spins (yielding the core to any other runnable thread, e.g. OpenBLAS's
+  // workers, which otherwise wait for our time slice to end), then sleeps.
   uint64_t wait_for_job(uint64_t seen) {
     const auto start = std::chrono::steady_clock::now();
     for (unsigned spins = 0;; ++spins) {
       const uint64_t gen = state_.load(std::memory_order_acquire) >> 32;
       if (gen != seen) return gen;
-      if ((spins & 255) == 255 && std::chrono::steady_clock::now() - start > kSpin) break;
+      if ((spins & 63) == 63) {
+        if (std::chrono::steady_clock::now() - start > kSpin) break;
+        std::this_thread::yield();
+      }
       cpu_relax();
     }
     std::unique_lock<std::mutex> lock(sleep_mu_);
