@@ -1,6 +1,10 @@
 //! Finds MLX, compiles the C++ shim against it, links libmlx with an rpath and
 //! generates the C header with cbindgen.
 //!
+//! On Linux it also links Debian's OpenBLAS, when present, so that MLX's dense
+//! CPU matmul runs on it instead of the wheel's reference BLAS (see
+//! `link_openblas` and docs/cpu-kernels.md).
+//!
 //! MLX is found in this order: `$MLX_DIR` (the unpacked `mlx` package folder,
 //! holding `include/` and `lib/`), then the `mlx` package of the project venv's
 //! Python (`.venv/bin/python`), then of `python3` on PATH.
@@ -43,18 +47,92 @@ fn find_mlx(root: &Path) -> PathBuf {
     );
 }
 
+/// The quantized-matmul primitive and its per-instruction-set kernels. The
+/// kernels pick their instruction set per function (`target` attributes), so
+/// all files share the crate's compiler flags.
+const QMM_FILES: [&str; 7] = [
+    "src/mlx/qmm.h",
+    "src/mlx/qmm.cc",
+    "src/mlx/qmm_kernels.h",
+    "src/mlx/qmm_impl.h",
+    "src/mlx/qmm_avx512.cc",
+    "src/mlx/qmm_avx2.cc",
+    "src/mlx/qmm_portable.cc",
+];
+
+/// Where Debian/Ubuntu (libopenblas0-pthread), Fedora and source installs put
+/// OpenBLAS's runtime library.
+fn openblas_candidates() -> Vec<PathBuf> {
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let mut dirs = vec![format!("/usr/lib/{arch}-linux-gnu")];
+    dirs.extend(["/usr/lib64", "/usr/lib", "/usr/local/lib", "/opt/OpenBLAS/lib"].map(String::from));
+    dirs.into_iter().map(|d| Path::new(&d).join("libopenblas.so.0")).collect()
+}
+
+/// Makes the linked library (and test/example binaries) depend directly on
+/// OpenBLAS. libmlx.so only reaches its bundled reference BLAS through its own
+/// DT_NEEDED, one level further down the dependency tree, so the dynamic
+/// linker's breadth-first symbol lookup binds MLX's `cblas_sgemm` to OpenBLAS,
+/// for executables and dlopen'd libraries alike, with the wheel untouched.
+/// `MLXRT_OPENBLAS` names the library explicitly, or `0` builds without it.
+/// Without OpenBLAS the build still works (MLX's matmul is then slow).
+fn link_openblas() {
+    if env::var("CARGO_CFG_TARGET_OS").as_deref() != Ok("linux") {
+        return;
+    }
+    let chosen = match env::var("MLXRT_OPENBLAS") {
+        Ok(v) if v == "0" || v.eq_ignore_ascii_case("off") => {
+            println!("cargo:rustc-env=MLXRT_BUILD_OPENBLAS=");
+            return;
+        }
+        Ok(v) if !v.is_empty() => {
+            let p = PathBuf::from(&v);
+            if !p.exists() {
+                panic!("MLXRT_OPENBLAS={v} does not exist");
+            }
+            Some(p)
+        }
+        _ => openblas_candidates().into_iter().find(|p| p.exists()),
+    };
+    let Some(path) = chosen else {
+        println!(
+            "cargo:warning=OpenBLAS (libopenblas.so.0) not found: MLX's dense CPU matmul will use \
+             the wheel's reference BLAS (correct but slow). Install libopenblas0-pthread or set \
+             MLXRT_OPENBLAS=/path/to/libopenblas.so.0"
+        );
+        println!("cargo:rustc-env=MLXRT_BUILD_OPENBLAS=");
+        return;
+    };
+    // rustc links with --as-needed, which would drop a library none of our own
+    // symbols reference; keep this one.
+    println!("cargo:rustc-link-arg=-Wl,--push-state,--no-as-needed");
+    println!("cargo:rustc-link-arg={}", path.display());
+    println!("cargo:rustc-link-arg=-Wl,--pop-state");
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let system = [format!("/usr/lib/{arch}-linux-gnu"), "/usr/lib64".into(), "/usr/lib".into()];
+    if let Some(dir) = path.parent().filter(|d| !system.iter().any(|s| Path::new(s) == *d)) {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+    }
+    println!("cargo:rustc-env=MLXRT_BUILD_OPENBLAS={}", path.display());
+}
+
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-env-changed=MLX_DIR");
+    println!("cargo:rerun-if-env-changed=MLXRT_OPENBLAS");
     for f in ["src/mlx/shim.h", "src/mlx/shim.cc", "src/mlx/sys.rs", "cbindgen.toml", "src/ffi"] {
+        println!("cargo:rerun-if-changed={f}");
+    }
+    for f in QMM_FILES {
         println!("cargo:rerun-if-changed={f}");
     }
 
     let mlx = find_mlx(&root);
     let lib = mlx.join("lib");
-    cxx_build::bridge("src/mlx/sys.rs")
+    cxx_build::bridges(["src/mlx/sys.rs", "src/mlx/qmm_sys.rs"])
         .file("src/mlx/shim.cc")
+        .files(QMM_FILES.iter().filter(|f| f.ends_with(".cc")))
         .include(mlx.join("include"))
         .std("c++20")
         .flag_if_supported("-O2")
@@ -64,6 +142,7 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=mlx");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-env=MLXRT_MLX_DIR={}", mlx.display());
+    link_openblas();
 
     // The header is generated into OUT_DIR; tests/header.rs compares it with the
     // committed include/mlxrt.h, which `MLXRT_UPDATE_HEADER=1 cargo build`

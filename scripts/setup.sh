@@ -17,6 +17,16 @@ command -v cc >/dev/null || need_apt+=(gcc)
 command -v c++ >/dev/null || need_apt+=(g++)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
 command -v unzip >/dev/null || need_apt+=(unzip)
+# OpenBLAS: build.rs links it so MLX's dense CPU matmul does not use the
+# wheel's reference BLAS (docs/cpu-kernels.md). Only the runtime is needed.
+has_openblas() {
+  local f
+  for f in /usr/lib/*-linux-gnu/libopenblas.so.0 /usr/lib64/libopenblas.so.0 /usr/lib/libopenblas.so.0; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
+}
+[ "$(uname)" != Linux ] || has_openblas || need_apt+=(libopenblas0-pthread)
 if [ "$(uname)" = Linux ] && [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     log "installing ${need_apt[*]}"

@@ -4,10 +4,18 @@
 mod array;
 pub mod io;
 mod ops;
+mod qmm;
+mod qmm_sys;
+#[cfg(test)]
+mod qmm_tests;
 mod sys;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
 pub use ops::{dequantize, fast, quantize, quantized_matmul, random};
+pub use qmm::{
+    blas_info, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_isa, qmm_threads,
+    BlasInfo, QmmIsa,
+};
 
 use sys::ffi;
 

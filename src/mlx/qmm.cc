@@ -1,0 +1,486 @@
+#include "mlxrt/src/mlx/qmm.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#if defined(__linux__)
+#include <link.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "mlx/backend/cpu/encoder.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace mx = mlx::core;
+
+namespace mlxrt::qmm {
+
+size_t scratch_floats(int K) {
+  (void)K;  // panels are blocked to kBlockK columns whatever K is
+  return static_cast<size_t>(kPanelRows) * kBlockK;
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Thread pool
+//
+// One job at a time, split into numbered chunks that the caller and the
+// workers claim from a shared counter. Workers spin briefly after a job
+// before sleeping, because a decode step issues hundreds of short matmuls
+// separated by a few microseconds of other ops: waking a sleeping thread
+// costs more than most of those matmuls.
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  return (end && *end == 0 && n > 0 && n < 4096) ? static_cast<int>(n) : fallback;
+}
+
+int cpu_count() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+class Pool {
+ public:
+  // Leaked on purpose: worker threads run until the process exits, and no
+  // static destructor can race a matmul still running on an MLX stream.
+  static Pool& get() {
+    static Pool* pool = new Pool(env_int("MLXRT_QMM_THREADS", cpu_count()));
+    return *pool;
+  }
+
+  int size() const { return workers_ + 1; }
+
+  // Calls f(i) for i in [0, n) on the pool and the calling thread; returns
+  // when all calls are done. A second caller while a job runs (another MLX
+  // stream) does its work alone instead of waiting.
+  template <class F>
+  void parallel_for(int n, F& f) {
+    run(n, [](void* ctx, int i) { (*static_cast<F*>(ctx))(i); }, &f);
+  }
+
+ private:
+  static constexpr int kMaxChunks = 0xffff;
+  static constexpr auto kSpin = std::chrono::microseconds(200);
+
+  struct Job {
+    void (*fn)(void*, int);
+    void* ctx;
+    std::atomic<int> done{0};
+  };
+
+  explicit Pool(int threads) : workers_(threads - 1) {
+    for (int i = 0; i < workers_; ++i) std::thread([this] { worker(); }).detach();
+  }
+
+  void run(int n, void (*fn)(void*, int), void* ctx) {
+    std::unique_lock<std::mutex> lock(submit_, std::try_to_lock);
+    if (!lock.owns_lock() || workers_ == 0 || n <= 1 || n > kMaxChunks) {
+      for (int i = 0; i < n; ++i) fn(ctx, i);
+      return;
+    }
+    Job job{fn, ctx};
+    job_.store(&job, std::memory_order_release);
+    const uint64_t gen = (state_.load(std::memory_order_relaxed) >> 32) + 1;
+    state_.store(gen << 32 | static_cast<uint64_t>(n) << 16);
+    if (sleepers_.load() > 0) {
+      std::lock_guard<std::mutex> g(sleep_mu_);
+      cv_.notify_all();
+    }
+    work(gen);
+    for (unsigned spins = 1; job.done.load(std::memory_order_acquire) < n; ++spins) {
+      if (spins % 64 == 0) std::this_thread::yield();  // a preempted worker may need this core
+      cpu_relax();
+    }
+  }
+
+  // Runs unclaimed chunks of job `gen` until none is left. The state word
+  // packs generation (32 bits), chunk count and next chunk (16 bits each), so
+  // a claim is only ever made against the job it belongs to.
+  void work(uint64_t gen) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    for (;;) {
+      const uint64_t n = (s >> 16) & 0xffff, i = s & 0xffff;
+      if ((s >> 32) != gen || i >= n) return;
+      if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) continue;
+      // The claimed chunk is not done, so the job (on the caller's stack) is
+      // still alive and job_ still points at it.
+      Job* job = job_.load(std::memory_order_acquire);
+      job->fn(job->ctx, static_cast<int>(i));
+      job->done.fetch_add(1, std::memory_order_release);
+      s = state_.load(std::memory_order_acquire);
+    }
+  }
+
+  // Spins (yielding the core to any other runnable thread, e.g. OpenBLAS's
+  // workers, which otherwise wait for our time slice to end), then sleeps.
+  uint64_t wait_for_job(uint64_t seen) {
+    const auto start = std::chrono::steady_clock::now();
+    for (unsigned spins = 0;; ++spins) {
+      const uint64_t gen = state_.load(std::memory_order_acquire) >> 32;
+      if (gen != seen) return gen;
+      if ((spins & 63) == 63) {
+        if (std::chrono::steady_clock::now() - start > kSpin) break;
+        std::this_thread::yield();
+      }
+      cpu_relax();
+    }
+    std::unique_lock<std::mutex> lock(sleep_mu_);
+    sleepers_.fetch_add(1);  // seq_cst pairs with the load in run()
+    uint64_t gen = seen;
+    cv_.wait(lock, [&] { return (gen = state_.load() >> 32) != seen; });
+    sleepers_.fetch_sub(1);
+    return gen;
+  }
+
+  void worker() {
+    uint64_t seen = 0;
+    for (;;) {
+      seen = wait_for_job(seen);
+      work(seen);
+    }
+  }
+
+  const int workers_;
+  std::mutex submit_;
+  std::atomic<uint64_t> state_{0};
+  std::atomic<Job*> job_{nullptr};
+  std::mutex sleep_mu_;
+  std::condition_variable cv_;
+  std::atomic<int> sleepers_{0};
+};
+
+// ---------------------------------------------------------------------------
+// Kernel selection
+
+bool cpu_runs(Isa isa) {
+  switch (isa) {
+    case Isa::Portable: return true;
+#if defined(__x86_64__)
+    case Isa::Avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::Avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
+    default: return false;
+  }
+}
+
+const Kernels* compiled(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return kernels_avx512();
+    case Isa::Avx2: return kernels_avx2();
+    case Isa::Portable: return kernels_portable();
+    default: return nullptr;
+  }
+}
+
+const Kernels* usable(Isa isa) { return cpu_runs(isa) ? compiled(isa) : nullptr; }
+
+// The best variant, capped by MLXRT_QMM_ISA=portable|avx2|avx512 if set.
+const Kernels* best_kernels() {
+  static const Kernels* best = [] {
+    int cap = static_cast<int>(Isa::Avx512);
+    if (const char* v = std::getenv("MLXRT_QMM_ISA")) {
+      std::string s(v);
+      if (s == "portable") cap = static_cast<int>(Isa::Portable);
+      if (s == "avx2") cap = static_cast<int>(Isa::Avx2);
+    }
+    for (int i = cap; i >= static_cast<int>(Isa::Portable); --i)
+      if (auto k = usable(static_cast<Isa>(i))) return k;
+    return kernels_portable();
+  }();
+  return best;
+}
+
+const Kernels* select_kernels(uint8_t code) {
+  if (code > static_cast<uint8_t>(Isa::Avx512))
+    throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
+  auto isa = static_cast<Isa>(code);
+  if (isa == Isa::Auto) return best_kernels();
+  if (auto k = usable(isa)) return k;
+  throw std::invalid_argument("this CPU or build cannot run the requested qmm instruction set");
+}
+
+// ---------------------------------------------------------------------------
+// Running one problem
+
+// Below this many multiply-adds a matmul runs on the calling thread alone:
+// handing chunks to another core costs more than it saves.
+constexpr double kParallelMacs = 1 << 17;
+
+float* thread_scratch() {
+  thread_local std::vector<float> buf(scratch_floats(0) + 64);
+  return buf.data();
+}
+
+void run_problem(const Kernels& k, const Problem& p) {
+  Pool& pool = Pool::get();
+  const int tiles = (p.N + k.tile_n - 1) / k.tile_n;
+  const double macs = static_cast<double>(p.M) * p.N * p.K;
+  // A few chunks per thread balance uneven progress (other load, SMT).
+  int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
+  if (chunks <= 1) {
+    k.run(p, 0, p.N, thread_scratch());
+    return;
+  }
+  const int per = (tiles + chunks - 1) / chunks;
+  chunks = (tiles + per - 1) / per;
+  auto body = [&](int c) {
+    const int n0 = c * per * k.tile_n;
+    k.run(p, n0, std::min(p.N, n0 + per * k.tile_n), thread_scratch());
+  };
+  pool.parallel_for(chunks, body);
+}
+
+// x as seen by the kernel: dense M x K rows, for 4-bit weights permuted in
+// each block of 2*lanes values to [even k..., odd k...] (the order in which
+// a vector unpacks low and high nibbles of `lanes` bytes).
+struct XView {
+  const float* data;
+  mx::Shape shape;
+  mx::Strides strides;
+  bool dense;
+};
+
+const float* row_ptr(const XView& x, int64_t m) {
+  int64_t off = 0;
+  for (int d = static_cast<int>(x.shape.size()) - 2; d >= 0; --d) {
+    off += (m % x.shape[d]) * x.strides[d];
+    m /= x.shape[d];
+  }
+  return x.data + off;
+}
+
+const float* prepare_x(const XView& x, int M, int K, int bits, int lanes,
+                       std::vector<float>& buf) {
+  if (bits != 4 && x.dense) return x.data;
+  buf.resize(static_cast<size_t>(M) * K);
+  const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
+  for (int m = 0; m < M; ++m) {
+    const float* src = x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
+    float* dst = buf.data() + static_cast<size_t>(m) * K;
+    if (bits != 4) {
+      for (int k = 0; k < K; ++k) dst[k] = src[k * sk];
+      continue;
+    }
+    for (int b = 0; b < K; b += 2 * lanes) {
+      for (int i = 0; i < lanes; ++i) {
+        dst[b + i] = src[(b + 2 * i) * sk];
+        dst[b + lanes + i] = src[(b + 2 * i + 1) * sk];
+      }
+    }
+  }
+  return buf.data();
+}
+
+ScaleType scale_type(mx::Dtype d) {
+  if (d == mx::float32) return ScaleType::F32;
+  if (d == mx::float16) return ScaleType::F16;
+  if (d == mx::bfloat16) return ScaleType::BF16;
+  throw std::invalid_argument("FastQuantizedMatmul: scales must be f32, f16 or bf16");
+}
+
+bool is_float_type(mx::Dtype d) {
+  return d == mx::float32 || d == mx::float16 || d == mx::bfloat16;
+}
+
+// Cases the primitive handles; everything else goes to MLX's op.
+bool supported(const array& x, const array& w, const array& s, const array& b, int group,
+               int bits, const Kernels& k) {
+  if (bits != 4 && bits != 8) return false;
+  if (group != 32 && group != 64 && group != 128) return false;
+  if (group % (2 * k.lanes) != 0) return false;
+  if (w.ndim() != 2 || s.ndim() != 2 || b.ndim() != 2 || x.ndim() < 1) return false;
+  if (w.dtype() != mx::uint32 || !is_float_type(x.dtype())) return false;
+  if (!is_float_type(s.dtype()) || b.dtype() != s.dtype()) return false;
+  const int64_t N = w.shape(0), K = x.shape(-1);
+  const int64_t M = K > 0 ? static_cast<int64_t>(x.size()) / K : 0;
+  return M > 0 && N > 0 && K > 0 && M * K < INT32_MAX && N < INT32_MAX && M * N < INT32_MAX;
+}
+
+// Weights are normally evaluated, dense arrays loaded from a file; anything
+// else gets MLX's contiguous copy first, because eval_cpu reads them raw.
+array dense(const array& a) {
+  if (a.is_available() && a.flags().row_contiguous) return a;
+  return mx::contiguous(a);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// The primitive
+
+void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out) {
+  const array& x = inputs[0];
+  const array& w = inputs[1];
+  const array& s = inputs[2];
+  const array& b = inputs[3];
+  if (x.dtype() != mx::float32) throw std::invalid_argument("FastQuantizedMatmul: x must be f32");
+  if (!w.flags().row_contiguous || !s.flags().row_contiguous || !b.flags().row_contiguous)
+    throw std::invalid_argument("FastQuantizedMatmul: weights must be row-contiguous");
+  const int K = x.shape(-1), N = w.shape(0);
+  const int M = static_cast<int>(x.size() / K);
+  if (static_cast<int64_t>(w.shape(1)) * 32 / bits_ != K || K % group_ != 0 ||
+      s.shape(0) != N || s.shape(1) != K / group_ || b.shape() != s.shape())
+    throw std::invalid_argument("FastQuantizedMatmul: inconsistent shapes");
+
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_input_array(s);
+  enc.set_input_array(b);
+  enc.set_output_array(out);
+  enc.dispatch([xv = XView{x.data<float>(), x.shape(), x.strides(), x.flags().row_contiguous},
+                w = w.data<uint8_t>(), sp = s.data<void>(), bp = b.data<void>(),
+                st = scale_type(s.dtype()), o = out.data<float>(), M, N, K,
+                group = group_, bits = bits_, k = kernels_]() {
+    thread_local std::vector<float> xbuf;
+    const float* xp = prepare_x(xv, M, K, bits, k->lanes, xbuf);
+    Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st};
+    run_problem(*k, p);
+  });
+}
+
+void FastQuantizedMatmul::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("FastQuantizedMatmul has no GPU implementation");
+}
+
+bool FastQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const FastQuantizedMatmul*>(&other);
+  return o && o->group_ == group_ && o->bits_ == bits_ && o->kernels_ == kernels_;
+}
+
+std::vector<mx::Shape> FastQuantizedMatmul::output_shapes(const std::vector<array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return {shape};
+}
+
+// ---------------------------------------------------------------------------
+// Bridge functions
+
+std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
+                                             const array& scales, const array& biases,
+                                             int32_t group_size, int32_t bits, uint8_t isa) {
+  // MLX's op validates everything and gives the output shape and dtype; the
+  // node is dropped unevaluated when the fast path applies.
+  array ref = mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine");
+  const Kernels* k = select_kernels(isa);
+  if (mx::default_device() != mx::Device::cpu ||
+      !supported(x, w, scales, biases, group_size, bits, *k))
+    return std::make_unique<array>(std::move(ref));
+  auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
+                                                    group_size, bits, k);
+  array out(ref.shape(), mx::float32, std::move(prim),
+            {mx::astype(x, mx::float32), dense(w), dense(scales), dense(biases)});
+  if (ref.dtype() != mx::float32) out = mx::astype(out, ref.dtype());
+  return std::make_unique<array>(std::move(out));
+}
+
+uint8_t best_isa() { return static_cast<uint8_t>(best_kernels()->isa); }
+
+bool isa_available(uint8_t isa) {
+  if (isa == static_cast<uint8_t>(Isa::Auto)) return true;
+  if (isa > static_cast<uint8_t>(Isa::Avx512)) return false;
+  return usable(static_cast<Isa>(isa)) != nullptr;
+}
+
+uint8_t fast_node_isa(const array& a) {
+  if (!a.has_primitive()) return 0;
+  auto* p = dynamic_cast<FastQuantizedMatmul*>(&a.primitive());
+  return p ? static_cast<uint8_t>(p->isa()) : 0;
+}
+
+size_t pool_threads() { return static_cast<size_t>(Pool::get().size()); }
+
+#if defined(__linux__)
+namespace {
+
+// Objects in the order the dynamic linker loaded them (the main program and
+// the vDSO, which have no file name, are skipped).
+std::vector<std::string> loaded_objects() {
+  std::vector<std::string> names;
+  dl_iterate_phdr(
+      [](struct dl_phdr_info* info, size_t, void* data) {
+        if (info->dlpi_name && info->dlpi_name[0] == '/')
+          static_cast<std::vector<std::string>*>(data)->emplace_back(info->dlpi_name);
+        return 0;
+      },
+      &names);
+  return names;
+}
+
+// Whether the object at `path` itself defines `sym` (dlsym on a handle also
+// searches the object's dependencies, so check where the hit lives).
+bool defines(const std::string& path, const char* sym) {
+  void* h = dlopen(path.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return false;
+  void* p = dlsym(h, sym);
+  Dl_info info;
+  bool own = p && dladdr(p, &info) && info.dli_fname && path == info.dli_fname;
+  dlclose(h);
+  return own;
+}
+
+}  // namespace
+
+// The first loaded object that defines `cblas_sgemm`: the one libmlx binds
+// to when both sit in its lookup scope, which holds whenever libmlx was
+// loaded together with this library (as dependencies of one executable or
+// one dlopen) - the setups build.rs arranges. A host that loaded libmlx on
+// its own earlier (e.g. Python that imported mlx first) keeps the wheel's
+// reference BLAS, and this reports that too, since it was loaded first.
+rust::String blas_library() {
+  for (const auto& name : loaded_objects())
+    if (defines(name, "cblas_sgemm")) return rust::String(name);
+  return rust::String();
+}
+#else
+// (macOS wheels use Accelerate; no query there.)
+rust::String blas_library() { return rust::String(); }
+#endif
+
+int32_t blas_threads() {
+  std::string lib(blas_library());
+  void* h = lib.empty() ? nullptr : dlopen(lib.c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (!h) return -1;
+  using GetThreads = int (*)();
+  auto get = reinterpret_cast<GetThreads>(dlsym(h, "openblas_get_num_threads"));
+  int n = get ? get() : -1;
+  dlclose(h);
+  return n;
+}
+
+}  // namespace mlxrt::qmm

@@ -1,0 +1,63 @@
+// A fast quantized matmul for MLX's CPU device, as an MLX custom primitive,
+// plus a few CPU-backend queries (which BLAS MLX's matmul resolved to).
+// Bridged to Rust by qmm_sys.rs; the safe API is in qmm.rs.
+#pragma once
+
+#include <memory>
+
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "mlxrt/src/mlx/qmm_kernels.h"
+#include "rust/cxx.h"
+
+namespace mlxrt::qmm {
+
+using mlx::core::array;
+
+// out = x @ dequant(w).T for affine-quantized w (4 or 8 bits, group 32, 64 or
+// 128, f32/f16/bf16 scales and biases) with x in f32 and any leading batch
+// dimensions. CPU only: `eval_gpu` throws, and `fast_quantized_matmul` never
+// builds this primitive for another device.
+class FastQuantizedMatmul : public mlx::core::UnaryPrimitive {
+ public:
+  FastQuantizedMatmul(mlx::core::Stream s, int group, int bits, const Kernels* k)
+      : UnaryPrimitive(s), group_(group), bits_(bits), kernels_(k) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override;
+  void eval_gpu(const std::vector<array>& inputs, array& out) override;
+  const char* name() const override { return "FastQuantizedMatmul"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
+
+  Isa isa() const { return kernels_->isa; }
+
+ private:
+  int group_, bits_;
+  const Kernels* kernels_;
+};
+
+// ---- bridged to Rust (qmm_sys.rs) ----
+
+// `quantized_matmul(x, w, scales, biases, transpose=true, group, bits)`: the
+// primitive above when the default device is the CPU and the case is
+// supported, MLX's own op otherwise. `isa` is an `Isa` code; Auto picks the
+// best the CPU has; naming one the CPU lacks is an error.
+std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
+                                             const array& scales, const array& biases,
+                                             int32_t group_size, int32_t bits, uint8_t isa);
+// The best instruction set this CPU runs (an `Isa` code, never Auto).
+uint8_t best_isa();
+bool isa_available(uint8_t isa);
+// The `Isa` code of the kernel that computes `a`, or 0 if `a` is not the
+// output of a FastQuantizedMatmul.
+uint8_t fast_node_isa(const array& a);
+// Threads the kernel's pool uses (including the calling thread).
+size_t pool_threads();
+
+// The file of the library MLX's dense CPU matmul gets `cblas_sgemm` from
+// (the first loaded object defining it, see qmm.cc); empty if none.
+rust::String blas_library();
+// OpenBLAS's thread count, or -1 when the BLAS is not OpenBLAS.
+int32_t blas_threads();
+
+}  // namespace mlxrt::qmm

@@ -1,0 +1,126 @@
+//! A fast affine-quantized matmul for MLX's CPU device (a custom MLX
+//! primitive with AVX-512 / AVX2 / portable SIMD kernels, see qmm.cc and
+//! docs/cpu-kernels.md), and what BLAS MLX's dense CPU matmul uses.
+
+use super::array::{wrap, Array, Result};
+use super::qmm_sys::ffi;
+
+/// Instruction set of the quantized-matmul kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum QmmIsa {
+    /// The best the CPU runs (capped by `MLXRT_QMM_ISA` if set).
+    Auto = 0,
+    /// Compiler vector extensions: SSE2 on x86-64, NEON on aarch64.
+    Portable = 1,
+    /// AVX2 + FMA + F16C.
+    Avx2 = 2,
+    /// AVX-512 F/BW/VL/DQ.
+    Avx512 = 3,
+}
+
+impl QmmIsa {
+    fn from_code(c: u8) -> Option<QmmIsa> {
+        Some(match c {
+            0 => QmmIsa::Auto,
+            1 => QmmIsa::Portable,
+            2 => QmmIsa::Avx2,
+            3 => QmmIsa::Avx512,
+            _ => return None,
+        })
+    }
+
+    /// The best instruction set this CPU runs (never `Auto`).
+    pub fn best() -> QmmIsa {
+        QmmIsa::from_code(ffi::best_isa()).unwrap_or(QmmIsa::Portable)
+    }
+
+    /// Whether this build and CPU can run the kernel variant.
+    pub fn available(self) -> bool {
+        ffi::isa_available(self as u8)
+    }
+}
+
+/// `x @ dequantize(w, scales, biases).T` (MLX's `quantized_matmul` with
+/// `transpose = true`, affine mode). On the CPU device, for 4- and 8-bit
+/// weights with group size 32, 64 or 128, 2-D `w` and f32/f16/bf16 `x`,
+/// scales and biases, this runs mlxrt's own kernel; otherwise (other devices,
+/// other cases) it is MLX's op. Invalid shapes or dtypes give `Err`.
+pub fn fast_quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    fast_quantized_matmul_isa(x, w, scales, biases, group_size, bits, QmmIsa::Auto)
+}
+
+/// [`fast_quantized_matmul`] with an explicit kernel variant (tests and
+/// benchmarks). Naming one the CPU cannot run is an error.
+pub fn fast_quantized_matmul_isa(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    isa: QmmIsa,
+) -> Result<Array> {
+    wrap(ffi::fast_quantized_matmul(
+        x.raw(),
+        w.raw(),
+        scales.raw(),
+        biases.raw(),
+        group_size,
+        bits,
+        isa as u8,
+    ))
+}
+
+/// The kernel variant that computes `a`, or `None` when `a` is not the
+/// output of mlxrt's quantized matmul (e.g. the stock op was used).
+pub fn fast_qmm_isa_of(a: &Array) -> Option<QmmIsa> {
+    match ffi::fast_node_isa(a.raw()) {
+        0 => None,
+        c => QmmIsa::from_code(c),
+    }
+}
+
+/// Threads the quantized-matmul kernel uses (the calling MLX stream thread
+/// included); `MLXRT_QMM_THREADS` overrides the CPU count.
+pub fn qmm_threads() -> usize {
+    ffi::pool_threads()
+}
+
+/// Which BLAS MLX's dense CPU matmul (`cblas_sgemm`) resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlasInfo {
+    /// Path of the library providing `cblas_sgemm` (empty if not found).
+    pub library: String,
+    /// OpenBLAS's thread count, if the BLAS is OpenBLAS.
+    pub openblas_threads: Option<i32>,
+}
+
+impl BlasInfo {
+    pub fn is_openblas(&self) -> bool {
+        self.openblas_threads.is_some()
+    }
+}
+
+/// See [`BlasInfo`]. Without OpenBLAS, MLX's wheel uses the reference BLAS
+/// it bundles: correct, ~50x slower dense matmuls (docs/cpu-kernels.md).
+pub fn blas_info() -> BlasInfo {
+    let t = ffi::blas_threads();
+    BlasInfo { library: ffi::blas_library(), openblas_threads: (t >= 0).then_some(t) }
+}
+
+impl std::fmt::Display for BlasInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.openblas_threads {
+            Some(t) => write!(f, "OpenBLAS ({}, {t} threads)", self.library),
+            None => write!(f, "reference BLAS ({}), slow dense matmuls", self.library),
+        }
+    }
+}

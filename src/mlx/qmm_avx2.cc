@@ -1,0 +1,81 @@
+// AVX2 + FMA variant of the quantized-matmul kernel (see qmm_impl.h).
+// Compiled for every x86-64 build; only called when the CPU reports AVX2,
+// FMA and F16C.
+#include "mlxrt/src/mlx/qmm_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define QMM_FN __attribute__((target("avx2,fma,f16c")))
+#define QMM_NS avx2
+#define QMM_ISA Isa::Avx2
+
+namespace mlxrt::qmm::avx2 {
+namespace {
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+struct V {
+  using T = __m256;
+  static constexpr int W = 8;
+  // 16 registers: 2 x 4 accumulators leave room for weights, x and scales.
+  static constexpr int MR_DIRECT = 2;
+  static constexpr int MR_PANEL = 2;
+
+  QMM_FN static inline T zero() { return _mm256_setzero_ps(); }
+  QMM_FN static inline T load(const float* p) { return _mm256_loadu_ps(p); }
+  QMM_FN static inline void store(float* p, T v) { _mm256_storeu_ps(p, v); }
+  QMM_FN static inline T set1(float s) { return _mm256_set1_ps(s); }
+  QMM_FN static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  QMM_FN static inline float hsum(T v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  QMM_FN static inline __m256i bytes(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  }
+  struct Tab4 {
+    T s, b;
+  };
+  QMM_FN static inline Tab4 table4(T s, T b) { return {s, b}; }
+  // Low nibbles are the even k of a block, high nibbles the odd k.
+  QMM_FN static inline void dequant4(const uint8_t* p, const Tab4& tab, T& lo, T& hi) {
+    __m256i b = bytes(p);
+    lo = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, _mm256_set1_epi32(15))), tab.s,
+                         tab.b);
+    hi = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), tab.s, tab.b);
+  }
+  QMM_FN static inline T unpack8(const uint8_t* p) { return _mm256_cvtepi32_ps(bytes(p)); }
+  QMM_FN static inline void convert_halves(const uint16_t* src, int n, bool bf16, float* dst) {
+    int i = 0;
+    for (; i + W <= n; i += W) {
+      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      T v = bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                 : _mm256_cvtph_ps(h);
+      _mm256_storeu_ps(dst + i, v);
+    }
+    for (; i < n; ++i) dst[i] = bf16 ? bf16_to_float(src[i]) : _cvtsh_ss(src[i]);
+  }
+};
+
+}  // namespace
+}  // namespace mlxrt::qmm::avx2
+
+#include "mlxrt/src/mlx/qmm_impl.h"
+
+namespace mlxrt::qmm {
+const Kernels* kernels_avx2() { return &avx2::kKernels; }
+}  // namespace mlxrt::qmm
+
+#else
+namespace mlxrt::qmm {
+const Kernels* kernels_avx2() { return nullptr; }
+}  // namespace mlxrt::qmm
+#endif

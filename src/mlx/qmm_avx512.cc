@@ -1,0 +1,91 @@
+// AVX-512 variant of the quantized-matmul kernel (see qmm_impl.h). Compiled
+// for every x86-64 build; only called when the CPU reports AVX-512.
+#include "mlxrt/src/mlx/qmm_kernels.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+// GCC 12's AVX-512 headers trip -Wmaybe-uninitialized (their
+// _mm*_undefined_* placeholders) once inlined into the kernels.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define QMM_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define QMM_NS avx512
+#define QMM_ISA Isa::Avx512
+
+namespace mlxrt::qmm::avx512 {
+namespace {
+
+struct V {
+  using T = __m512;
+  static constexpr int W = 16;
+  // 4 x 4 accumulators + 2 weight vectors + scale/bias in 32 registers.
+  static constexpr int MR_DIRECT = 4;
+  // 6 x 4 accumulators + 4 weight vectors + 1 x vector.
+  static constexpr int MR_PANEL = 6;
+
+  QMM_FN static inline T zero() { return _mm512_setzero_ps(); }
+  QMM_FN static inline T load(const float* p) { return _mm512_loadu_ps(p); }
+  QMM_FN static inline void store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  QMM_FN static inline T set1(float s) { return _mm512_set1_ps(s); }
+  QMM_FN static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  // (GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized.)
+  QMM_FN static inline float hsum(T v) {
+    __m512 h = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
+    __m256 h8 = _mm512_castps512_ps256(h);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  // 4-bit values dequantize through a 16-entry table s * [0..15] + b and
+  // vpermps, which uses only the low 4 bits of each index: one permute per
+  // vector instead of a mask, a conversion and an FMA. The table entries are
+  // the same fma(q, s, b) values the arithmetic would give.
+  struct Tab4 {
+    T t;
+  };
+  QMM_FN static inline Tab4 table4(T s, T b) {
+    const T iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return {_mm512_fmadd_ps(iota, s, b)};
+  }
+  QMM_FN static inline void dequant4(const uint8_t* p, const Tab4& tab, T& lo, T& hi) {
+    __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm512_permutexvar_ps(b, tab.t);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), tab.t);
+  }
+  QMM_FN static inline T unpack8(const uint8_t* p) {
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  QMM_FN static inline T from_halves(__m256i h, bool bf16) {
+    if (!bf16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  QMM_FN static inline void convert_halves(const uint16_t* src, int n, bool bf16, float* dst) {
+    int i = 0;
+    for (; i + W <= n; i += W)
+      _mm512_storeu_ps(dst + i, from_halves(_mm256_loadu_si256(
+                                                reinterpret_cast<const __m256i*>(src + i)),
+                                            bf16));
+    if (i < n) {  // a masked load never reads past the array; `dst` has room
+      const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1);
+      _mm512_storeu_ps(dst + i, from_halves(_mm256_maskz_loadu_epi16(mask, src + i), bf16));
+    }
+  }
+};
+
+}  // namespace
+}  // namespace mlxrt::qmm::avx512
+
+#include "mlxrt/src/mlx/qmm_impl.h"
+
+namespace mlxrt::qmm {
+const Kernels* kernels_avx512() { return &avx512::kKernels; }
+}  // namespace mlxrt::qmm
+
+#else
+namespace mlxrt::qmm {
+const Kernels* kernels_avx512() { return nullptr; }
+}  // namespace mlxrt::qmm
+#endif

@@ -1,0 +1,303 @@
+// The quantized-matmul kernel, written once over a small vector abstraction
+// and compiled once per instruction set. Not a normal header: a kernel file
+// includes it after defining
+//   QMM_NS   the namespace of this variant (avx512, avx2, portable)
+//   QMM_FN   attributes of every kernel function (its `target`)
+//   QMM_ISA  the `Isa` value of this variant
+// and, inside mlxrt::qmm::QMM_NS, a struct `V` with:
+//   T                         the vector type, W f32 lanes
+//   MR_DIRECT, MR_PANEL       rows of x per register tile (see below)
+//   zero, load, store, set1, fma(a, b, c) = a * b + c, hsum
+//   Tab4, table4(s, b)        per-(row, group) state for 4-bit dequantization
+//   dequant4(p, tab, lo, hi)  W bytes of 4-bit data -> s * q + b for the low
+//                             nibbles (even k) and the high nibbles (odd k)
+//   unpack8(p)                W bytes of 8-bit data as floats
+//   convert_halves(src, n, bf16, dst)  n f16 (or bfloat16) values to f32
+//                             (may write up to 16 floats past dst + n)
+//
+// Shape of the computation. Each output is a dot product along k. A register
+// tile holds MR rows of x times NR = kPanelRows rows of w as MR*NR vector
+// accumulators that run along k; they are summed horizontally once per
+// k-block. That keeps the nibble unpacking in the layout MLX stores (no
+// transposes); the k order inside a block is free because the caller
+// permutes x the same way.
+//  - Few rows of x (M <= MR_DIRECT, decode): weights are dequantized in
+//    registers and used at once; the loop streams w once, bandwidth-bound.
+//  - More rows (prefill): NR weight rows are dequantized into an f32 panel
+//    once per block of kBlockM rows of x and reused by all of them, so the
+//    dequantization cost is amortized and the loop is FMA-bound.
+// Either way the dequantized weight is fma(q, scale, bias) in f32, the value
+// MLX's own kernel uses, and products are accumulated in f32.
+// Everything here has internal linkage and no standard-library code (see
+// qmm_kernels.h for why).
+
+// Register tiles are arrays indexed by compile-time loops; they stay in
+// registers only if those loops are fully unrolled (GCC's -O2 does not).
+#define QMM_UNROLL _Pragma("GCC unroll 32")
+
+namespace mlxrt::qmm::QMM_NS {
+namespace {
+
+using T = V::T;
+constexpr int W = V::W;
+constexpr int NR = kPanelRows;
+
+QMM_FN inline int min_i(int a, int b) { return a < b ? a : b; }
+
+// A weight format: bits per value and group size, fixed at compile time so
+// the per-group loops unroll. A block is the W bytes one vector load of
+// packed weights covers: NV vectors of W values.
+template <int BITS_, int GROUP_>
+struct Q {
+  static constexpr int BITS = BITS_, GROUP = GROUP_;
+  static constexpr int NV = BITS == 4 ? 2 : 1;
+  static constexpr int BLOCK = NV * W;  // values per block
+  static constexpr int BLOCKS = GROUP / BLOCK;
+  static_assert(GROUP % BLOCK == 0, "group must hold whole blocks");
+};
+
+// Scales (or biases) [off, off + n) as f32: the array itself when it is f32,
+// else converted into `buf` with vector loads (one scalar conversion per
+// group would cost as much as the group's arithmetic at group size 32).
+template <ScaleType ST>
+QMM_FN inline const float* scales_f32(const void* base, size_t off, int n, float* buf) {
+  if constexpr (ST == ScaleType::F32) {
+    return static_cast<const float*>(base) + off;
+  } else {
+    V::convert_halves(static_cast<const uint16_t*>(base) + off, n, ST == ScaleType::BF16, buf);
+    return buf;
+  }
+}
+
+// Groups in one k-block at the smallest group size, plus room for a whole
+// vector past the end (convert_halves may store one).
+constexpr int kMaxGroups = kBlockK / 32 + 16;
+
+// Per-(row, group) dequantization state, prepared once per group.
+template <class QF>
+struct GroupTab;
+template <int G>
+struct GroupTab<Q<4, G>> {
+  V::Tab4 tab;
+  QMM_FN GroupTab(float s, float b) : tab(V::table4(V::set1(s), V::set1(b))) {}
+};
+template <int G>
+struct GroupTab<Q<8, G>> {
+  T s, b;
+  QMM_FN GroupTab(float s_, float b_) : s(V::set1(s_)), b(V::set1(b_)) {}
+};
+
+// Dequantizes block i of a group (packed data at `p`) into NV vectors.
+template <class QF>
+QMM_FN inline void dequant_block(const uint8_t* p, const GroupTab<QF>& t, int i, T* wv) {
+  if constexpr (QF::BITS == 4) {
+    V::dequant4(p + i * W, t.tab, wv[0], wv[1]);
+  } else {
+    wv[0] = V::fma(V::unpack8(p + i * W), t.s, t.b);
+  }
+}
+
+// Writes (or adds, for later k-blocks) the horizontal sums of a tile.
+template <int MR>
+QMM_FN inline void store_tile(const Problem& p, int m0, int n0, bool accumulate,
+                              T (*acc)[NR]) {
+  QMM_UNROLL
+  for (int m = 0; m < MR; ++m) {
+    float* o = p.out + static_cast<size_t>(m0 + m) * p.N + n0;
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) {
+      if (n0 + j >= p.N) break;  // (a constant-index loop keeps acc in registers)
+      float r = V::hsum(acc[m][j]);
+      o[j] = accumulate ? o[j] + r : r;
+    }
+  }
+}
+
+// Where the NR weight rows of the tile at n0 start, and their scales and
+// biases for k-block [k0, k1) as f32. Rows past N repeat the last row
+// (computed, never stored) so the inner loops need no bounds checks.
+template <class QF, ScaleType ST>
+struct TileRows {
+  const uint8_t* w[NR];
+  const float* s[NR];
+  const float* b[NR];
+  size_t row_bytes;
+  alignas(64) float sbuf[NR][kMaxGroups];
+  alignas(64) float bbuf[NR][kMaxGroups];
+
+  QMM_FN TileRows(const Problem& p, int n0, int k0, int k1) {
+    row_bytes = static_cast<size_t>(p.K) * QF::BITS / 8;
+    const size_t groups = static_cast<size_t>(p.K / QF::GROUP);
+    const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) {
+      const size_t row = static_cast<size_t>(min_i(n0 + j, p.N - 1));
+      w[j] = p.w + row * row_bytes + static_cast<size_t>(k0) * QF::BITS / 8;
+      s[j] = scales_f32<ST>(p.scales, row * groups + g0, ng, sbuf[j]);
+      b[j] = scales_f32<ST>(p.biases, row * groups + g0, ng, bbuf[j]);
+    }
+  }
+};
+
+// The direct (decode) path prefetches weights this many rows (two tiles)
+// ahead of where it reads.
+constexpr int kPrefetchRows = 2 * NR;
+
+// Bytes of packed weights per group.
+template <class QF>
+constexpr int kGroupBytes = QF::GROUP * QF::BITS / 8;
+
+// MR rows of x against NR rows of w, dequantized in registers, k in [k0, k1).
+template <class QF, ScaleType ST, int MR>
+QMM_FN void tile_direct(const Problem& p, int n0, int k0, int k1, bool accumulate) {
+  const TileRows<QF, ST> rows(p, n0, k0, k1);
+  const size_t ldx = static_cast<size_t>(p.K);
+  T acc[MR][NR];
+  QMM_UNROLL
+  for (int m = 0; m < MR; ++m)
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+
+  const int ng = (k1 - k0) / QF::GROUP;
+  for (int g = 0; g < ng; ++g) {
+    const float* x = p.x + k0 + g * QF::GROUP;
+    // One weight row at a time keeps few vectors live (AVX2 has 16).
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) {
+      const uint8_t* wg = rows.w[j] + g * kGroupBytes<QF>;
+      // Hardware prefetchers do not keep up with this stream from DRAM
+      // (the 8-bit LM head ran ~2x faster with this line).
+      __builtin_prefetch(wg + kPrefetchRows * rows.row_bytes);
+      const GroupTab<QF> tab(rows.s[j][g], rows.b[j][g]);
+      QMM_UNROLL
+      for (int i = 0; i < QF::BLOCKS; ++i) {
+        T wv[QF::NV];
+        dequant_block<QF>(wg, tab, i, wv);
+        QMM_UNROLL
+        for (int v = 0; v < QF::NV; ++v)
+          QMM_UNROLL
+          for (int m = 0; m < MR; ++m)
+            acc[m][j] = V::fma(V::load(x + m * ldx + i * QF::BLOCK + v * W), wv[v], acc[m][j]);
+      }
+    }
+  }
+  store_tile<MR>(p, 0, n0, accumulate, acc);
+}
+
+// Dequantizes NR rows of w, k in [k0, k1), into `panel` (row stride kBlockK).
+template <class QF, ScaleType ST>
+QMM_FN void fill_panel(const Problem& p, int n0, int k0, int k1, float* panel) {
+  const TileRows<QF, ST> rows(p, n0, k0, k1);
+  const int ng = (k1 - k0) / QF::GROUP;
+  for (int j = 0; j < NR; ++j) {
+    for (int g = 0; g < ng; ++g) {
+      float* dst = panel + j * kBlockK + g * QF::GROUP;
+      const uint8_t* wg = rows.w[j] + g * kGroupBytes<QF>;
+      const GroupTab<QF> tab(rows.s[j][g], rows.b[j][g]);
+      QMM_UNROLL
+      for (int i = 0; i < QF::BLOCKS; ++i) {
+        T wv[QF::NV];
+        dequant_block<QF>(wg, tab, i, wv);
+        QMM_UNROLL
+        for (int v = 0; v < QF::NV; ++v) V::store(dst + i * QF::BLOCK + v * W, wv[v]);
+      }
+    }
+  }
+}
+
+// MR rows of x against a dequantized panel, k in [k0, k1).
+template <int MR>
+QMM_FN void tile_panel(const Problem& p, const float* panel, int m0, int n0, int k0, int k1,
+                       bool accumulate) {
+  const float* x = p.x + static_cast<size_t>(m0) * p.K;
+  const size_t ldx = static_cast<size_t>(p.K);
+  T acc[MR][NR];
+  QMM_UNROLL
+  for (int m = 0; m < MR; ++m)
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+  for (int k = k0; k < k1; k += W) {
+    T wv[NR];
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) wv[j] = V::load(panel + j * kBlockK + (k - k0));
+    QMM_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const T xv = V::load(x + m * ldx + k);
+      QMM_UNROLL
+      for (int j = 0; j < NR; ++j) acc[m][j] = V::fma(xv, wv[j], acc[m][j]);
+    }
+  }
+  store_tile<MR>(p, m0, n0, accumulate, acc);
+}
+
+// Runtime row count -> compile-time register tile height (largest <= rows).
+template <class QF, ScaleType ST, int MR = V::MR_DIRECT>
+QMM_FN void direct_rows(const Problem& p, int n, int k0, int k1, bool accumulate) {
+  if constexpr (MR > 1) {
+    if (p.M < MR) return direct_rows<QF, ST, MR - 1>(p, n, k0, k1, accumulate);
+  }
+  tile_direct<QF, ST, MR>(p, n, k0, k1, accumulate);
+}
+
+template <int MR = V::MR_PANEL>
+QMM_FN void panel_rows(const Problem& p, const float* panel, int rows, int m, int n, int k0,
+                       int k1, bool accumulate) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return panel_rows<MR - 1>(p, panel, rows, m, n, k0, k1, accumulate);
+  }
+  tile_panel<MR>(p, panel, m, n, k0, k1, accumulate);
+}
+
+template <class QF, ScaleType ST>
+QMM_FN void run_typed(const Problem& p, int n0, int n1, float* panel) {
+  for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
+    const int k1 = min_i(p.K, k0 + kBlockK);
+    const bool accumulate = k0 > 0;
+    if (p.M <= V::MR_DIRECT) {
+      for (int n = n0; n < n1; n += NR) direct_rows<QF, ST>(p, n, k0, k1, accumulate);
+      continue;
+    }
+    for (int mc = 0; mc < p.M; mc += kBlockM) {
+      const int mc_end = min_i(p.M, mc + kBlockM);
+      for (int n = n0; n < n1; n += NR) {
+        fill_panel<QF, ST>(p, n, k0, k1, panel);
+        for (int m = mc; m < mc_end; m += V::MR_PANEL)
+          panel_rows(p, panel, mc_end - m, m, n, k0, k1, accumulate);
+      }
+    }
+  }
+}
+
+template <int BITS, int GROUP>
+QMM_FN void run_format(const Problem& p, int n0, int n1, float* panel) {
+  using QF = Q<BITS, GROUP>;
+  switch (p.stype) {
+    case ScaleType::F32: return run_typed<QF, ScaleType::F32>(p, n0, n1, panel);
+    case ScaleType::F16: return run_typed<QF, ScaleType::F16>(p, n0, n1, panel);
+    case ScaleType::BF16: return run_typed<QF, ScaleType::BF16>(p, n0, n1, panel);
+  }
+}
+
+template <int BITS>
+QMM_FN void run_bits(const Problem& p, int n0, int n1, float* panel) {
+  switch (p.group) {
+    case 32: return run_format<BITS, 32>(p, n0, n1, panel);
+    case 64: return run_format<BITS, 64>(p, n0, n1, panel);
+    default: return run_format<BITS, 128>(p, n0, n1, panel);
+  }
+}
+
+QMM_FN void run(const Problem& p, int n0, int n1, float* panel) {
+  if (p.bits == 4) {
+    run_bits<4>(p, n0, n1, panel);
+  } else {
+    run_bits<8>(p, n0, n1, panel);
+  }
+}
+
+const Kernels kKernels{QMM_ISA, V::W, &run, NR};
+
+}  // namespace
+}  // namespace mlxrt::qmm::QMM_NS
+
+#undef QMM_UNROLL

@@ -1,0 +1,70 @@
+// Interface between the quantized-matmul primitive (qmm.cc) and its SIMD
+// kernels (qmm_impl.h, instantiated once per instruction set by
+// qmm_avx512.cc, qmm_avx2.cc and qmm_portable.cc).
+//
+// This header is deliberately free of standard-library includes: the kernel
+// files compile code for instruction sets the host may lack, and any inline
+// library function instantiated there could be picked by the linker for the
+// whole program (an ODR hazard). Only plain structs and declarations here.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace mlxrt::qmm {
+
+// The element type of scales and biases (both always share one type).
+enum class ScaleType : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+
+// Instruction sets, best last. Codes are shared with `QmmIsa` in qmm_sys.rs.
+enum class Isa : uint8_t { Auto = 0, Portable = 1, Avx2 = 2, Avx512 = 3 };
+
+// One quantized matmul: out[M, N] = x[M, K] @ dequant(w)[N, K]^T, with
+// dequant(w)[n, k] = scale[n, k / group] * q[n, k] + bias[n, k / group] and
+// q packed little-end-first into uint32 words (MLX's affine layout).
+struct Problem {
+  // x in f32, row-major M x K. For 4-bit weights it is *permuted* inside each
+  // block of 2*lanes values (see `permute_x_4bit`), matching the order in
+  // which the kernel unpacks nibbles.
+  const float* x;
+  const uint8_t* w;       // N rows of K * bits / 8 bytes
+  const void* scales;     // N x K/group
+  const void* biases;     // N x K/group
+  float* out;             // M x N, row-major
+  int M, N, K;
+  int group, bits;
+  ScaleType stype;
+};
+
+// What one instruction-set variant provides.
+struct Kernels {
+  Isa isa;
+  int lanes;  // f32 lanes of one vector; a 4-bit block is 2*lanes values
+  // Computes output columns [n0, n1) of `p` (n0 a multiple of `tile_n`).
+  // `scratch` holds at least `scratch_floats(p.K)` floats, private to the
+  // calling thread.
+  void (*run)(const Problem& p, int n0, int n1, float* scratch);
+  int tile_n;  // weight rows per register tile
+};
+
+// Floats of per-thread scratch that `run` needs for a given K.
+size_t scratch_floats(int K);
+
+// The k-block over which panels and accumulators are blocked; a multiple of
+// every supported group size.
+constexpr int kBlockK = 2048;
+// Rows of x processed against one dequantized panel before moving on, so that
+// the x block stays in L2.
+constexpr int kBlockM = 64;
+// Weight rows dequantized into one panel.
+constexpr int kPanelRows = 4;
+// Up to this many rows of x the kernel dequantizes in registers (no panel).
+constexpr int kMaxDirectRows = 4;
+
+// Per-instruction-set entry points; a variant that was not compiled for this
+// target (e.g. AVX-512 on aarch64) is null.
+const Kernels* kernels_avx512();
+const Kernels* kernels_avx2();
+const Kernels* kernels_portable();
+
+}  // namespace mlxrt::qmm

@@ -1,0 +1,87 @@
+// Portable variant of the quantized-matmul kernel (see qmm_impl.h), built on
+// GCC/Clang vector extensions: SSE2 code on any x86-64, NEON on aarch64,
+// plain scalar code elsewhere. The fallback when no better variant applies.
+#include "mlxrt/src/mlx/qmm_kernels.h"
+
+#define QMM_FN
+#define QMM_NS portable
+#define QMM_ISA Isa::Portable
+
+namespace mlxrt::qmm::portable {
+namespace {
+
+typedef float v4f __attribute__((vector_size(16)));
+
+// IEEE binary16 -> binary32 without F16C (subnormals, inf and NaN kept).
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalize
+    int e = -1;
+    do {
+      ++e;
+      man <<= 1;
+    } while ((man & 0x400) == 0);
+    bits = sign | ((112 - e) << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct V {
+  using T = v4f;
+  static constexpr int W = 4;
+  static constexpr int MR_DIRECT = 2;
+  static constexpr int MR_PANEL = 2;
+
+  static inline T zero() { return T{0, 0, 0, 0}; }
+  static inline T load(const float* p) {
+    T v;
+    __builtin_memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static inline void store(float* p, T v) { __builtin_memcpy(p, &v, sizeof(v)); }
+  static inline T set1(float s) { return T{s, s, s, s}; }
+  static inline T fma(T a, T b, T c) { return a * b + c; }
+  static inline float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+  struct Tab4 {
+    T s, b;
+  };
+  static inline Tab4 table4(T s, T b) { return {s, b}; }
+  // Low nibbles are the even k of a block, high nibbles the odd k.
+  static inline void dequant4(const uint8_t* p, const Tab4& tab, T& lo, T& hi) {
+    lo = T{float(p[0] & 15), float(p[1] & 15), float(p[2] & 15), float(p[3] & 15)};
+    hi = T{float(p[0] >> 4), float(p[1] >> 4), float(p[2] >> 4), float(p[3] >> 4)};
+    lo = fma(lo, tab.s, tab.b);
+    hi = fma(hi, tab.s, tab.b);
+  }
+  static inline T unpack8(const uint8_t* p) {
+    return T{float(p[0]), float(p[1]), float(p[2]), float(p[3])};
+  }
+  static inline void convert_halves(const uint16_t* src, int n, bool bf16, float* dst) {
+    for (int i = 0; i < n; ++i) {
+      if (bf16) {
+        uint32_t u = static_cast<uint32_t>(src[i]) << 16;
+        __builtin_memcpy(dst + i, &u, 4);
+      } else {
+        dst[i] = half_to_float(src[i]);
+      }
+    }
+  }
+};
+
+}  // namespace
+}  // namespace mlxrt::qmm::portable
+
+#include "mlxrt/src/mlx/qmm_impl.h"
+
+namespace mlxrt::qmm {
+const Kernels* kernels_portable() { return &portable::kKernels; }
+}  // namespace mlxrt::qmm

@@ -1,0 +1,28 @@
+//! The cxx bridge to `qmm.h` (the CPU quantized-matmul primitive and CPU
+//! backend queries). Raw declarations only; the safe API is in `qmm.rs`.
+
+#[cxx::bridge(namespace = "mlxrt::qmm")]
+pub(crate) mod ffi {
+    unsafe extern "C++" {
+        include!("mlxrt/src/mlx/qmm.h");
+
+        #[namespace = "mlx::core"]
+        type array = crate::mlx::sys::ffi::array;
+
+        fn fast_quantized_matmul(
+            x: &array,
+            w: &array,
+            scales: &array,
+            biases: &array,
+            group_size: i32,
+            bits: i32,
+            isa: u8,
+        ) -> Result<UniquePtr<array>>;
+        fn best_isa() -> u8;
+        fn isa_available(isa: u8) -> bool;
+        fn fast_node_isa(a: &array) -> u8;
+        fn pool_threads() -> usize;
+        fn blas_library() -> String;
+        fn blas_threads() -> i32;
+    }
+}
