@@ -52,6 +52,18 @@
 #define MLXRT_DEVICE_GPU 2
 
 /**
+ * `mlxrt_engine_config.kernels`: mlxrt's quantized-matmul kernels on the
+ * CPU, MLX's own on other devices.
+ */
+#define MLXRT_KERNELS_AUTO 0
+
+/**
+ * `mlxrt_engine_config.kernels`: MLX's stock kernels everywhere (exact
+ * comparisons with Python mlx-lm).
+ */
+#define MLXRT_KERNELS_STOCK 1
+
+/**
  * Result of every fallible call. Values are never renumbered.
  */
 enum mlxrt_status
@@ -242,6 +254,10 @@ typedef struct mlxrt_engine_config {
    * generating; bounds their inter-token latency (default 256).
    */
   uint32_t step_token_budget;
+  /**
+   * One of `MLXRT_KERNELS_*` (default AUTO).
+   */
+  int32_t kernels;
 } mlxrt_engine_config;
 
 /**

@@ -8,7 +8,7 @@ use common::*;
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
 use mlxrt::mlx::io::TensorFile;
 use mlxrt::mlx::{self, Array};
-use mlxrt::model::{load, LoadOptions, LoadedModel, Output};
+use mlxrt::model::{load, Kernels, LoadOptions, LoadedModel, Output};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
@@ -146,6 +146,8 @@ fn check_against_reference(m: &LoadedModel, label: &str) -> Vec<Vec<Vec<f32>>> {
 
 #[test]
 fn gguf_and_folder_match_mlx_lm_and_each_other() {
+    // mlxrt's CPU kernels (the default) and MLX's stock kernels (what mlx-lm
+    // runs) both stay within LOGIT_TOL of mlx-lm with identical tokens.
     let o = oracle();
     let gguf = load(&model_path(), &LoadOptions::default()).unwrap();
     let from_gguf = check_against_reference(&gguf, "gguf");
@@ -155,6 +157,9 @@ fn gguf_and_folder_match_mlx_lm_and_each_other() {
     for (a, b) in from_gguf.iter().flatten().zip(from_folder.iter().flatten()) {
         assert!(max_abs_diff(a, b) <= 1e-4, "GGUF and folder logits differ");
     }
+    drop(folder);
+    let stock = load(&model_path(), &LoadOptions { kernels: Kernels::Stock, ..LoadOptions::default() }).unwrap();
+    check_against_reference(&stock, "gguf-stock-kernels");
 }
 
 #[test]

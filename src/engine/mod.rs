@@ -8,11 +8,14 @@
 mod batch;
 mod cohort;
 mod delivery;
+pub mod log;
 mod planner;
 pub mod request;
 mod row;
 mod scheduler;
 
+pub use crate::model::Kernels;
+pub use log::{LogLevel, Logger};
 pub use request::{Event, EventSink, FinishReason, Input, RequestOptions, Usage};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -56,6 +59,9 @@ pub struct EngineConfig {
     pub step_token_budget: usize,
     /// Base seed for requests that do not give one.
     pub seed: u64,
+    /// Quantized-matmul kernels: mlxrt's on the CPU (default) or MLX's stock.
+    pub kernels: Kernels,
+    pub logger: Logger,
 }
 
 impl EngineConfig {
@@ -69,6 +75,8 @@ impl EngineConfig {
             prefill_chunk: 2048,
             step_token_budget: 256,
             seed: 0,
+            kernels: Kernels::Auto,
+            logger: Logger::default(),
         }
     }
 

@@ -14,7 +14,7 @@ use super::delivery::{self, DeliveryTx, Msg};
 use super::planner::{self, CohortView, Limits, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
-use super::{Device, EngineConfig, Shared};
+use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::mlx;
 use crate::model::load::TextAssets;
@@ -111,7 +111,10 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
             }
             Device::Auto => {}
         }
-        model::load(&config.model_path, &LoadOptions { cpu_f32_scales: true })
+        let t0 = std::time::Instant::now();
+        let m = model::load(&config.model_path, &LoadOptions { cpu_f32_scales: true, kernels: config.kernels })?;
+        log_startup(&config, &m, t0.elapsed());
+        Ok(m)
     })();
     let loaded = match loaded {
         Ok(l) => l,
@@ -137,6 +140,35 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
         config,
     };
     s.run(rx);
+}
+
+/// Says what runs the model, and warns about a slow setup.
+fn log_startup(config: &EngineConfig, m: &model::LoadedModel, took: std::time::Duration) {
+    let log = &config.logger;
+    let gpu = mlx::device::default_is_gpu();
+    let info = m.model.info();
+    log.log(
+        LogLevel::Info,
+        format!(
+            "loaded {} ({}, {} layers, {:.1} MB of parameters) in {:.2} s on the {}; MLX {}; kernels {:?}",
+            config.model_path.display(),
+            info.architecture,
+            info.num_layers,
+            m.parameter_bytes as f64 / 1e6,
+            took.as_secs_f64(),
+            if gpu { "GPU" } else { "CPU" },
+            mlx::version(),
+            config.kernels,
+        ),
+    );
+    if !gpu {
+        let blas = mlx::blas_info();
+        let level = if blas.is_openblas() { LogLevel::Info } else { LogLevel::Warn };
+        log.log(level, format!("dense CPU matmuls use {blas}"));
+        if !blas.is_openblas() {
+            log.log(LogLevel::Warn, "install OpenBLAS (Debian: libopenblas0-pthread) and rebuild mlxrt for fast dense matmuls");
+        }
+    }
 }
 
 impl Scheduler<'_> {

@@ -2,7 +2,7 @@
 
 use super::args::{req_str, versioned};
 use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
-use crate::engine::{Device, Engine, EngineConfig};
+use crate::engine::{Device, Engine, EngineConfig, Kernels};
 use crate::error::Error;
 use std::ffi::c_char;
 use std::mem::size_of;
@@ -20,6 +20,13 @@ pub const MLXRT_DEVICE_AUTO: i32 = 0;
 pub const MLXRT_DEVICE_CPU: i32 = 1;
 /// `mlxrt_engine_config.device`: the GPU (Metal or CUDA).
 pub const MLXRT_DEVICE_GPU: i32 = 2;
+
+/// `mlxrt_engine_config.kernels`: mlxrt's quantized-matmul kernels on the
+/// CPU, MLX's own on other devices.
+pub const MLXRT_KERNELS_AUTO: i32 = 0;
+/// `mlxrt_engine_config.kernels`: MLX's stock kernels everywhere (exact
+/// comparisons with Python mlx-lm).
+pub const MLXRT_KERNELS_STOCK: i32 = 1;
 
 /// Engine settings. Fill with `mlxrt_engine_config_init`, then set fields.
 /// Fields are only ever appended; `struct_size` tells the library which ones
@@ -51,6 +58,8 @@ pub struct mlxrt_engine_config {
     /// Prompt tokens one scheduler step may prefill while other requests are
     /// generating; bounds their inter-token latency (default 256).
     pub step_token_budget: u32,
+    /// One of `MLXRT_KERNELS_*` (default AUTO).
+    pub kernels: i32,
 }
 
 const CONFIG_V1_SIZE: usize = size_of::<mlxrt_engine_config>();
@@ -67,6 +76,7 @@ fn default_config() -> mlxrt_engine_config {
         max_rows: d.max_rows as u32,
         kv_budget: d.kv_budget as u64,
         step_token_budget: d.step_token_budget as u32,
+        kernels: MLXRT_KERNELS_AUTO,
     }
 }
 
@@ -105,7 +115,13 @@ pub extern "C" fn mlxrt_engine_create(
             MLXRT_DEVICE_GPU => Device::Gpu,
             other => return Err(Error::invalid(format!("config.device {other} is not a MLXRT_DEVICE_* value"))),
         };
+        let kernels = match c.kernels {
+            MLXRT_KERNELS_AUTO => Kernels::Auto,
+            MLXRT_KERNELS_STOCK => Kernels::Stock,
+            other => return Err(Error::invalid(format!("config.kernels {other} is not a MLXRT_KERNELS_* value"))),
+        };
         let mut cfg = EngineConfig::new(path);
+        cfg.kernels = kernels;
         cfg.device = device;
         cfg.max_in_flight = c.max_in_flight as usize;
         cfg.prefill_chunk = c.prefill_chunk as usize;

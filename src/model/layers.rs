@@ -3,7 +3,7 @@
 
 use crate::cache::Positions;
 use crate::error::{Error, Result};
-use crate::mlx::{dequantize, fast, quantized_matmul, Array};
+use crate::mlx::{dequantize, fast, fast_quantized_matmul, quantized_matmul, Array};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,22 +12,72 @@ pub struct QuantSpec {
     pub bits: i32,
 }
 
+/// Which quantized-matmul kernels the model uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernels {
+    /// mlxrt's CPU kernel on the CPU device (see docs/cpu-kernels.md), MLX's
+    /// own elsewhere.
+    #[default]
+    Auto,
+    /// MLX's stock kernels everywhere (for exact comparisons with mlx-lm).
+    Stock,
+}
+
+/// `x @ dequantize(w).T` with the chosen kernels.
+fn qmm(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec, kernels: Kernels) -> Result<Array> {
+    Ok(match kernels {
+        Kernels::Auto => fast_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits)?,
+        Kernels::Stock => quantized_matmul(x, w, scales, biases, true, spec.group_size, spec.bits)?,
+    })
+}
+
 pub enum Linear {
     Dense { w: Array, b: Option<Array> },
-    Quantized { w: Array, scales: Array, biases: Array, b: Option<Array>, spec: QuantSpec },
+    Quantized { w: Array, scales: Array, biases: Array, b: Option<Array>, spec: QuantSpec, kernels: Kernels },
 }
 
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, b) = match self {
             Linear::Dense { w, b } => (x.matmul(&w.transpose(&[1, 0])?)?, b),
-            Linear::Quantized { w, scales, biases, b, spec } => {
-                (quantized_matmul(x, w, scales, biases, true, spec.group_size, spec.bits)?, b)
-            }
+            Linear::Quantized { w, scales, biases, b, spec, kernels } => (qmm(x, w, scales, biases, *spec, *kernels)?, b),
         };
         match b {
             Some(b) => Ok(y.add(b)?),
             None => Ok(y),
+        }
+    }
+
+    fn weight(&self) -> &Array {
+        match self {
+            Linear::Dense { w, .. } | Linear::Quantized { w, .. } => w,
+        }
+    }
+
+    /// Packed weight, scales and biases of a quantized layer.
+    fn quantized(&self) -> Option<[&Array; 3]> {
+        match self {
+            Linear::Quantized { w, scales, biases, .. } => Some([w, scales, biases]),
+            Linear::Dense { .. } => None,
+        }
+    }
+
+    fn bias(&self) -> Option<&Array> {
+        match self {
+            Linear::Dense { b, .. } | Linear::Quantized { b, .. } => b.as_ref(),
+        }
+    }
+
+    fn stackable_with(&self, other: &Linear) -> bool {
+        let same_bias = self.bias().is_some() == other.bias().is_some();
+        let same_dtype = self.weight().dtype() == other.weight().dtype();
+        match (self, other) {
+            (Linear::Dense { .. }, Linear::Dense { .. }) => same_bias && same_dtype,
+            (
+                Linear::Quantized { spec: a, kernels: ka, scales: sa, .. },
+                Linear::Quantized { spec: b, kernels: kb, scales: sb, .. },
+            ) => same_bias && a == b && ka == kb && sa.dtype() == sb.dtype(),
+            _ => false,
         }
     }
 
@@ -39,9 +89,85 @@ impl Linear {
     }
 }
 
+/// Several linear layers with the same input, run as one matrix product
+/// (their output rows stacked at load; rows are independent, so the result
+/// is the same) and split after: one kernel call instead of several.
+pub struct FusedLinear {
+    lin: Linear,
+    /// Output size of each part.
+    sizes: Vec<i32>,
+}
+
+impl FusedLinear {
+    /// Stacks `parts` when they are alike (all dense, or all quantized the
+    /// same way, biases on all or none); otherwise keeps them apart.
+    pub fn new(parts: Vec<(Linear, i32)>) -> Result<Either> {
+        let same = parts.windows(2).all(|w| w[0].0.stackable_with(&w[1].0));
+        if !same {
+            return Ok(Either::Separate(parts.into_iter().map(|(l, _)| l).collect()));
+        }
+        let sizes = parts.iter().map(|(_, n)| *n).collect();
+        let lins: Vec<Linear> = parts.into_iter().map(|(l, _)| l).collect();
+        let cat = |f: &dyn Fn(&Linear) -> Option<&Array>| -> Result<Option<Array>> {
+            let v: Option<Vec<&Array>> = lins.iter().map(f).collect();
+            v.map(|v| Array::concatenate(&v, 0)).transpose().map_err(Into::into)
+        };
+        let b = cat(&|l| l.bias())?;
+        let lin = match &lins[0] {
+            Linear::Dense { .. } => Linear::Dense { w: cat(&|l| Some(l.weight()))?.expect("all parts have weights"), b },
+            Linear::Quantized { spec, kernels, .. } => Linear::Quantized {
+                w: cat(&|l| l.quantized().map(|q| q[0]))?.expect("stackable parts are quantized"),
+                scales: cat(&|l| l.quantized().map(|q| q[1]))?.expect("stackable parts are quantized"),
+                biases: cat(&|l| l.quantized().map(|q| q[2]))?.expect("stackable parts are quantized"),
+                b,
+                spec: *spec,
+                kernels: *kernels,
+            },
+        };
+        Ok(Either::Fused(FusedLinear { lin, sizes }))
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        let y = self.lin.forward(x)?;
+        let mut out = Vec::with_capacity(self.sizes.len());
+        let mut at = 0;
+        for n in &self.sizes {
+            out.push(y.slice_axis(-1, at, at + n)?);
+            at += n;
+        }
+        Ok(out)
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        self.lin.arrays()
+    }
+}
+
+/// Layers that share an input: fused when possible.
+pub enum Either {
+    Fused(FusedLinear),
+    Separate(Vec<Linear>),
+}
+
+impl Either {
+    pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
+        match self {
+            Either::Fused(f) => f.forward(x),
+            Either::Separate(v) => v.iter().map(|l| l.forward(x)).collect(),
+        }
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Either::Fused(f) => f.arrays(),
+            Either::Separate(v) => v.iter().flat_map(Linear::arrays).collect(),
+        }
+    }
+}
+
 pub enum Embedding {
     Dense { w: Array },
-    Quantized { w: Array, scales: Array, biases: Array, spec: QuantSpec },
+    Quantized { w: Array, scales: Array, biases: Array, spec: QuantSpec, kernels: Kernels },
 }
 
 impl Embedding {
@@ -49,7 +175,7 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match self {
             Embedding::Dense { w } => Ok(w.take(ids, 0)?),
-            Embedding::Quantized { w, scales, biases, spec } => Ok(dequantize(
+            Embedding::Quantized { w, scales, biases, spec, .. } => Ok(dequantize(
                 &w.take(ids, 0)?,
                 &scales.take(ids, 0)?,
                 &biases.take(ids, 0)?,
@@ -63,9 +189,7 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
             Embedding::Dense { w } => Ok(x.matmul(&w.transpose(&[1, 0])?)?),
-            Embedding::Quantized { w, scales, biases, spec } => {
-                Ok(quantized_matmul(x, w, scales, biases, true, spec.group_size, spec.bits)?)
-            }
+            Embedding::Quantized { w, scales, biases, spec, kernels } => qmm(x, w, scales, biases, *spec, *kernels),
         }
     }
 

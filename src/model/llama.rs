@@ -2,7 +2,7 @@
 //! configs): pre-norm decoder blocks with grouped-query attention, RoPE and a
 //! SwiGLU MLP. Tensor names follow the Hugging Face checkpoint.
 
-use super::layers::{Embedding, Linear, RmsNorm, Rope};
+use super::layers::{Either, Embedding, FusedLinear, Linear, RmsNorm, Rope};
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::{AttnMask, KvCache, Positions};
@@ -79,9 +79,8 @@ impl LlamaConfig {
 }
 
 struct Attention {
-    q: Linear,
-    k: Linear,
-    v: Linear,
+    /// q, k and v projections.
+    qkv: Either,
     o: Linear,
     heads: i32,
     kv_heads: i32,
@@ -96,9 +95,11 @@ impl Attention {
         let split = |y: Array, h: i32| -> Result<Array> {
             Ok(y.reshape(&[b, l, h, self.head_dim])?.transpose(&[0, 2, 1, 3])?)
         };
-        let q = split(self.q.forward(x)?, self.heads)?;
-        let k = split(self.k.forward(x)?, self.kv_heads)?;
-        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        let mut qkv = self.qkv.forward(x)?.into_iter();
+        let mut next = || qkv.next().expect("three projections");
+        let q = split(next(), self.heads)?;
+        let k = split(next(), self.kv_heads)?;
+        let v = split(next(), self.kv_heads)?;
         let q = rope.forward(&q, pos)?;
         let k = rope.forward(&k, pos)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
@@ -109,14 +110,15 @@ impl Attention {
 }
 
 struct Mlp {
-    gate: Linear,
-    up: Linear,
+    /// gate and up projections.
+    gate_up: Either,
     down: Linear,
 }
 
 impl Mlp {
     fn forward(&self, x: &Array) -> Result<Array> {
-        let h = self.gate.forward(x)?.silu()?.multiply(&self.up.forward(x)?)?;
+        let gu = self.gate_up.forward(x)?;
+        let h = gu[0].silu()?.multiply(&gu[1])?;
         self.down.forward(&h)
     }
 }
@@ -151,9 +153,11 @@ impl Llama {
             let p = format!("model.layers.{i}");
             let ab = cfg.attention_bias;
             let attn = Attention {
-                q: w.linear(&format!("{p}.self_attn.q_proj"), d, nh * hd, ab)?,
-                k: w.linear(&format!("{p}.self_attn.k_proj"), d, nkv * hd, ab)?,
-                v: w.linear(&format!("{p}.self_attn.v_proj"), d, nkv * hd, ab)?,
+                qkv: FusedLinear::new(vec![
+                    (w.linear(&format!("{p}.self_attn.q_proj"), d, nh * hd, ab)?, nh * hd),
+                    (w.linear(&format!("{p}.self_attn.k_proj"), d, nkv * hd, ab)?, nkv * hd),
+                    (w.linear(&format!("{p}.self_attn.v_proj"), d, nkv * hd, ab)?, nkv * hd),
+                ])?,
                 o: w.linear(&format!("{p}.self_attn.o_proj"), nh * hd, d, ab)?,
                 heads: nh,
                 kv_heads: nkv,
@@ -163,8 +167,10 @@ impl Llama {
             let f = cfg.intermediate_size;
             let mb = cfg.mlp_bias;
             let mlp = Mlp {
-                gate: w.linear(&format!("{p}.mlp.gate_proj"), d, f, mb)?,
-                up: w.linear(&format!("{p}.mlp.up_proj"), d, f, mb)?,
+                gate_up: FusedLinear::new(vec![
+                    (w.linear(&format!("{p}.mlp.gate_proj"), d, f, mb)?, f),
+                    (w.linear(&format!("{p}.mlp.up_proj"), d, f, mb)?, f),
+                ])?,
                 down: w.linear(&format!("{p}.mlp.down_proj"), f, d, mb)?,
             };
             blocks.push(Block {
@@ -231,9 +237,10 @@ impl LanguageModel for Llama {
     fn parameters(&self) -> Vec<&Array> {
         let mut v = self.embed.arrays();
         for b in &self.blocks {
-            for l in [&b.attn.q, &b.attn.k, &b.attn.v, &b.attn.o, &b.mlp.gate, &b.mlp.up, &b.mlp.down] {
-                v.extend(l.arrays());
-            }
+            v.extend(b.attn.qkv.arrays());
+            v.extend(b.mlp.gate_up.arrays());
+            v.extend(b.attn.o.arrays());
+            v.extend(b.mlp.down.arrays());
             v.push(&b.input_norm.w);
             v.push(&b.post_norm.w);
         }

@@ -11,6 +11,7 @@ use crate::cache::KvCache;
 use crate::error::Result;
 use crate::mlx::Array;
 
+pub use layers::Kernels;
 pub use load::{load, LoadOptions, LoadedModel};
 
 /// What a forward pass should produce.

@@ -1,7 +1,7 @@
 //! A checkpoint's tensors by name, taken one by one while a model is built, so
 //! a missing or misshapen tensor fails the load with its name.
 
-use super::layers::{Embedding, Linear, QuantSpec};
+use super::layers::{Embedding, Kernels, Linear, QuantSpec};
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
 use std::collections::{BTreeMap, HashMap};
@@ -26,11 +26,12 @@ pub struct Weights {
     /// Quantization scales/biases are cast to this dtype at load (f32 on the
     /// CPU device, where f16 scales take a much slower kernel path).
     scale_dtype: Option<Dtype>,
+    kernels: Kernels,
 }
 
 impl Weights {
-    pub fn new(tensors: HashMap<String, Array>, quant: QuantConfig, scale_dtype: Option<Dtype>) -> Weights {
-        Weights { tensors, quant, scale_dtype }
+    pub fn new(tensors: HashMap<String, Array>, quant: QuantConfig, scale_dtype: Option<Dtype>, kernels: Kernels) -> Weights {
+        Weights { tensors, quant, scale_dtype, kernels }
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -79,7 +80,7 @@ impl Weights {
             return Ok(Linear::Dense { w, b });
         }
         let (w, scales, biases, spec) = self.quantized(prefix, in_dim, out_dim)?;
-        Ok(Linear::Quantized { w, scales, biases, b, spec })
+        Ok(Linear::Quantized { w, scales, biases, b, spec, kernels: self.kernels })
     }
 
     /// A token embedding table `prefix` of `vocab` rows × `dim`.
@@ -89,7 +90,7 @@ impl Weights {
             return Ok(Embedding::Dense { w });
         }
         let (w, scales, biases, spec) = self.quantized(prefix, dim, vocab)?;
-        Ok(Embedding::Quantized { w, scales, biases, spec })
+        Ok(Embedding::Quantized { w, scales, biases, spec, kernels: self.kernels })
     }
 
     fn quantized(&mut self, prefix: &str, in_dim: i32, out_dim: i32) -> Result<(Array, Array, Array, QuantSpec)> {
