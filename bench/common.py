@@ -73,6 +73,17 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+def percentile(xs, q):
+    """q-th percentile (0..100) of xs, linear interpolation between order statistics."""
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
 def medians(rounds, keys):
     """{key: median over rounds} for a list of per-round dicts."""
     return {k: median([r[k] for r in rounds]) for k in keys}

@@ -261,6 +261,45 @@ typedef struct mlxrt_engine_config {
 } mlxrt_engine_config;
 
 /**
+ * Engine counters, filled by `mlxrt_engine_get_stats`. Set `struct_size`
+ * to `sizeof(mlxrt_engine_stats)` first; fields are only ever appended.
+ */
+typedef struct mlxrt_engine_stats {
+  size_t struct_size;
+  /**
+   * Requests waiting for admission.
+   */
+  uint64_t queued;
+  /**
+   * Requests prefilling or generating.
+   */
+  uint64_t active;
+  /**
+   * Requests submitted and not yet ended (queued + active + those whose
+   * terminal event is being delivered).
+   */
+  uint64_t in_flight;
+  /**
+   * Requests ended since the engine started.
+   */
+  uint64_t completed;
+  /**
+   * Bytes held by KV caches now.
+   */
+  uint64_t kv_bytes;
+  /**
+   * Bytes of KV cache reserved by running requests (prompt + max_tokens).
+   */
+  uint64_t kv_reserved;
+  /**
+   * MLX allocator: bytes in use, peak, and held in its cache.
+   */
+  uint64_t active_memory;
+  uint64_t peak_memory;
+  uint64_t cache_memory;
+} mlxrt_engine_stats;
+
+/**
  * Request settings. Fill with `mlxrt_request_params_init`, then set exactly
  * one input (`messages_json`, `prompt` or `prompt_tokens`). Everything is
  * copied by `mlxrt_request_submit`.
@@ -461,6 +500,15 @@ mlxrt_status mlxrt_engine_create(const struct mlxrt_engine_config *config,
  * no-op.
  */
 void mlxrt_engine_destroy(struct mlxrt_engine *engine);
+
+/**
+ * Writes the engine's current counters to `*out` (the first
+ * `out->struct_size` bytes). They are published by the engine's thread
+ * after every step, so they lag a request's events by a moment.
+ */
+mlxrt_status mlxrt_engine_get_stats(const struct mlxrt_engine *engine,
+                                    struct mlxrt_engine_stats *out,
+                                    struct mlxrt_error **error);
 
 /**
  * The status of an error (`MLXRT_STATUS_INVALID_ARGUMENT` for NULL).

@@ -9,6 +9,7 @@ mod batch;
 mod cohort;
 mod delivery;
 pub mod log;
+mod pacing;
 mod planner;
 pub mod request;
 mod row;

@@ -11,7 +11,8 @@
 //!   in its unprocessed positions.
 //! - Prefill chunk: with nothing decoding, the prefill chunk size (latency of
 //!   others does not matter); with rows decoding, the per-step token budget
-//!   split over the cohort's rows, so decode steps keep coming.
+//!   split over the cohort's rows, and at most the pacing cap (see
+//!   `pacing`), so decode steps keep coming.
 
 /// A waiting request, as the planner sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +39,8 @@ pub(crate) struct Limits {
     pub kv_budget: usize,
     pub prefill_chunk: usize,
     pub step_budget: usize,
+    /// Per-row positions a chunk may take while rows decode (pacing).
+    pub pace_cap: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,7 +98,11 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
         };
     }
     let full = chunk_pref.unwrap_or(l.prefill_chunk).min(l.prefill_chunk).max(1);
-    let chunk = if s.decoding == 0 { full } else { (l.step_budget / cohort_rows.max(1)).clamp(1, full) };
+    let chunk = if s.decoding == 0 {
+        full
+    } else {
+        (l.step_budget / cohort_rows.max(1)).min(l.pace_cap).clamp(1, full)
+    };
     Plan { admit, new_cohort: new_cohort && admit > 0, chunk }
 }
 
@@ -103,7 +110,7 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
 mod tests {
     use super::*;
 
-    const L: Limits = Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256 };
+    const L: Limits = Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256, pace_cap: 1000 };
 
     fn w(len: usize, kv: usize) -> Waiting {
         Waiting { prompt_len: len, kv_need: kv, chunk: None }
@@ -144,6 +151,14 @@ mod tests {
         let q = [w(40, 10), w(60, 10), w(10, 10)];
         let p = plan(&State { decoding: 0, cohort: c, waiting: &q, kv_reserved: 0 }, &L);
         assert_eq!(p, Plan { admit: 1, new_cohort: false, chunk: 2048 });
+    }
+
+    #[test]
+    fn pacing_caps_chunks_only_while_decoding() {
+        let q = [w(100, 10)];
+        let l = Limits { pace_cap: 8, ..L };
+        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &l).chunk, 2048);
+        assert_eq!(plan(&State { decoding: 3, cohort: None, waiting: &q, kv_reserved: 0 }, &l).chunk, 8);
     }
 
     #[test]

@@ -4,13 +4,15 @@
 //!      prefill cohort,
 //!   2. schedule the next decode step for all generating rows (async),
 //!   3. read the previous step's tokens, emit them, drop rows that ended,
-//!   4. run one prefill chunk of the cohort (bounded by the step budget while
-//!      rows decode); a finished cohort joins the decode batch.
+//!   4. run one prefill chunk of the cohort (bounded by the step budget and
+//!      the pacing cap while rows decode); a finished cohort joins the
+//!      decode batch.
 //! Commands (submit, cancel, shutdown) are taken between iterations.
 
 use super::batch::DecodeBatch;
 use super::cohort::Cohort;
 use super::delivery::{self, DeliveryTx, Msg};
+use super::pacing::Pacer;
 use super::planner::{self, CohortView, Limits, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
@@ -24,6 +26,7 @@ use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 pub(crate) enum Command {
     Submit(Job),
@@ -97,6 +100,7 @@ struct Scheduler<'a> {
     kv_reserved: usize,
     ctx_len: usize,
     seed_counter: u64,
+    pacer: Pacer,
 }
 
 fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &Sender<Ready>, dtx: &DeliveryTx) {
@@ -137,6 +141,7 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
         kv_reserved: 0,
         ctx_len: info.context_length.max(0) as usize,
         seed_counter: config.seed,
+        pacer: Pacer::new(config.step_token_budget),
         config,
     };
     s.run(rx);
@@ -202,6 +207,7 @@ impl Scheduler<'_> {
             kv_budget: self.config.kv_budget,
             prefill_chunk: self.config.prefill_chunk,
             step_budget: self.config.step_token_budget,
+            pace_cap: self.pacer.cap(),
         }
     }
 
@@ -221,13 +227,22 @@ impl Scheduler<'_> {
         if let Err(e) = self.admit(plan.admit) {
             self.fail_cohort(e);
         }
+        let t0 = Instant::now();
+        let decoding = !self.batch.is_empty();
         if let Err(e) = self.decode() {
             let n = self.batch.rows.len();
             let freed = self.batch.end_all(|r| r.fail(e.clone()));
             self.rows_ended(n, freed);
         }
+        let prefilling = self.cohort.is_some();
         if let Err(e) = self.prefill(plan.chunk) {
             self.fail_cohort(e);
+        }
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        match (decoding, prefilling) {
+            (true, false) => self.pacer.decoded(ms),
+            (true, true) => self.pacer.decoded_and_prefilled(ms),
+            _ => {}
         }
     }
 

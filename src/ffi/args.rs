@@ -77,3 +77,28 @@ pub(crate) fn versioned<T: Copy>(p: *const T, defaults: T, min_size: usize, what
     unsafe { *(&mut out as *mut T as *mut usize) = ours };
     Ok(out)
 }
+
+/// Writes an output struct whose first field is `size_t struct_size` (set by
+/// the caller): the first min(struct_size, ours) bytes, so an older caller
+/// gets the fields it knows.
+pub(crate) fn write_versioned<T: Copy>(p: *mut T, value: T, what: &str) -> Result<()> {
+    if p.is_null() {
+        return Err(Error::invalid(format!("{what} is NULL")));
+    }
+    // SAFETY: every versioned struct starts with a `size_t struct_size`.
+    let size = unsafe { *(p as *const usize) };
+    if size < size_of::<usize>() {
+        return Err(Error::invalid(format!("{what}.struct_size is {size}; set it to the struct's sizeof")));
+    }
+    let n = size.min(size_of::<T>());
+    // SAFETY: the caller's struct has `size` bytes; we write at most that many
+    // and keep its own struct_size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&value as *const T as *const u8).add(size_of::<usize>()),
+            (p as *mut u8).add(size_of::<usize>()),
+            n - size_of::<usize>(),
+        )
+    };
+    Ok(())
+}

@@ -151,3 +151,56 @@ pub extern "C" fn mlxrt_engine_destroy(engine: *mut mlxrt_engine) {
         }
     })
 }
+
+/// Engine counters, filled by `mlxrt_engine_get_stats`. Set `struct_size`
+/// to `sizeof(mlxrt_engine_stats)` first; fields are only ever appended.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct mlxrt_engine_stats {
+    pub struct_size: usize,
+    /// Requests waiting for admission.
+    pub queued: u64,
+    /// Requests prefilling or generating.
+    pub active: u64,
+    /// Requests submitted and not yet ended (queued + active + those whose
+    /// terminal event is being delivered).
+    pub in_flight: u64,
+    /// Requests ended since the engine started.
+    pub completed: u64,
+    /// Bytes held by KV caches now.
+    pub kv_bytes: u64,
+    /// Bytes of KV cache reserved by running requests (prompt + max_tokens).
+    pub kv_reserved: u64,
+    /// MLX allocator: bytes in use, peak, and held in its cache.
+    pub active_memory: u64,
+    pub peak_memory: u64,
+    pub cache_memory: u64,
+}
+
+/// Writes the engine's current counters to `*out` (the first
+/// `out->struct_size` bytes). They are published by the engine's thread
+/// after every step, so they lag a request's events by a moment.
+#[no_mangle]
+pub extern "C" fn mlxrt_engine_get_stats(
+    engine: *const mlxrt_engine,
+    out: *mut mlxrt_engine_stats,
+    error: *mut *mut mlxrt_error,
+) -> mlxrt_status {
+    guard(error, || {
+        let engine = &super::args::reference(engine, "engine")?.engine;
+        let s = engine.stats();
+        let stats = mlxrt_engine_stats {
+            struct_size: size_of::<mlxrt_engine_stats>(),
+            queued: s.queued as u64,
+            active: s.active as u64,
+            in_flight: s.in_flight as u64,
+            completed: s.completed,
+            kv_bytes: s.kv_bytes as u64,
+            kv_reserved: s.kv_reserved as u64,
+            active_memory: s.active_memory as u64,
+            peak_memory: s.peak_memory as u64,
+            cache_memory: s.cache_memory as u64,
+        };
+        super::args::write_versioned(out, stats, "out")
+    })
+}

@@ -293,6 +293,10 @@ static void test_submit_errors(mlxrt_engine *e) {
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "params struct_size");
 
   CHECK(mlxrt_request_cancel(NULL, NULL) == MLXRT_STATUS_INVALID_ARGUMENT, "cancel(NULL)");
+  mlxrt_engine_stats st = {0};
+  expect_error(mlxrt_engine_get_stats(NULL, &st, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "stats of NULL engine");
+  expect_error(mlxrt_engine_get_stats(e, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "stats into NULL");
+  expect_error(mlxrt_engine_get_stats(e, &st, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "stats struct_size 0");
   CHECK(r.freed == 0 && r.deltas == 0 && r.terminals == 0, "failed submits must not call back (%d %d %d)",
         r.freed, r.deltas, r.terminals);
 }
@@ -317,6 +321,21 @@ static void test_streaming(mlxrt_engine *e) {
         r.finish_reason);
   CHECK(r.n_tokens >= 1 && r.n_tokens <= r.completion_tokens, "tokens %u / %u", r.n_tokens,
         r.completion_tokens);
+  /* stats: the request ended, so it no longer counts as in flight */
+  mlxrt_engine_stats st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  CHECK(mlxrt_engine_get_stats(e, &st, NULL) == MLXRT_STATUS_OK, "get_stats");
+  CHECK(st.in_flight == 0 && st.completed >= 1 && st.active_memory > 0, "stats in_flight %llu completed %llu",
+        (unsigned long long)st.in_flight, (unsigned long long)st.completed);
+  /* an older caller's smaller struct gets only the fields it knows */
+  struct {
+    size_t struct_size;
+    uint64_t queued;
+    uint64_t canary;
+  } old = {sizeof(size_t) + sizeof(uint64_t), 99, 12345};
+  CHECK(mlxrt_engine_get_stats(e, (mlxrt_engine_stats *)&old, NULL) == MLXRT_STATUS_OK && old.canary == 12345,
+        "short stats struct overwritten");
   /* cancel after the end is harmless */
   CHECK(mlxrt_request_cancel(req, NULL) == MLXRT_STATUS_OK, "late cancel");
   mlxrt_request_free(req);
