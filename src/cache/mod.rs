@@ -1,6 +1,9 @@
-//! Caches owned by the scheduler thread.
+//! Caches owned by the scheduler thread: per-layer KV caches for batches of
+//! rows, and the prompt (prefix) cache.
 
 pub mod kv;
+pub mod prefix;
+mod radix;
 
 pub use kv::KvCache;
 
