@@ -3,6 +3,7 @@
 
 pub mod kv;
 pub mod prefix;
+pub mod store;
 mod radix;
 
 pub use kv::KvCache;
