@@ -29,6 +29,29 @@ impl KvCache {
         KvCache { keys: None, values: None, len: 0, pad: vec![0; rows] }
     }
 
+    /// A one-row cache holding `keys`, `values` (`[1, H, n, D]`) as its first
+    /// `n` positions. The arrays are not written to: the first append grows
+    /// into a new buffer.
+    pub fn from_prefix(keys: Array, values: Array) -> KvCache {
+        let len = keys.dim(2);
+        KvCache { keys: Some(keys), values: Some(values), len, pad: vec![0] }
+    }
+
+    /// A contiguous copy of `row`'s keys and values at its own positions
+    /// `from..to` (0 = its first real token).
+    pub fn row_slice(&self, row: usize, from: i32, to: i32) -> Result<(Array, Array)> {
+        let (k, v) = self.contents()?.ok_or_else(|| Error::internal("slicing an empty cache"))?;
+        let (p, r) = (self.pad[row], row as i32);
+        if to > self.row_len(row) || from > to {
+            return Err(Error::internal(format!("row {row} has {} positions, asked {from}..{to}", self.row_len(row))));
+        }
+        let cut = |a: &Array| -> Result<Array> {
+            let s = a.shape();
+            Ok(a.slice(&[r, 0, p + from, 0], &[r + 1, s[1], p + to, s[3]], &[1, 1, 1, 1])?.contiguous()?)
+        };
+        Ok((cut(&k)?, cut(&v)?))
+    }
+
     /// Declares left padding for the rows of an empty cache; padding may
     /// run past what is written (those rows' prompts start later).
     pub fn set_padding(&mut self, pads: &[i32]) {

@@ -129,6 +129,13 @@ impl<E: Sized> PrefixCache<E> {
         Evicted { namespace: e.namespace, tokens: e.tokens, value: e.value }
     }
 
+    /// Visits every entry.
+    pub fn for_each_mut(&mut self, mut f: impl FnMut(&str, &[u32], &mut E)) {
+        for e in self.entries.values_mut() {
+            f(&e.namespace, &e.tokens, &mut e.value);
+        }
+    }
+
     /// Removes every entry (oldest first), e.g. to write them to disk.
     pub fn drain(&mut self) -> Vec<Evicted<E>> {
         let ids: Vec<u64> = self.lru.values().copied().collect();

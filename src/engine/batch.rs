@@ -3,7 +3,11 @@
 //! from the still-unread tokens of the current one; `collect` then reads the
 //! current tokens, emits them and drops the rows that ended.
 
+use super::prompt_cache::Snapshot;
 use super::row::Row;
+
+/// A prompt-cache snapshot to add: namespace, token ids, KV.
+pub(crate) type Capture = (String, Vec<u32>, Snapshot);
 use crate::cache::KvCache;
 use crate::error::Result;
 use crate::mlx::{self, Array};
@@ -82,23 +86,32 @@ impl DecodeBatch {
 
     /// Reads the current tokens, hands them to their rows, and removes rows
     /// that ended (or were cancelled) from the batch. Returns the KV bytes
-    /// reserved by the rows that left.
-    pub fn collect(&mut self, text: &TextAssets, ctx_len: usize) -> Result<usize> {
-        let Some(current) = self.current.take() else { return Ok(0) };
+    /// reserved by the rows that left, and snapshots of the rows that
+    /// completed with at least `snapshot_min` tokens (if given) for the
+    /// prompt cache.
+    pub fn collect(&mut self, text: &TextAssets, ctx_len: usize, snapshot_min: Option<usize>) -> Result<(usize, Vec<Capture>)> {
+        let Some(current) = self.current.take() else { return Ok((0, vec![])) };
         let tokens = current.to_vec_i32()?;
         let mut keep = Vec::with_capacity(self.rows.len());
+        let mut captures = vec![];
         for (i, (row, &tok)) in self.rows.iter_mut().zip(&tokens).enumerate() {
-            let ended = if row.is_cancelled() {
+            if row.is_cancelled() {
                 row.finish(super::FinishReason::Cancelled, None);
-                true
-            } else {
-                row.accept(tok as u32, text, ctx_len)?
-            };
-            if !ended {
+                continue;
+            }
+            if !row.accept(tok as u32, text, ctx_len)? {
                 keep.push(i);
+                continue;
+            }
+            // The step just scheduled fed this token: the row's KV covers its
+            // whole history, which the next turn of a chat starts with.
+            let history = row.history();
+            let len = self.cache.first().map_or(0, |c| c.row_len(i)) as usize;
+            if row.use_cache && snapshot_min.is_some_and(|m| history.len() >= m) && len == history.len() {
+                captures.push((row.namespace.clone(), history, Snapshot::of_row(&self.cache, i, len as i32)?));
             }
         }
-        self.retain(&keep)
+        Ok((self.retain(&keep)?, captures))
     }
 
     fn retain(&mut self, keep: &[usize]) -> Result<usize> {

@@ -6,6 +6,7 @@
 //! decode batch.
 
 use super::batch::sample_rows;
+use super::prompt_cache::Snapshot;
 use super::row::Row;
 use super::FinishReason;
 use crate::cache::KvCache;
@@ -31,6 +32,25 @@ impl Cohort {
             c.set_padding(&pads);
         }
         Cohort { rows, cache, total, done: 0 }
+    }
+
+    /// A cohort for one row whose first `done` prompt positions are already in
+    /// `cache` (from the prompt cache).
+    pub fn with_prefix(row: Row, cache: Vec<KvCache>, done: usize) -> Cohort {
+        let total = row.prompt.len() as i32;
+        Cohort { rows: vec![row], cache, total, done: done as i32 }
+    }
+
+    /// Snapshots of each row's prompt up to its cache boundary, for rows that
+    /// want one (call once prefill is over).
+    pub fn boundary_snapshots(&self, min_tokens: usize) -> Result<Vec<(String, Vec<u32>, Snapshot)>> {
+        let mut out = vec![];
+        for (i, r) in self.rows.iter().enumerate() {
+            if let Some(b) = r.boundary.filter(|&b| r.use_cache && b >= min_tokens && b > r.cached) {
+                out.push((r.namespace.clone(), r.prompt[..b].to_vec(), Snapshot::of_row(&self.cache, i, b as i32)?));
+            }
+        }
+        Ok(out)
     }
 
     pub fn len(&self) -> usize {

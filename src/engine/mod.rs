@@ -6,11 +6,13 @@
 //! the scheduler. Cancel is a flag plus a wake-up message.
 
 mod batch;
+mod cache_io;
 mod cohort;
 mod delivery;
 pub mod log;
 mod pacing;
 mod planner;
+mod prompt_cache;
 pub mod request;
 mod row;
 mod scheduler;
@@ -63,6 +65,14 @@ pub struct EngineConfig {
     /// Quantized-matmul kernels: mlxrt's on the CPU (default) or MLX's stock.
     pub kernels: Kernels,
     pub logger: Logger,
+    /// Bytes of prompt-cache snapshots kept in memory (0 = no prompt cache).
+    pub prompt_cache_bytes: usize,
+    /// Where the prompt cache persists entries (None = memory only).
+    pub prompt_cache_dir: Option<PathBuf>,
+    /// Size cap of the prompt-cache directory.
+    pub prompt_cache_dir_bytes: u64,
+    /// Shortest sequence worth a snapshot.
+    pub prompt_cache_min_tokens: usize,
 }
 
 impl EngineConfig {
@@ -78,6 +88,10 @@ impl EngineConfig {
             seed: 0,
             kernels: Kernels::Auto,
             logger: Logger::default(),
+            prompt_cache_bytes: 1 << 30,
+            prompt_cache_dir: None,
+            prompt_cache_dir_bytes: 16 << 30,
+            prompt_cache_min_tokens: 256,
         }
     }
 
@@ -123,6 +137,13 @@ pub struct EngineStats {
     /// Bytes held by KV caches now, and reserved by running requests.
     pub kv_bytes: usize,
     pub kv_reserved: usize,
+    /// Prompt cache: admissions that reused cached tokens, that did not,
+    /// how many prompt tokens came from it, and bytes held.
+    pub prompt_cache_hits: u64,
+    pub prompt_cache_misses: u64,
+    pub prompt_cache_hit_tokens: u64,
+    pub prompt_cache_memory_bytes: usize,
+    pub prompt_cache_disk_bytes: u64,
     /// MLX allocator figures in bytes.
     pub active_memory: usize,
     pub peak_memory: usize,
@@ -136,6 +157,7 @@ pub(crate) struct Shared {
     pub in_flight: AtomicUsize,
     pub completed: AtomicU64,
     pub stats: StatsCell,
+    pub cache: prompt_cache::CacheStats,
 }
 
 pub struct Engine {
@@ -156,6 +178,7 @@ pub struct Prepared {
     prompt: Vec<u32>,
     options: RequestOptions,
     kv_need: usize,
+    boundary: Option<usize>,
     shared: Arc<Shared>,
     armed: bool,
 }
@@ -204,7 +227,7 @@ impl Engine {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared::default());
         let (max_in_flight, kv_budget) = (config.max_in_flight, config.kv_budget);
-        let threads = scheduler::spawn(config, shared.clone(), rx, ready_tx)
+        let threads = scheduler::spawn(config, shared.clone(), rx, tx.clone(), ready_tx)
             .map_err(|e| Error::internal(format!("cannot start engine threads: {e}")))?;
         let ready = ready_rx.recv().unwrap_or_else(|_| Err(Error::internal("the scheduler thread exited during load")));
         match ready {
@@ -249,6 +272,11 @@ impl Engine {
             kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
             in_flight: self.shared.in_flight.load(Ordering::Relaxed),
             completed: self.shared.completed.load(Ordering::Relaxed),
+            prompt_cache_hits: self.shared.cache.hits.load(Ordering::Relaxed),
+            prompt_cache_misses: self.shared.cache.misses.load(Ordering::Relaxed),
+            prompt_cache_hit_tokens: self.shared.cache.hit_tokens.load(Ordering::Relaxed),
+            prompt_cache_memory_bytes: self.shared.cache.memory_bytes.load(Ordering::Relaxed),
+            prompt_cache_disk_bytes: self.shared.cache.disk_bytes.load(Ordering::Relaxed),
             active_memory: s.active_memory.load(Ordering::Relaxed),
             peak_memory: s.peak_memory.load(Ordering::Relaxed),
             cache_memory: s.cache_memory.load(Ordering::Relaxed),
@@ -263,6 +291,7 @@ impl Engine {
         }
         options.validate()?;
         let prompt = self.tokenize_input(&options)?;
+        let boundary = self.boundary(&options, &prompt);
         if prompt.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -288,7 +317,7 @@ impl Engine {
             )));
         }
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
-        let prepared = Prepared { prompt, options, kv_need, shared: self.shared.clone(), armed: true };
+        let prepared = Prepared { prompt, options, kv_need, boundary, shared: self.shared.clone(), armed: true };
         if n >= self.max_in_flight {
             return Err(Error::new(
                 ErrorKind::Busy,
@@ -322,6 +351,9 @@ impl Engine {
             stop_at_eos: o.stop_at_eos,
             prefill_chunk: o.prefill_chunk,
             kv_need: prepared.kv_need,
+            cache_namespace: o.cache_namespace.clone(),
+            use_cache: o.prompt_cache,
+            boundary: prepared.boundary,
             submitted: Instant::now(),
             sink,
         };
@@ -346,6 +378,21 @@ impl Engine {
         positions * self.info.kv_bytes_per_token
     }
 
+    /// For a chat, the prompt length of the conversation before its last
+    /// message (a prefix the next turns repeat): where a prompt-cache
+    /// snapshot pays off. None when it is not a prefix of `prompt`.
+    fn boundary(&self, options: &RequestOptions, prompt: &[u32]) -> Option<usize> {
+        let Input::Messages(serde_json::Value::Array(m)) = &options.input else { return None };
+        if m.len() < 2 || !options.prompt_cache {
+            return None;
+        }
+        let template = self.text.template.as_ref()?;
+        let head = serde_json::Value::Array(m[..m.len() - 1].to_vec());
+        let text = template.render(&head, options.tools.as_ref(), false, options.template_kwargs.as_ref()).ok()?;
+        let ids = self.text.tokenizer.encode(&text, true).ok()?;
+        (!ids.is_empty() && prompt.starts_with(&ids) && ids.len() < prompt.len()).then_some(ids.len())
+    }
+
     /// The prompt token ids `options` stands for.
     pub fn tokenize_input(&self, options: &RequestOptions) -> Result<Vec<u32>> {
         let tok = &self.text.tokenizer;
@@ -362,6 +409,24 @@ impl Engine {
                 Ok(tok.encode(&rendered, true)?)
             }
         }
+    }
+
+    /// Writes the prompt cache's memory entries to its directory (they stay
+    /// in memory); returns once they are on disk. A no-op without a cache
+    /// directory.
+    pub fn flush_prompt_cache(&self) -> Result<()> {
+        self.cache_command(Command::FlushCache)
+    }
+
+    /// Drops the prompt cache's memory entries, and its files when `disk`.
+    pub fn clear_prompt_cache(&self, disk: bool) -> Result<()> {
+        self.cache_command(|reply| Command::ClearCache(disk, reply))
+    }
+
+    fn cache_command(&self, make: impl FnOnce(Sender<Result<()>>) -> Command) -> Result<()> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.tx.send(make(tx)).map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine has stopped"))?;
+        rx.recv().map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine stopped before answering"))?
     }
 
     /// Whether a thread is the engine's delivery thread (callbacks run there).

@@ -9,6 +9,8 @@
 //!   requests while rows and KV memory allow and padding stays within 1/3 of
 //!   the cohort's positions. A running cohort takes arrivals whose prompts fit
 //!   in its unprocessed positions.
+//! - A request with a cached prefix starts a cohort of its own (its cache
+//!   begins part-way); one whose prefix is being read from disk waits.
 //! - Prefill chunk: with nothing decoding, the prefill chunk size (latency of
 //!   others does not matter); with rows decoding, the per-step token budget
 //!   split over the cohort's rows, and at most the pacing cap (see
@@ -21,6 +23,10 @@ pub(crate) struct Waiting {
     pub kv_need: usize,
     /// Per-request prefill chunk limit.
     pub chunk: Option<usize>,
+    /// Leading prompt tokens the prompt cache holds.
+    pub cached: usize,
+    /// A longer cached prefix is being read from disk.
+    pub loading: bool,
 }
 
 /// The running cohort, as the planner sees it.
@@ -72,12 +78,20 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     // Padding bookkeeping of a new cohort: its aligned length and real tokens.
     let (mut total, mut real) = (0usize, 0usize);
     for w in s.waiting {
-        if !fits(w, rows, kv) {
+        if w.loading || !fits(w, rows, kv) {
             break;
         }
         match s.cohort {
-            Some(c) if w.prompt_len > c.remaining => break,
+            Some(c) if w.prompt_len > c.remaining || w.cached > 0 => break,
             Some(_) => {}
+            None if w.cached > 0 && admit > 0 => break,
+            None if w.cached > 0 => {
+                // Alone; later arrivals may join once it runs.
+                admit = 1;
+                cohort_rows = 1;
+                chunk_pref = w.chunk;
+                break;
+            }
             None => {
                 let t = total.max(w.prompt_len);
                 let r = real + w.prompt_len;
@@ -113,7 +127,7 @@ mod tests {
     const L: Limits = Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256, pace_cap: 1000 };
 
     fn w(len: usize, kv: usize) -> Waiting {
-        Waiting { prompt_len: len, kv_need: kv, chunk: None }
+        Waiting { prompt_len: len, kv_need: kv, chunk: None, cached: 0, loading: false }
     }
 
     #[test]
@@ -154,6 +168,20 @@ mod tests {
     }
 
     #[test]
+    fn cached_prefixes_start_their_own_cohort_and_loads_block() {
+        let hit = Waiting { cached: 64, ..w(100, 10) };
+        let q = [hit, w(90, 10)];
+        let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
+        assert_eq!((p.admit, p.new_cohort), (1, true));
+        let q = [w(90, 10), hit];
+        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, 1);
+        let c = Some(CohortView { rows: 1, remaining: 500, chunk: None });
+        assert_eq!(plan(&State { decoding: 0, cohort: c, waiting: &[hit], kv_reserved: 0 }, &L).admit, 0);
+        let q = [Waiting { loading: true, ..w(90, 10) }, w(10, 10)];
+        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, 0);
+    }
+
+    #[test]
     fn pacing_caps_chunks_only_while_decoding() {
         let q = [w(100, 10)];
         let l = Limits { pace_cap: 8, ..L };
@@ -163,7 +191,7 @@ mod tests {
 
     #[test]
     fn per_request_chunks_and_budget() {
-        let q = [Waiting { prompt_len: 100, kv_need: 1, chunk: Some(64) }];
+        let q = [Waiting { chunk: Some(64), ..w(100, 1) }];
         let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
         assert_eq!(p.chunk, 64);
         let c = Some(CohortView { rows: 300, remaining: 10, chunk: None });

@@ -37,6 +37,11 @@ pub struct RequestOptions {
     pub stop_at_eos: bool,
     /// Prompt positions per prefill forward pass (None = the engine's).
     pub prefill_chunk: Option<usize>,
+    /// Prompt-cache namespace: requests only share cached state with
+    /// requests of the same namespace (e.g. one per user or tenant).
+    pub cache_namespace: String,
+    /// Whether this request may use and fill the prompt cache (default true).
+    pub prompt_cache: bool,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -52,13 +57,16 @@ impl RequestOptions {
             template_kwargs: None,
             stop_at_eos: true,
             prefill_chunk: None,
+            cache_namespace: String::new(),
+            prompt_cache: true,
         }
     }
 
     /// Applies OpenAI-style fields from a JSON object (`max_tokens`,
     /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
-    /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`). Unknown fields are an error so a
+    /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
+    /// `prompt_cache`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -104,6 +112,13 @@ impl RequestOptions {
                     let n = int()? as usize;
                     self.prefill_chunk = (n > 0).then_some(n);
                 }
+                "cache_namespace" => {
+                    self.cache_namespace =
+                        v.as_str().ok_or_else(|| Error::invalid("option `cache_namespace` must be a string"))?.to_owned()
+                }
+                "prompt_cache" => {
+                    self.prompt_cache = v.as_bool().ok_or_else(|| Error::invalid("option `prompt_cache` must be a boolean"))?
+                }
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -111,7 +126,7 @@ impl RequestOptions {
                     return Err(Error::invalid(format!(
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
-                         prefill_chunk)"
+                         prefill_chunk, cache_namespace, prompt_cache)"
                     )))
                 }
             }
@@ -214,6 +229,12 @@ pub(crate) struct Job {
     pub prefill_chunk: Option<usize>,
     /// KV bytes reserved while it runs.
     pub kv_need: usize,
+    /// Prompt cache: namespace, whether to use it, and the prompt length at
+    /// the stable boundary worth a snapshot (the conversation before its
+    /// last message).
+    pub cache_namespace: String,
+    pub use_cache: bool,
+    pub boundary: Option<usize>,
     pub submitted: Instant,
     pub sink: Box<dyn EventSink>,
 }

@@ -19,6 +19,12 @@ pub(crate) struct Row {
     pub prefill_chunk: Option<usize>,
     /// KV bytes reserved for this request at admission.
     pub kv_reserved: usize,
+    /// Prompt cache: namespace, whether to use it, the snapshot boundary,
+    /// and how many prompt tokens came from it.
+    pub namespace: String,
+    pub use_cache: bool,
+    pub boundary: Option<usize>,
+    pub cached: usize,
     pub sampler: Sampler,
     max_tokens: u32,
     stop_at_eos: bool,
@@ -53,6 +59,10 @@ impl Row {
                 prompt: job.prompt,
                 prefill_chunk: job.prefill_chunk,
                 kv_reserved,
+                namespace: job.cache_namespace,
+                use_cache: job.use_cache,
+                boundary: job.boundary,
+                cached: 0,
                 sampler,
                 max_tokens: job.max_tokens,
                 stop_at_eos: job.stop_at_eos,
@@ -77,6 +87,11 @@ impl Row {
 
     pub fn is_cancelled(&self) -> bool {
         self.state.is_cancelled()
+    }
+
+    /// Prompt and generated ids so far.
+    pub fn history(&self) -> Vec<u32> {
+        self.history.iter().map(|&t| t as u32).collect()
     }
 
     fn emit(&self, ev: Event) {
@@ -179,7 +194,7 @@ impl Row {
         let ms = |a: Instant, b: Instant| b.duration_since(a).as_secs_f64() * 1e3;
         let mut u = Usage {
             prompt_tokens: self.prompt.len() as u32,
-            cached_tokens: 0,
+            cached_tokens: self.cached as u32,
             completion_tokens: self.generated,
             ..Default::default()
         };

@@ -12,7 +12,9 @@
 use super::batch::DecodeBatch;
 use super::cohort::Cohort;
 use super::delivery::{self, DeliveryTx, Msg};
+use super::cache_io::IoDone;
 use super::pacing::Pacer;
+use super::prompt_cache::{CacheSetup, Found, PromptCache};
 use super::planner::{self, CohortView, Limits, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
@@ -21,17 +23,23 @@ use crate::error::{Error, Result};
 use crate::mlx;
 use crate::model::load::TextAssets;
 use crate::model::{self, LanguageModel, LoadOptions, ModelInfo};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 pub(crate) enum Command {
     Submit(Job),
     /// Wakes the scheduler after a request's cancel flag was set.
     Cancel(u64),
+    /// A prompt-cache file was written or read.
+    CacheIo(IoDone),
+    /// Write the prompt cache's memory entries to disk; answer when done.
+    FlushCache(Sender<Result<()>>),
+    /// Drop the prompt cache's entries (and files if `true`); answer when done.
+    ClearCache(bool, Sender<Result<()>>),
     Shutdown,
 }
 
@@ -42,6 +50,7 @@ pub(crate) fn spawn(
     config: EngineConfig,
     shared: Arc<Shared>,
     rx: Receiver<Command>,
+    commands: Sender<Command>,
     ready: Sender<Ready>,
 ) -> std::io::Result<(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>)> {
     let (dtx, drx) = crossbeam_channel::unbounded();
@@ -51,7 +60,7 @@ pub(crate) fn spawn(
         .spawn(move || delivery::run(drx, shared2))?;
     let dtx2 = dtx.clone();
     let sched = std::thread::Builder::new().name("mlxrt-scheduler".into()).spawn(move || {
-        let run = catch_unwind(AssertUnwindSafe(|| main(config, &shared, &rx, &ready, &dtx)));
+        let run = catch_unwind(AssertUnwindSafe(|| main(config, &shared, &rx, commands, &ready, &dtx)));
         if let Err(panic) = run {
             let why = panic
                 .downcast_ref::<String>()
@@ -82,7 +91,10 @@ fn drain_poisoned(rx: &Receiver<Command>, dtx: &DeliveryTx) {
             Command::Submit(job) => {
                 let _ = dtx.send(Msg::Open(job.state.id, job.sink));
             }
-            Command::Cancel(_) => {}
+            Command::FlushCache(reply) | Command::ClearCache(_, reply) => {
+                let _ = reply.send(Err(Error::new(crate::ErrorKind::EnginePoisoned, "the engine failed earlier")));
+            }
+            Command::Cancel(_) | Command::CacheIo(_) => {}
             Command::Shutdown => break,
         }
     }
@@ -101,9 +113,17 @@ struct Scheduler<'a> {
     ctx_len: usize,
     seed_counter: u64,
     pacer: Pacer,
+    pcache: Option<PromptCache>,
 }
 
-fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &Sender<Ready>, dtx: &DeliveryTx) {
+fn main(
+    config: EngineConfig,
+    shared: &Shared,
+    rx: &Receiver<Command>,
+    commands: Sender<Command>,
+    ready: &Sender<Ready>,
+    dtx: &DeliveryTx,
+) {
     let loaded = (|| -> Result<_> {
         match config.device {
             Device::Cpu => mlx::device::set_default(false)?,
@@ -127,6 +147,13 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
             return;
         }
     };
+    let pcache = match open_prompt_cache(&config, &loaded, commands) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
     let text = Arc::new(loaded.text);
     let info = loaded.model.info().clone();
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
@@ -142,9 +169,39 @@ fn main(config: EngineConfig, shared: &Shared, rx: &Receiver<Command>, ready: &S
         ctx_len: info.context_length.max(0) as usize,
         seed_counter: config.seed,
         pacer: Pacer::new(config.step_token_budget),
+        pcache,
         config,
     };
     s.run(rx);
+}
+
+/// The prompt cache, if enabled. Its files are stamped with what must match
+/// for a saved state to be valid here: model files, tokenizer, MLX version,
+/// device and the KV layout.
+fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Sender<Command>) -> Result<Option<PromptCache>> {
+    if config.prompt_cache_bytes == 0 {
+        return Ok(None);
+    }
+    let tokenizer = m.text.tokenizer.to_json_string().unwrap_or_default();
+    let info = m.model.info();
+    let compat = format!(
+        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv=f32",
+        m.fingerprint,
+        crc32fast::hash(tokenizer.as_bytes()),
+        mlx::version(),
+        if mlx::device::default_is_gpu() { "gpu" } else { "cpu" },
+        info.architecture,
+        info.num_layers,
+    );
+    let setup = CacheSetup {
+        memory_bytes: config.prompt_cache_bytes,
+        dir: config.prompt_cache_dir.clone(),
+        dir_bytes: config.prompt_cache_dir_bytes,
+        min_tokens: config.prompt_cache_min_tokens,
+        compat,
+        layers: info.num_layers as usize,
+    };
+    PromptCache::new(setup, config.logger.clone(), commands).map(Some)
 }
 
 /// Says what runs the model, and warns about a slow setup.
@@ -182,21 +239,61 @@ impl Scheduler<'_> {
     }
 
     fn run(&mut self, rx: &Receiver<Command>) {
+        // After this long without work, memory cache entries are also
+        // written to disk (so a crash or kill later keeps them).
+        const IDLE_PERSIST: Duration = Duration::from_secs(2);
         loop {
-            let first = if self.idle() { rx.recv().ok() } else { rx.try_recv().ok() };
+            let first = if self.idle() {
+                match rx.recv_timeout(IDLE_PERSIST) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Some(c) = &mut self.pcache {
+                            c.persist_all();
+                        }
+                        rx.recv().ok()
+                    }
+                    Err(RecvTimeoutError::Disconnected) => None,
+                }
+            } else {
+                rx.try_recv().ok()
+            };
             let mut shutdown = first.is_none() && self.idle();
             for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match cmd {
                     Command::Submit(job) => self.queue.push_back(job),
                     Command::Cancel(id) => self.cancel_queued(id),
+                    Command::CacheIo(done) => {
+                        if let Some(c) = &mut self.pcache {
+                            c.on_io(done);
+                        }
+                    }
+                    Command::FlushCache(reply) => {
+                        if let Some(c) = &mut self.pcache {
+                            c.persist_all();
+                            c.sync();
+                        }
+                        let _ = reply.send(Ok(()));
+                    }
+                    Command::ClearCache(disk, reply) => {
+                        if let Some(c) = &mut self.pcache {
+                            c.clear(disk);
+                            c.sync();
+                        }
+                        let _ = reply.send(Ok(()));
+                    }
                     Command::Shutdown => shutdown = true,
                 }
             }
             if shutdown {
                 self.cancel_all();
+                if let Some(c) = self.pcache.take() {
+                    c.shutdown();
+                }
                 return;
             }
-            self.iterate();
+            if !self.idle() {
+                self.iterate();
+            }
             self.publish_stats();
         }
     }
@@ -212,10 +309,21 @@ impl Scheduler<'_> {
     }
 
     fn iterate(&mut self) {
-        let waiting: Vec<Waiting> = self
-            .queue
-            .iter()
-            .map(|j| Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk })
+        // Only the requests the planner may admit now need a cache lookup.
+        let candidates = self.config.max_rows.min(self.queue.len());
+        let waiting: Vec<Waiting> = (0..candidates)
+            .map(|i| {
+                let j = &self.queue[i];
+                let (cached, loading) = match (&mut self.pcache, j.use_cache) {
+                    (Some(c), true) => match c.lookup(&j.cache_namespace, &j.prompt) {
+                        Found::Hit(n) => (n, false),
+                        Found::Loading => (0, true),
+                        Found::Miss => (0, false),
+                    },
+                    _ => (0, false),
+                };
+                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading }
+            })
             .collect();
         let cohort = self.cohort.as_ref().map(|c| CohortView {
             rows: c.len(),
@@ -224,7 +332,8 @@ impl Scheduler<'_> {
         });
         let state = planner::State { decoding: self.batch.rows.len(), cohort, waiting: &waiting, kv_reserved: self.kv_reserved };
         let plan = planner::plan(&state, &self.limits());
-        if let Err(e) = self.admit(plan.admit) {
+        let head_cached = waiting.first().map_or(0, |w| w.cached);
+        if let Err(e) = self.admit(plan.admit, head_cached) {
             self.fail_cohort(e);
         }
         let t0 = Instant::now();
@@ -258,16 +367,27 @@ impl Scheduler<'_> {
     }
 
     /// Moves `n` jobs from the head of the queue into the prefill cohort (a
-    /// new one aligned on the longest of them, or the running one).
-    fn admit(&mut self, n: usize) -> Result<()> {
+    /// new one aligned on the longest of them, or the running one). A new
+    /// cohort whose head has `head_cached` tokens in the prompt cache starts
+    /// from them.
+    fn admit(&mut self, n: usize, head_cached: usize) -> Result<()> {
         let mut rows = Vec::with_capacity(n);
         for _ in 0..n {
             let job = self.queue.pop_front().expect("the plan admits queued jobs");
             self.seed_counter = self.seed_counter.wrapping_add(1);
             let need = job.kv_need;
+            let use_cache = job.use_cache && self.pcache.is_some();
             match Row::open(job, &self.text, self.seed_counter, need, self.dtx.clone()) {
                 Some(row) => {
                     self.kv_reserved += need;
+                    if use_cache {
+                        let counter = if head_cached > 0 && rows.is_empty() && self.cohort.is_none() {
+                            &self.shared.cache.hits
+                        } else {
+                            &self.shared.cache.misses
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                    }
                     rows.push(row);
                 }
                 None => self.request_ended(),
@@ -275,6 +395,15 @@ impl Scheduler<'_> {
         }
         match &mut self.cohort {
             Some(c) => rows.into_iter().try_for_each(|r| c.join(r)),
+            None if head_cached > 0 && rows.len() == 1 => {
+                let mut row = rows.pop().expect("one row");
+                let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
+                let cache = pc.take(&row.namespace, &row.prompt, head_cached)?;
+                row.cached = head_cached;
+                self.shared.cache.hit_tokens.fetch_add(head_cached as u64, Ordering::Relaxed);
+                self.cohort = Some(Cohort::with_prefix(row, cache, head_cached));
+                Ok(())
+            }
             None if !rows.is_empty() => {
                 self.cohort = Some(Cohort::new(self.model.as_ref(), rows));
                 Ok(())
@@ -289,8 +418,14 @@ impl Scheduler<'_> {
         }
         self.batch.schedule(self.model.as_ref())?;
         let before = self.batch.rows.len();
-        let freed = self.batch.collect(&self.text, self.ctx_len)?;
+        let min = self.pcache.as_ref().map(|c| c.min_tokens);
+        let (freed, captures) = self.batch.collect(&self.text, self.ctx_len, min)?;
         self.rows_ended(before - self.batch.rows.len(), freed);
+        if let Some(c) = &mut self.pcache {
+            for (ns, tokens, snap) in captures {
+                c.capture(&ns, tokens, snap);
+            }
+        }
         Ok(())
     }
 
@@ -306,6 +441,11 @@ impl Scheduler<'_> {
         }
         let c = self.cohort.as_mut().expect("checked above");
         if let Some(first) = c.advance(self.model.as_ref(), chunk as i32)? {
+            if let Some(pc) = &mut self.pcache {
+                for (ns, tokens, snap) in c.boundary_snapshots(pc.min_tokens)? {
+                    pc.capture(&ns, tokens, snap);
+                }
+            }
             let (rows, cache) = self.cohort.take().expect("checked above").into_parts();
             self.batch.join(rows, cache, first)?;
         }
@@ -370,5 +510,8 @@ impl Scheduler<'_> {
         s.active_memory.store(mlx::memory::active(), Ordering::Relaxed);
         s.peak_memory.store(mlx::memory::peak(), Ordering::Relaxed);
         s.cache_memory.store(mlx::memory::cache(), Ordering::Relaxed);
+        if let Some(c) = &self.pcache {
+            c.publish(&self.shared.cache);
+        }
     }
 }

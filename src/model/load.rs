@@ -42,6 +42,9 @@ pub struct LoadedModel {
     pub text: TextAssets,
     /// Bytes of all parameters as loaded.
     pub parameter_bytes: usize,
+    /// Identifies the checkpoint's files (names, sizes, first and last MiB),
+    /// so state saved for one model is never loaded for another.
+    pub fingerprint: String,
 }
 
 type Parts = (Box<dyn LanguageModel>, TextAssets);
@@ -63,7 +66,39 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     mlx::eval(&params).map_err(|e| Error::model(e.to_string()).context(ctx()))?;
     let parameter_bytes = params.iter().map(|a| a.nbytes()).sum();
     drop(params);
-    Ok(LoadedModel { model, text, parameter_bytes })
+    let fingerprint = fingerprint(path).map_err(|e| Error::from(e).context(ctx()))?;
+    Ok(LoadedModel { model, text, parameter_bytes, fingerprint })
+}
+
+/// CRC-32 over the name, size, first and last MiB of each checkpoint file.
+fn fingerprint(path: &Path) -> std::io::Result<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut files: Vec<PathBuf> = if path.is_dir() {
+        std::fs::read_dir(path)?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors" || x == "json"))
+            .collect()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    files.sort();
+    let mut h = crc32fast::Hasher::new();
+    const MIB: u64 = 1 << 20;
+    for f in files {
+        let mut file = std::fs::File::open(&f)?;
+        let len = file.metadata()?.len();
+        h.update(f.file_name().unwrap_or_default().as_encoded_bytes());
+        h.update(&len.to_le_bytes());
+        let mut buf = vec![0u8; len.min(MIB) as usize];
+        file.read_exact(&mut buf)?;
+        h.update(&buf);
+        if len > MIB {
+            file.seek(SeekFrom::Start(len - len.min(MIB)))?;
+            file.read_exact(&mut buf)?;
+            h.update(&buf);
+        }
+    }
+    Ok(format!("{:08x}", h.finalize()))
 }
 
 // ---------------------------------------------------------------- folders

@@ -1,0 +1,298 @@
+//! The prompt cache as the scheduler uses it: snapshots of prompt KV state
+//! in memory (`cache::prefix`), spilled to and restored from the cache
+//! directory (`cache::store`) through the file thread (`cache_io`).
+//!
+//! Snapshots are taken at a stable prompt boundary (the conversation before
+//! its last message) once prefill is done, and of the whole sequence when a
+//! request ends, so the next turn of a conversation reuses the reply too.
+//! Memory entries go to disk when evicted, when the engine has been idle for
+//! a moment, on flush, and at shutdown.
+
+use super::cache_io::{self, IoDone, IoJob};
+use super::log::{LogLevel, Logger};
+use super::scheduler::Command;
+use crate::cache::prefix::{self, PrefixCache};
+use crate::cache::store::{DiskIndex, EntryFile, Tensor};
+use crate::cache::KvCache;
+use crate::error::{Error, Result};
+use crate::mlx::{self, Array};
+use crossbeam_channel::Sender;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// KV of positions `0..len` of a sequence, one (keys, values) pair per
+/// layer, each `[1, kv_heads, len, head_dim]`.
+pub(crate) struct Snapshot {
+    keys: Vec<Array>,
+    values: Vec<Array>,
+    bytes: usize,
+    /// Whether an identical file is on disk already.
+    persisted: bool,
+}
+
+impl prefix::Sized for Snapshot {
+    fn nbytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Snapshot {
+    /// Row `row`'s positions `0..len` of a batch's per-layer caches.
+    pub fn of_row(cache: &[KvCache], row: usize, len: i32) -> Result<Snapshot> {
+        let (mut keys, mut values) = (vec![], vec![]);
+        for c in cache {
+            let (k, v) = c.row_slice(row, 0, len)?;
+            keys.push(k);
+            values.push(v);
+        }
+        let arrays: Vec<&Array> = keys.iter().chain(&values).collect();
+        mlx::async_eval(&arrays)?;
+        let bytes = arrays.iter().map(|a| a.nbytes()).sum();
+        Ok(Snapshot { keys, values, bytes, persisted: false })
+    }
+
+    /// Per-layer one-row caches holding the first `n` positions.
+    pub fn caches(&self, n: i32) -> Result<Vec<KvCache>> {
+        self.keys
+            .iter()
+            .zip(&self.values)
+            .map(|(k, v)| Ok(KvCache::from_prefix(k.slice_axis(2, 0, n)?, v.slice_axis(2, 0, n)?)))
+            .collect()
+    }
+
+    fn to_entry(&self, namespace: &str, tokens: &[u32]) -> Result<EntryFile> {
+        let mut tensors = vec![];
+        for (i, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
+            for (name, a) in [(format!("{i}.keys"), k), (format!("{i}.values"), v)] {
+                tensors.push(Tensor { name, dtype: a.dtype(), shape: a.shape(), data: a.to_bytes()? });
+            }
+        }
+        Ok(EntryFile { namespace: namespace.to_string(), tokens: tokens.to_vec(), tensors })
+    }
+
+    /// Rebuilds a snapshot from a file for a model of `layers` layers.
+    fn from_entry(e: &EntryFile, layers: usize) -> std::result::Result<Snapshot, String> {
+        let mut keys = vec![];
+        let mut values = vec![];
+        for i in 0..layers {
+            for (suffix, out) in [("keys", &mut keys), ("values", &mut values)] {
+                let name = format!("{i}.{suffix}");
+                let t = e.tensors.iter().find(|t| t.name == name).ok_or(format!("no tensor {name}"))?;
+                if t.shape.len() != 4 || t.shape[2] as usize != e.tokens.len() {
+                    return Err(format!("tensor {name} has shape {:?} for {} tokens", t.shape, e.tokens.len()));
+                }
+                out.push(Array::from_bytes(&t.data, &t.shape, t.dtype).map_err(|e| e.to_string())?);
+            }
+        }
+        if e.tensors.len() != 2 * layers {
+            return Err(format!("{} tensors for a model of {layers} layers", e.tensors.len()));
+        }
+        let bytes = keys.iter().chain(&values).map(Array::nbytes).sum();
+        Ok(Snapshot { keys, values, bytes, persisted: true })
+    }
+}
+
+fn persist_to(io: Option<&Sender<IoJob>>, log: &Logger, namespace: &str, tokens: &[u32], snap: &Snapshot) {
+    let Some(io) = io else { return };
+    if snap.persisted {
+        return;
+    }
+    match snap.to_entry(namespace, tokens) {
+        Ok(entry) => {
+            let _ = io.send(IoJob::Write { entry });
+        }
+        Err(e) => log.log(LogLevel::Warn, format!("prompt cache: cannot save an entry: {e}")),
+    }
+}
+
+/// Counters shared with the engine handle.
+#[derive(Debug, Default)]
+pub(crate) struct CacheStats {
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub hit_tokens: AtomicU64,
+    pub memory_bytes: AtomicUsize,
+    pub disk_bytes: AtomicU64,
+}
+
+/// What a lookup found for a prompt.
+pub(crate) enum Found {
+    /// Leading prompt tokens available in memory.
+    Hit(usize),
+    /// A longer prefix is being read from disk: wait for it.
+    Loading,
+    Miss,
+}
+
+pub(crate) struct PromptCache {
+    mem: PrefixCache<Snapshot>,
+    disk: Option<DiskIndex>,
+    io: Option<(Sender<IoJob>, std::thread::JoinHandle<()>)>,
+    loading: HashSet<PathBuf>,
+    pub min_tokens: usize,
+    layers: usize,
+    log: Logger,
+}
+
+/// The settings the prompt cache needs.
+pub(crate) struct CacheSetup {
+    pub memory_bytes: usize,
+    pub dir: Option<PathBuf>,
+    pub dir_bytes: u64,
+    pub min_tokens: usize,
+    pub compat: String,
+    pub layers: usize,
+}
+
+impl PromptCache {
+    pub fn new(s: CacheSetup, log: Logger, commands: Sender<Command>) -> Result<PromptCache> {
+        let (disk, io) = match &s.dir {
+            None => (None, None),
+            Some(dir) => {
+                let l = log.clone();
+                let idx = DiskIndex::open(dir, s.dir_bytes, &s.compat, &|m| l.log(LogLevel::Warn, m))
+                    .map_err(|e| Error::new(crate::ErrorKind::Io, format!("prompt cache directory {}: {e}", dir.display())))?;
+                log.log(LogLevel::Info, format!("prompt cache: {} entries ({} bytes) in {}", idx.len(), idx.bytes(), dir.display()));
+                let io = cache_io::spawn(dir.clone(), s.compat.clone(), commands)
+                    .map_err(|e| Error::internal(format!("cannot start the cache file thread: {e}")))?;
+                (Some(idx), Some(io))
+            }
+        };
+        Ok(PromptCache {
+            mem: PrefixCache::new(s.memory_bytes),
+            disk,
+            io,
+            loading: HashSet::new(),
+            min_tokens: s.min_tokens,
+            layers: s.layers,
+            log,
+        })
+    }
+
+    /// How much of `prompt` a cache can supply (at most all but its last
+    /// token, which must be forwarded to produce logits). A longer prefix on
+    /// disk is requested and reported as `Loading`.
+    pub fn lookup(&mut self, namespace: &str, prompt: &[u32]) -> Found {
+        let usable = |n: usize| n.min(prompt.len().saturating_sub(1));
+        let in_mem = self.mem.lookup(namespace, prompt).map_or(0, |h| usable(h.tokens));
+        if let Some(disk) = &mut self.disk {
+            if let Some((n, path)) = disk.lookup(namespace, prompt) {
+                if usable(n) > in_mem && usable(n) >= self.min_tokens.min(prompt.len().saturating_sub(1)).max(1) {
+                    if self.loading.insert(path.clone()) {
+                        if let Some((io, _)) = &self.io {
+                            let _ = io.send(IoJob::Read { path });
+                        }
+                    }
+                    return Found::Loading;
+                }
+            }
+        }
+        if in_mem > 0 {
+            Found::Hit(in_mem)
+        } else {
+            Found::Miss
+        }
+    }
+
+    /// Caches for the first `n` tokens of `prompt` (a hit `lookup` found).
+    pub fn take(&mut self, namespace: &str, prompt: &[u32], n: usize) -> Result<Vec<KvCache>> {
+        let hit = self.mem.lookup(namespace, prompt).ok_or_else(|| Error::internal("prompt cache entry vanished"))?;
+        hit.value.caches(n as i32)
+    }
+
+    /// Adds a snapshot of `tokens` (spilling what it evicts to disk).
+    pub fn capture(&mut self, namespace: &str, tokens: Vec<u32>, snap: Snapshot) {
+        if tokens.len() < self.min_tokens || self.mem.contains(namespace, &tokens) {
+            return;
+        }
+        for e in self.mem.insert(namespace, tokens, snap) {
+            self.persist(&e.namespace, &e.tokens, &e.value);
+        }
+    }
+
+    /// Sends a snapshot to disk unless it is there already.
+    fn persist(&self, namespace: &str, tokens: &[u32], snap: &Snapshot) {
+        persist_to(self.io.as_ref().map(|(tx, _)| tx), &self.log, namespace, tokens, snap);
+    }
+
+    /// Writes every memory entry not on disk yet (they stay in memory).
+    pub fn persist_all(&mut self) {
+        let io = self.io.as_ref().map(|(tx, _)| tx.clone());
+        let log = self.log.clone();
+        self.mem.for_each_mut(|ns, tokens, snap| {
+            persist_to(io.as_ref(), &log, ns, tokens, snap);
+            snap.persisted = true;
+        });
+    }
+
+    /// Blocks until the file thread has done everything asked so far.
+    pub fn sync(&self) {
+        if let Some((io, _)) = &self.io {
+            let (tx, rx) = crossbeam_channel::bounded(1);
+            if io.send(IoJob::Barrier(tx)).is_ok() {
+                let _ = rx.recv();
+            }
+        }
+    }
+
+    /// Drops memory entries, and the files too when `disk` is set.
+    pub fn clear(&mut self, disk: bool) {
+        self.mem.drain();
+        if disk {
+            if let (Some(idx), Some((io, _))) = (&mut self.disk, &self.io) {
+                let _ = io.send(IoJob::Delete(idx.clear()));
+            }
+        }
+    }
+
+    /// A file-thread result.
+    pub fn on_io(&mut self, done: IoDone) {
+        match done {
+            IoDone::Written { namespace, tokens, result } => match (result, &mut self.disk) {
+                (Ok((path, bytes)), Some(idx)) => {
+                    let gone = idx.added(namespace, tokens, path, bytes);
+                    if !gone.is_empty() {
+                        if let Some((io, _)) = &self.io {
+                            let _ = io.send(IoJob::Delete(gone));
+                        }
+                    }
+                }
+                (Err(e), _) => self.log.log(LogLevel::Warn, format!("prompt cache: writing an entry failed: {e}")),
+                _ => {}
+            },
+            IoDone::Loaded { path, result } => {
+                self.loading.remove(&path);
+                match result.and_then(|e| Snapshot::from_entry(&e, self.layers).map(|s| (e, s))) {
+                    Ok((e, snap)) => {
+                        for ev in self.mem.insert(&e.namespace, e.tokens, snap) {
+                            self.persist(&ev.namespace, &ev.tokens, &ev.value);
+                        }
+                    }
+                    Err(why) => {
+                        self.log.log(LogLevel::Warn, format!("prompt cache: not loading {}: {why}", path.display()));
+                        if let Some(idx) = &mut self.disk {
+                            if let (Some(p), Some((io, _))) = (idx.remove_path(&path), &self.io) {
+                                let _ = io.send(IoJob::Delete(vec![p]));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn publish(&self, s: &CacheStats) {
+        s.memory_bytes.store(self.mem.bytes(), Ordering::Relaxed);
+        s.disk_bytes.store(self.disk.as_ref().map_or(0, DiskIndex::bytes), Ordering::Relaxed);
+    }
+
+    /// Writes what memory holds to disk and stops the file thread.
+    pub fn shutdown(mut self) {
+        self.persist_all();
+        if let Some((io, h)) = self.io.take() {
+            drop(io);
+            let _ = h.join();
+        }
+    }
+}
