@@ -31,6 +31,11 @@
 
 
 /**
+ * Bumped on any change to what an entry file holds.
+ */
+#define FORMAT_VERSION 1
+
+/**
  * The ABI version of this header. It changes only on an incompatible change
  * (appending struct fields or functions is compatible).
  */
@@ -62,6 +67,11 @@
  * comparisons with Python mlx-lm).
  */
 #define MLXRT_KERNELS_STOCK 1
+
+/**
+ * `mlxrt_engine_clear_prompt_cache` flag: also delete the directory's files.
+ */
+#define MLXRT_CLEAR_DISK 1
 
 /**
  * Result of every fallible call. Values are never renumbered.
@@ -258,6 +268,25 @@ typedef struct mlxrt_engine_config {
    * One of `MLXRT_KERNELS_*` (default AUTO).
    */
   int32_t kernels;
+  /**
+   * Bytes of prompt-cache snapshots kept in memory; 0 turns the prompt
+   * cache off (default 1 GiB).
+   */
+  uint64_t prompt_cache_bytes;
+  /**
+   * A directory where the prompt cache persists entries across restarts
+   * (UTF-8, created if missing); NULL = memory only (default).
+   */
+  const char *prompt_cache_dir;
+  /**
+   * Size cap of that directory; the least recently used files go first
+   * (default 16 GiB).
+   */
+  uint64_t prompt_cache_dir_bytes;
+  /**
+   * Shortest token sequence worth a snapshot (default 256).
+   */
+  uint32_t prompt_cache_min_tokens;
 } mlxrt_engine_config;
 
 /**
@@ -297,6 +326,15 @@ typedef struct mlxrt_engine_stats {
   uint64_t active_memory;
   uint64_t peak_memory;
   uint64_t cache_memory;
+  /**
+   * Prompt cache: admitted requests that reused cached tokens, that did
+   * not, prompt tokens it supplied, bytes in memory and on disk.
+   */
+  uint64_t prompt_cache_hits;
+  uint64_t prompt_cache_misses;
+  uint64_t prompt_cache_hit_tokens;
+  uint64_t prompt_cache_memory_bytes;
+  uint64_t prompt_cache_disk_bytes;
 } mlxrt_engine_stats;
 
 /**
@@ -366,14 +404,23 @@ typedef struct mlxrt_request_params {
    * Optional JSON object of OpenAI-style fields applied after the fields
    * above: max_tokens, temperature, top_p, top_k, min_p,
    * repetition_penalty, repetition_context_size, seed, stop, tools,
-   * chat_template_kwargs, ignore_eos, prefill_chunk. Unknown fields are
-   * an error.
+   * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
+   * prompt_cache. Unknown fields are an error.
    */
   const char *options_json;
   /**
    * Prompt positions per prefill forward pass; 0 = the engine's setting.
    */
   uint32_t prefill_chunk;
+  /**
+   * Prompt-cache namespace (UTF-8, NULL = the default ""): cached state is
+   * only shared between requests of the same namespace.
+   */
+  const char *cache_namespace;
+  /**
+   * Non-zero: this request neither uses nor fills the prompt cache.
+   */
+  uint8_t no_prompt_cache;
 } mlxrt_request_params;
 
 /**
@@ -509,6 +556,23 @@ void mlxrt_engine_destroy(struct mlxrt_engine *engine);
 mlxrt_status mlxrt_engine_get_stats(const struct mlxrt_engine *engine,
                                     struct mlxrt_engine_stats *out,
                                     struct mlxrt_error **error);
+
+/**
+ * Writes the prompt cache's in-memory entries to its directory (they also
+ * stay in memory) and returns once they are on disk. Entries are also
+ * written when evicted, when the engine has been idle for two seconds, and
+ * when it is destroyed. OK without a directory (nothing to do).
+ */
+mlxrt_status mlxrt_engine_flush_prompt_cache(const struct mlxrt_engine *engine,
+                                             struct mlxrt_error **error);
+
+/**
+ * Drops the prompt cache's in-memory entries, and with `MLXRT_CLEAR_DISK`
+ * in `flags` its files too. Requests running now are not affected.
+ */
+mlxrt_status mlxrt_engine_clear_prompt_cache(const struct mlxrt_engine *engine,
+                                             uint32_t flags,
+                                             struct mlxrt_error **error);
 
 /**
  * The status of an error (`MLXRT_STATUS_INVALID_ARGUMENT` for NULL).

@@ -1,6 +1,6 @@
 //! Engine handle: configuration, creation and destruction.
 
-use super::args::{req_str, versioned};
+use super::args::{opt_str, req_str, versioned};
 use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
 use crate::engine::{Device, Engine, EngineConfig, Kernels};
 use crate::error::Error;
@@ -60,6 +60,17 @@ pub struct mlxrt_engine_config {
     pub step_token_budget: u32,
     /// One of `MLXRT_KERNELS_*` (default AUTO).
     pub kernels: i32,
+    /// Bytes of prompt-cache snapshots kept in memory; 0 turns the prompt
+    /// cache off (default 1 GiB).
+    pub prompt_cache_bytes: u64,
+    /// A directory where the prompt cache persists entries across restarts
+    /// (UTF-8, created if missing); NULL = memory only (default).
+    pub prompt_cache_dir: *const c_char,
+    /// Size cap of that directory; the least recently used files go first
+    /// (default 16 GiB).
+    pub prompt_cache_dir_bytes: u64,
+    /// Shortest token sequence worth a snapshot (default 256).
+    pub prompt_cache_min_tokens: u32,
 }
 
 const CONFIG_V1_SIZE: usize = size_of::<mlxrt_engine_config>();
@@ -77,6 +88,10 @@ fn default_config() -> mlxrt_engine_config {
         kv_budget: d.kv_budget as u64,
         step_token_budget: d.step_token_budget as u32,
         kernels: MLXRT_KERNELS_AUTO,
+        prompt_cache_bytes: d.prompt_cache_bytes as u64,
+        prompt_cache_dir: std::ptr::null(),
+        prompt_cache_dir_bytes: d.prompt_cache_dir_bytes,
+        prompt_cache_min_tokens: d.prompt_cache_min_tokens as u32,
     }
 }
 
@@ -122,6 +137,10 @@ pub extern "C" fn mlxrt_engine_create(
         };
         let mut cfg = EngineConfig::new(path);
         cfg.kernels = kernels;
+        cfg.prompt_cache_bytes = usize::try_from(c.prompt_cache_bytes).unwrap_or(usize::MAX);
+        cfg.prompt_cache_dir = opt_str(c.prompt_cache_dir, "config.prompt_cache_dir")?.map(Into::into);
+        cfg.prompt_cache_dir_bytes = c.prompt_cache_dir_bytes;
+        cfg.prompt_cache_min_tokens = c.prompt_cache_min_tokens as usize;
         cfg.device = device;
         cfg.max_in_flight = c.max_in_flight as usize;
         cfg.prefill_chunk = c.prefill_chunk as usize;
@@ -175,6 +194,13 @@ pub struct mlxrt_engine_stats {
     pub active_memory: u64,
     pub peak_memory: u64,
     pub cache_memory: u64,
+    /// Prompt cache: admitted requests that reused cached tokens, that did
+    /// not, prompt tokens it supplied, bytes in memory and on disk.
+    pub prompt_cache_hits: u64,
+    pub prompt_cache_misses: u64,
+    pub prompt_cache_hit_tokens: u64,
+    pub prompt_cache_memory_bytes: u64,
+    pub prompt_cache_disk_bytes: u64,
 }
 
 /// Writes the engine's current counters to `*out` (the first
@@ -200,7 +226,41 @@ pub extern "C" fn mlxrt_engine_get_stats(
             active_memory: s.active_memory as u64,
             peak_memory: s.peak_memory as u64,
             cache_memory: s.cache_memory as u64,
+            prompt_cache_hits: s.prompt_cache_hits,
+            prompt_cache_misses: s.prompt_cache_misses,
+            prompt_cache_hit_tokens: s.prompt_cache_hit_tokens,
+            prompt_cache_memory_bytes: s.prompt_cache_memory_bytes as u64,
+            prompt_cache_disk_bytes: s.prompt_cache_disk_bytes,
         };
         super::args::write_versioned(out, stats, "out")
+    })
+}
+
+/// Writes the prompt cache's in-memory entries to its directory (they also
+/// stay in memory) and returns once they are on disk. Entries are also
+/// written when evicted, when the engine has been idle for two seconds, and
+/// when it is destroyed. OK without a directory (nothing to do).
+#[no_mangle]
+pub extern "C" fn mlxrt_engine_flush_prompt_cache(engine: *const mlxrt_engine, error: *mut *mut mlxrt_error) -> mlxrt_status {
+    guard(error, || super::args::reference(engine, "engine")?.engine.flush_prompt_cache())
+}
+
+/// `mlxrt_engine_clear_prompt_cache` flag: also delete the directory's files.
+pub const MLXRT_CLEAR_DISK: u32 = 1;
+
+/// Drops the prompt cache's in-memory entries, and with `MLXRT_CLEAR_DISK`
+/// in `flags` its files too. Requests running now are not affected.
+#[no_mangle]
+pub extern "C" fn mlxrt_engine_clear_prompt_cache(
+    engine: *const mlxrt_engine,
+    flags: u32,
+    error: *mut *mut mlxrt_error,
+) -> mlxrt_status {
+    guard(error, || {
+        let engine = &super::args::reference(engine, "engine")?.engine;
+        if flags & !MLXRT_CLEAR_DISK != 0 {
+            return Err(Error::invalid(format!("unknown flags {flags:#x}")));
+        }
+        engine.clear_prompt_cache(flags & MLXRT_CLEAR_DISK != 0)
     })
 }

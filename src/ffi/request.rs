@@ -56,11 +56,16 @@ pub struct mlxrt_request_params {
     /// Optional JSON object of OpenAI-style fields applied after the fields
     /// above: max_tokens, temperature, top_p, top_k, min_p,
     /// repetition_penalty, repetition_context_size, seed, stop, tools,
-    /// chat_template_kwargs, ignore_eos, prefill_chunk. Unknown fields are
-    /// an error.
+    /// chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
+    /// prompt_cache. Unknown fields are an error.
     pub options_json: *const c_char,
     /// Prompt positions per prefill forward pass; 0 = the engine's setting.
     pub prefill_chunk: u32,
+    /// Prompt-cache namespace (UTF-8, NULL = the default ""): cached state is
+    /// only shared between requests of the same namespace.
+    pub cache_namespace: *const c_char,
+    /// Non-zero: this request neither uses nor fills the prompt cache.
+    pub no_prompt_cache: u8,
 }
 
 const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
@@ -86,6 +91,8 @@ fn default_params() -> mlxrt_request_params {
         n_stop: 0,
         options_json: std::ptr::null(),
         prefill_chunk: 0,
+        cache_namespace: std::ptr::null(),
+        no_prompt_cache: 0,
     }
 }
 
@@ -131,6 +138,8 @@ fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOptions> {
         seed: (p.use_seed != 0).then_some(p.seed),
     };
     o.prefill_chunk = (p.prefill_chunk > 0).then_some(p.prefill_chunk as usize);
+    o.cache_namespace = opt_str(p.cache_namespace, "params.cache_namespace")?.unwrap_or_default().to_owned();
+    o.prompt_cache = p.no_prompt_cache == 0;
     let stops = slice(p.stop, p.n_stop, "params.stop")?;
     o.stop = stops
         .iter()

@@ -37,6 +37,7 @@ struct rec {
   int finish_reason;
   int error_status;
   uint32_t completion_tokens;
+  uint32_t cached_tokens;
   uint32_t n_tokens; /* token ids seen in deltas */
   char text[16384];
   size_t text_len;
@@ -72,6 +73,7 @@ static void on_event(void *ud, const mlxrt_event *ev) {
     r->terminals++;
     r->finish_reason = ev->finish_reason;
     r->completion_tokens = ev->usage.completion_tokens;
+    r->cached_tokens = ev->usage.cached_tokens;
     r->error_status = ev->error_status;
     snprintf(r->error_message, sizeof r->error_message, "%s", ev->error_message);
   }
@@ -445,6 +447,97 @@ static void test_destroy_in_flight(const char *model, int wait_first) {
   mlxrt_request_free(ra);
 }
 
+/* A chat whose system prompt is long enough for a prompt-cache snapshot. */
+static void long_chat(char *out, size_t cap, const char *question) {
+  snprintf(out, cap, "[{\"role\": \"system\", \"content\": \"");
+  for (int i = 0; i < 40; i++)
+    strncat(out, "The shop ships orders above fifty euros for free and accepts returns for a month. ",
+            cap - strlen(out) - 1);
+  strncat(out, "\"}, {\"role\": \"user\", \"content\": \"", cap - strlen(out) - 1);
+  strncat(out, question, cap - strlen(out) - 1);
+  strncat(out, "\"}]", cap - strlen(out) - 1);
+}
+
+static size_t count_files(const char *dir) {
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "ls -A '%s' 2>/dev/null | wc -l", dir);
+  FILE *p = popen(cmd, "r");
+  size_t n = 0;
+  if (p) {
+    if (fscanf(p, "%zu", &n) != 1) n = 0;
+    pclose(p);
+  }
+  return n;
+}
+
+static void test_prompt_cache(const char *model, const char *scratch) {
+  char dir[1100];
+  snprintf(dir, sizeof dir, "%s/prompt_cache", scratch);
+  mlxrt_engine_config c;
+  mlxrt_engine_config_init(&c);
+  c.model_path = model;
+  c.prompt_cache_dir = dir;
+  mlxrt_engine *e = NULL;
+  mlxrt_error *err = NULL;
+  CHECK(mlxrt_engine_create(&c, &e, &err) == MLXRT_STATUS_OK, "create with a cache dir: %s", mlxrt_error_message(err));
+  if (!e) return;
+  static char q1[8192], q2[8192];
+  long_chat(q1, sizeof q1, "Do you ship for free?");
+  long_chat(q2, sizeof q2, "Can I return things?");
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.max_tokens = 4;
+  p.messages_json = q1;
+  struct rec r;
+  rec_init(&r);
+  CHECK(submit(e, &p, &r, NULL, NULL) == MLXRT_STATUS_OK, "first");
+  rec_wait(&r);
+  CHECK(r.cached_tokens == 0, "first request cached %u", r.cached_tokens);
+  /* same system prompt: a hit; another namespace or an opt-out: a miss */
+  p.messages_json = q2;
+  rec_init(&r);
+  submit(e, &p, &r, NULL, NULL);
+  rec_wait(&r);
+  CHECK(r.cached_tokens >= 256, "second request cached %u", r.cached_tokens);
+  p.cache_namespace = "other-user";
+  rec_init(&r);
+  submit(e, &p, &r, NULL, NULL);
+  rec_wait(&r);
+  CHECK(r.cached_tokens == 0, "other namespace cached %u", r.cached_tokens);
+  p.cache_namespace = NULL;
+  p.no_prompt_cache = 1;
+  rec_init(&r);
+  submit(e, &p, &r, NULL, NULL);
+  rec_wait(&r);
+  CHECK(r.cached_tokens == 0, "opted out but cached %u", r.cached_tokens);
+  char bad[] = {'n', (char)0xff, 0};
+  p.no_prompt_cache = 0;
+  p.cache_namespace = bad;
+  expect_error(submit(e, &p, &r, NULL, &err), &err, MLXRT_STATUS_INVALID_UTF8, "invalid UTF-8 namespace");
+
+  mlxrt_engine_stats st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  mlxrt_engine_get_stats(e, &st, NULL);
+  CHECK(st.prompt_cache_hits >= 1 && st.prompt_cache_hit_tokens >= 256 && st.prompt_cache_memory_bytes > 0,
+        "cache stats hits %llu tokens %llu bytes %llu", (unsigned long long)st.prompt_cache_hits,
+        (unsigned long long)st.prompt_cache_hit_tokens, (unsigned long long)st.prompt_cache_memory_bytes);
+
+  CHECK(mlxrt_engine_flush_prompt_cache(e, &err) == MLXRT_STATUS_OK, "flush: %s", mlxrt_error_message(err));
+  CHECK(count_files(dir) >= 1, "flush wrote no file to %s", dir);
+  expect_error(mlxrt_engine_clear_prompt_cache(e, 0x10, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "clear flags");
+  CHECK(mlxrt_engine_clear_prompt_cache(e, MLXRT_CLEAR_DISK, NULL) == MLXRT_STATUS_OK, "clear");
+  CHECK(count_files(dir) == 0, "clear left %zu files", count_files(dir));
+  p.cache_namespace = NULL;
+  rec_init(&r);
+  submit(e, &p, &r, NULL, NULL);
+  rec_wait(&r);
+  CHECK(r.cached_tokens == 0, "cleared cache still hit %u", r.cached_tokens);
+  mlxrt_engine_destroy(e);
+  expect_error(mlxrt_engine_flush_prompt_cache(NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "flush(NULL)");
+  expect_error(mlxrt_engine_clear_prompt_cache(NULL, 0, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "clear(NULL)");
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s MODEL_PATH SCRATCH_DIR [quick]\n", argv[0]);
@@ -474,6 +567,7 @@ int main(int argc, char **argv) {
   }
   mlxrt_engine_destroy(e);
   test_destroy_in_flight(model, !quick);
+  if (!quick) test_prompt_cache(model, argv[2]);
 
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);
