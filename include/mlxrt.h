@@ -125,6 +125,18 @@ enum mlxrt_status
    * A bug in mlxrt (including a caught panic).
    */
   MLXRT_STATUS_INTERNAL = 10,
+  /**
+   * Nothing arrived within the timeout (`mlxrt_stream_next`).
+   */
+  MLXRT_STATUS_TIMEOUT = 11,
+  /**
+   * A callback asked to stop (the load-progress callback returned false).
+   */
+  MLXRT_STATUS_ABORTED = 12,
+  /**
+   * The stream already returned its terminal event (`mlxrt_stream_next`).
+   */
+  MLXRT_STATUS_END_OF_STREAM = 13,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -15,6 +15,8 @@ pub enum ErrorKind {
     EnginePoisoned,
     Io,
     Internal,
+    /// A host callback asked to stop (e.g. the model-load progress callback).
+    Aborted,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

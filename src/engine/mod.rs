@@ -42,7 +42,7 @@ pub enum Device {
     Gpu,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct EngineConfig {
     /// A `.gguf` file or a Hugging Face MLX-format folder.
     pub model_path: PathBuf,
@@ -73,6 +73,8 @@ pub struct EngineConfig {
     pub prompt_cache_dir_bytes: u64,
     /// Shortest sequence worth a snapshot.
     pub prompt_cache_min_tokens: usize,
+    /// Model-load progress (may abort the load).
+    pub progress: Option<crate::model::Progress>,
 }
 
 impl EngineConfig {
@@ -92,6 +94,7 @@ impl EngineConfig {
             prompt_cache_dir: None,
             prompt_cache_dir_bytes: 16 << 30,
             prompt_cache_min_tokens: 256,
+            progress: None,
         }
     }
 

@@ -136,7 +136,8 @@ fn main(
             Device::Auto => {}
         }
         let t0 = std::time::Instant::now();
-        let m = model::load(&config.model_path, &LoadOptions { cpu_f32_scales: true, kernels: config.kernels })?;
+        let opts = LoadOptions { cpu_f32_scales: true, kernels: config.kernels, progress: config.progress.clone() };
+        let m = model::load(&config.model_path, &opts)?;
         log_startup(&config, &m, t0.elapsed());
         Ok(m)
     })();

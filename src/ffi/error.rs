@@ -31,6 +31,12 @@ pub enum mlxrt_status {
     Io = 9,
     /// A bug in mlxrt (including a caught panic).
     Internal = 10,
+    /// Nothing arrived within the timeout (`mlxrt_stream_next`).
+    Timeout = 11,
+    /// A callback asked to stop (the load-progress callback returned false).
+    Aborted = 12,
+    /// The stream already returned its terminal event (`mlxrt_stream_next`).
+    EndOfStream = 13,
 }
 
 impl From<ErrorKind> for mlxrt_status {
@@ -46,6 +52,7 @@ impl From<ErrorKind> for mlxrt_status {
             ErrorKind::EnginePoisoned => mlxrt_status::EnginePoisoned,
             ErrorKind::Io => mlxrt_status::Io,
             ErrorKind::Internal => mlxrt_status::Internal,
+            ErrorKind::Aborted => mlxrt_status::Aborted,
         }
     }
 }
@@ -150,6 +157,9 @@ pub extern "C" fn mlxrt_status_name(status: i32) -> *const c_char {
         8 => c"engine poisoned",
         9 => c"I/O error",
         10 => c"internal error",
+        11 => c"timeout",
+        12 => c"aborted",
+        13 => c"end of stream",
         _ => c"unknown status",
     }
     .as_ptr()

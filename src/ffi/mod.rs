@@ -6,6 +6,7 @@
 mod args;
 pub mod engine;
 pub mod error;
+pub mod event;
 pub mod request;
 
 use std::ffi::c_char;

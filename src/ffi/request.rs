@@ -2,11 +2,12 @@
 
 use super::args::{opt_str, reference, req_str, slice, versioned};
 use super::engine::mlxrt_engine;
-use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
-use crate::engine::{Event, EventSink, FinishReason, Input, RequestHandle, RequestOptions, Usage};
+use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
+use super::event::{mlxrt_event_fn, mlxrt_free_fn, CallbackSink};
+use crate::engine::{Input, RequestHandle, RequestOptions};
 use crate::error::{Error, ErrorKind};
 use crate::sample::SamplingParams;
-use std::ffi::{c_char, c_void, CString};
+use std::ffi::{c_char, c_void};
 use std::mem::size_of;
 
 /// A submitted request. The handle is independent of the request's progress:
@@ -150,174 +151,6 @@ fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOptions> {
         o.apply_json(json)?;
     }
     Ok(o)
-}
-
-/// `mlxrt_event.kind`.
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
-pub enum mlxrt_event_kind {
-    /// New output text (complete UTF-8) and its token ids.
-    Delta = 1,
-    /// The request finished (terminal); see `finish_reason` and `usage`.
-    Done = 2,
-    /// The request failed (terminal); see `error_status`, `error_message`.
-    Error = 3,
-}
-
-/// `mlxrt_event.finish_reason` for DONE events.
-#[repr(i32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types)]
-pub enum mlxrt_finish_reason {
-    /// Not a DONE event.
-    None = 0,
-    /// An end-of-sequence token or a stop string (`stop_index` says which).
-    Stop = 1,
-    /// `max_tokens` or the model's context length was reached.
-    Length = 2,
-    /// The request was cancelled.
-    Cancelled = 3,
-}
-
-/// Token counts and timings of a finished request.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct mlxrt_usage {
-    pub prompt_tokens: u32,
-    /// Prompt tokens served from a prompt cache.
-    pub cached_tokens: u32,
-    pub completion_tokens: u32,
-    /// Submission to first generated token, in milliseconds.
-    pub ttft_ms: f64,
-    /// Prompt processing time, in milliseconds.
-    pub prefill_ms: f64,
-    /// First to last generated token, in milliseconds.
-    pub decode_ms: f64,
-    pub prefill_tokens_per_s: f64,
-    pub decode_tokens_per_s: f64,
-}
-
-/// One event of a request. Passed to the callback by pointer; it and every
-/// pointer in it are valid only during the callback (copy what you keep).
-#[repr(C)]
-pub struct mlxrt_event {
-    /// `sizeof(mlxrt_event)` of the library that made it.
-    pub struct_size: usize,
-    pub kind: mlxrt_event_kind,
-    pub request_id: u64,
-    /// DELTA: NUL-terminated UTF-8, never a partial character; empty when the
-    /// delta only reports ids of tokens that make no text. Else "".
-    pub text: *const c_char,
-    /// Length of `text` in bytes (without the NUL).
-    pub text_len: usize,
-    /// DELTA: ids of the tokens this text came from. Else NULL.
-    pub tokens: *const u32,
-    pub n_tokens: usize,
-    /// DONE: why the request ended.
-    pub finish_reason: mlxrt_finish_reason,
-    /// DONE with a stop string: its index in the request's stop list; else -1.
-    pub stop_index: i32,
-    /// DONE: counts and timings.
-    pub usage: mlxrt_usage,
-    /// ERROR: the status; else OK.
-    pub error_status: mlxrt_status,
-    /// ERROR: NUL-terminated UTF-8 message; else "".
-    pub error_message: *const c_char,
-}
-
-/// Receives a request's events, on the engine's delivery thread (never inside
-/// a call into mlxrt, never on the caller's thread). Events of one request
-/// arrive in order, DELTA* then exactly one DONE or ERROR. A callback may
-/// call any mlxrt function, including cancel and engine destroy.
-pub type mlxrt_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const mlxrt_event)>;
-
-/// Frees `user_data`; called exactly once, after the terminal event.
-pub type mlxrt_free_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
-
-/// Forwards events to a C callback; frees `user_data` when dropped (right
-/// after the terminal event).
-struct CallbackSink {
-    callback: unsafe extern "C" fn(*mut c_void, *const mlxrt_event),
-    user_data: *mut c_void,
-    free: mlxrt_free_fn,
-    request_id: u64,
-}
-
-// SAFETY: the C contract makes the callback and user_data usable from the
-// engine's delivery thread (documented on `mlxrt_request_submit`).
-unsafe impl Send for CallbackSink {}
-
-impl Drop for CallbackSink {
-    fn drop(&mut self) {
-        if let Some(free) = self.free {
-            // SAFETY: called once, as the contract promises.
-            unsafe { free(self.user_data) };
-        }
-    }
-}
-
-fn usage_c(u: &Usage) -> mlxrt_usage {
-    mlxrt_usage {
-        prompt_tokens: u.prompt_tokens,
-        cached_tokens: u.cached_tokens,
-        completion_tokens: u.completion_tokens,
-        ttft_ms: u.ttft_ms,
-        prefill_ms: u.prefill_ms,
-        decode_ms: u.decode_ms,
-        prefill_tokens_per_s: u.prefill_tokens_per_s,
-        decode_tokens_per_s: u.decode_tokens_per_s,
-    }
-}
-
-impl EventSink for CallbackSink {
-    fn deliver(&mut self, event: &Event) {
-        let empty = c"".as_ptr();
-        let mut ev = mlxrt_event {
-            struct_size: size_of::<mlxrt_event>(),
-            kind: mlxrt_event_kind::Delta,
-            request_id: self.request_id,
-            text: empty,
-            text_len: 0,
-            tokens: std::ptr::null(),
-            n_tokens: 0,
-            finish_reason: mlxrt_finish_reason::None,
-            stop_index: -1,
-            usage: mlxrt_usage::default(),
-            error_status: mlxrt_status::Ok,
-            error_message: empty,
-        };
-        // Owners of the buffers the event points into, alive until the call returns.
-        let text: CString;
-        let message: CString;
-        match event {
-            Event::Delta { text: t, tokens } => {
-                text = c_string(t);
-                ev.text = text.as_ptr();
-                ev.text_len = text.as_bytes().len();
-                ev.tokens = tokens.as_ptr();
-                ev.n_tokens = tokens.len();
-            }
-            Event::Done { finish, stop_index, usage } => {
-                ev.kind = mlxrt_event_kind::Done;
-                ev.finish_reason = match finish {
-                    FinishReason::Stop => mlxrt_finish_reason::Stop,
-                    FinishReason::Length => mlxrt_finish_reason::Length,
-                    FinishReason::Cancelled => mlxrt_finish_reason::Cancelled,
-                };
-                ev.stop_index = stop_index.map_or(-1, |i| i as i32);
-                ev.usage = usage_c(usage);
-            }
-            Event::Error(e) => {
-                ev.kind = mlxrt_event_kind::Error;
-                ev.error_status = e.kind.into();
-                message = c_string(&e.message);
-                ev.error_message = message.as_ptr();
-            }
-        }
-        // SAFETY: the callback was given by the caller for exactly this use.
-        unsafe { (self.callback)(self.user_data, &ev) };
-    }
 }
 
 /// Submits a request. Validation, chat templating and tokenization happen

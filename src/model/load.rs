@@ -16,17 +16,33 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-#[derive(Debug, Clone)]
+/// Load progress: called with the fraction done (0..=1) and the phase
+/// ("reading", "building", "evaluating"); returning false aborts the load.
+pub type Progress = std::sync::Arc<dyn Fn(f32, &str) -> bool + Send + Sync>;
+
+#[derive(Clone)]
 pub struct LoadOptions {
     /// Cast quantization scales/biases to f32 when running on the CPU device
     /// (lossless, and faster for both MLX's and mlxrt's CPU kernels).
     pub cpu_f32_scales: bool,
     pub kernels: Kernels,
+    pub progress: Option<Progress>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { cpu_f32_scales: true, kernels: Kernels::Auto }
+        LoadOptions { cpu_f32_scales: true, kernels: Kernels::Auto, progress: None }
+    }
+}
+
+impl LoadOptions {
+    fn report(&self, fraction: f32, phase: &str) -> Result<()> {
+        match &self.progress {
+            Some(p) if !p(fraction, phase) => {
+                Err(Error::new(crate::ErrorKind::Aborted, "the model load was aborted by the progress callback"))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -56,14 +72,21 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         return Err(Error::model(format!("model path {} does not exist", path.display())));
     }
     let scale_dtype = (opts.cpu_f32_scales && !mlx::device::default_is_gpu()).then_some(Dtype::F32);
+    opts.report(0.0, "reading")?;
     let loaded = if path.is_dir() {
-        load_folder(path, scale_dtype, opts.kernels).map_err(|e| e.context(ctx()))?
+        load_folder(path, scale_dtype, opts).map_err(|e| e.context(ctx()))?
     } else {
-        load_gguf(path, scale_dtype, opts.kernels).map_err(|e| e.context(ctx()))?
+        load_gguf(path, scale_dtype, opts).map_err(|e| e.context(ctx()))?
     };
     let (model, text) = loaded;
+    opts.report(0.4, "evaluating")?;
+    // Materialize the weights in about ten steps, reporting progress.
     let params = model.parameters();
-    mlx::eval(&params).map_err(|e| Error::model(e.to_string()).context(ctx()))?;
+    let step = params.len().div_ceil(10).max(1);
+    for (i, group) in params.chunks(step).enumerate() {
+        mlx::eval(group).map_err(|e| Error::model(e.to_string()).context(ctx()))?;
+        opts.report(0.4 + 0.6 * ((i + 1) * step).min(params.len()) as f32 / params.len().max(1) as f32, "evaluating")?;
+    }
     let parameter_bytes = params.iter().map(|a| a.nbytes()).sum();
     drop(params);
     let fingerprint = fingerprint(path).map_err(|e| Error::from(e).context(ctx()))?;
@@ -109,7 +132,7 @@ fn read_json(path: &Path) -> Result<Value> {
     serde_json::from_str(&text).map_err(|e| Error::model(format!("{} is not valid JSON: {e}", path.display())))
 }
 
-fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, kernels: Kernels) -> Result<Parts> {
+fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Result<Parts> {
     let config = read_json(&dir.join("config.json"))?;
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
     check_supported(model_type)?;
@@ -131,7 +154,8 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, kernels: Kernels) -> Resu
         }
     }
     let quant = quant_config(&config)?;
-    let mut weights = Weights::new(tensors, quant, scale_dtype, kernels);
+    let mut weights = Weights::new(tensors, quant, scale_dtype, opts.kernels);
+    opts.report(0.3, "building")?;
     let info = ModelInfo { format: "mlx-folder".into(), ..Default::default() };
     let model = build(model_type, &config, &mut weights, info)?;
     let text = folder_text_assets(dir, &config)?;
@@ -296,7 +320,7 @@ fn unpermute_rows(a: &Array, heads: i32) -> Result<Array> {
     Ok(a.reshape(&split)?.swapaxes(1, 2)?.reshape(&s)?)
 }
 
-fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, kernels: Kernels) -> Result<Parts> {
+fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Result<Parts> {
     let mut f = TensorFile::load_gguf(&path.to_string_lossy()).map_err(|e| Error::model(e.0))?;
     let arch = meta_string(&f, "general.architecture")?.unwrap_or_default();
     if arch != "llama" {
@@ -354,7 +378,8 @@ fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, kernels: Kernels) -> Resul
         rope_scaling: None,
         tie_word_embeddings: Some(!tensors.contains_key("lm_head.weight")),
     };
-    let mut weights = Weights::new(tensors, quant, scale_dtype, kernels);
+    let mut weights = Weights::new(tensors, quant, scale_dtype, opts.kernels);
+    opts.report(0.3, "building")?;
     let info = ModelInfo { format: "gguf".into(), ..Default::default() };
     let model: Box<dyn LanguageModel> = Box::new(Llama::load(&cfg, &mut weights, info)?);
 

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::mlx::Array;
 
 pub use layers::Kernels;
-pub use load::{load, LoadOptions, LoadedModel};
+pub use load::{load, LoadOptions, LoadedModel, Progress};
 
 /// What a forward pass should produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
