@@ -69,9 +69,27 @@
 #define MLXRT_KERNELS_STOCK 1
 
 /**
+ * Log levels (`mlxrt_engine_config.log_level` and the log callback's level).
+ */
+#define MLXRT_LOG_OFF 0
+
+#define MLXRT_LOG_ERROR 1
+
+#define MLXRT_LOG_WARN 2
+
+#define MLXRT_LOG_INFO 3
+
+#define MLXRT_LOG_DEBUG 4
+
+/**
  * `mlxrt_engine_clear_prompt_cache` flag: also delete the directory's files.
  */
 #define MLXRT_CLEAR_DISK 1
+
+/**
+ * `mlxrt_engine_info.modalities` bit: text input.
+ */
+#define MLXRT_MODALITY_TEXT 1
 
 /**
  * Result of every fallible call. Values are never renumbered.
@@ -229,6 +247,33 @@ typedef struct mlxrt_error mlxrt_error;
 typedef struct mlxrt_request mlxrt_request;
 
 /**
+ * A request read as a stream of events. Use it from one thread at a time
+ * (calls are serialized); free it with `mlxrt_stream_free`.
+ */
+typedef struct mlxrt_stream mlxrt_stream;
+
+/**
+ * Token ids owned by the library; read with `mlxrt_tokens_data` and
+ * `mlxrt_tokens_len`, free with `mlxrt_tokens_free`.
+ */
+typedef struct mlxrt_tokens mlxrt_tokens;
+
+/**
+ * Receives the engine's log messages (NUL-terminated UTF-8, valid during the
+ * call) at or below the configured level. Called from the engine's threads,
+ * one call at a time, until `mlxrt_engine_destroy` returns.
+ */
+typedef void (*mlxrt_log_fn)(void *user_data, int32_t level, const char *message);
+
+/**
+ * Reports model-load progress during `mlxrt_engine_create`: `fraction` in
+ * 0..1 and a phase ("reading", "building", "evaluating"; valid during the
+ * call). Called on the engine's thread while create waits. Return false to
+ * abort the load: create then returns `MLXRT_STATUS_ABORTED`.
+ */
+typedef bool (*mlxrt_progress_fn)(void *user_data, float fraction, const char *phase);
+
+/**
  * Engine settings. Fill with `mlxrt_engine_config_init`, then set fields.
  * Fields are only ever appended; `struct_size` tells the library which ones
  * the caller knows.
@@ -299,6 +344,20 @@ typedef struct mlxrt_engine_config {
    * Shortest token sequence worth a snapshot (default 256).
    */
   uint32_t prompt_cache_min_tokens;
+  /**
+   * Where log messages go; NULL = standard error.
+   */
+  mlxrt_log_fn log_callback;
+  void *log_user_data;
+  /**
+   * Most verbose level logged, one of `MLXRT_LOG_*` (default WARN).
+   */
+  int32_t log_level;
+  /**
+   * Model-load progress (may abort the load); NULL = none.
+   */
+  mlxrt_progress_fn progress_callback;
+  void *progress_user_data;
 } mlxrt_engine_config;
 
 /**
@@ -348,6 +407,69 @@ typedef struct mlxrt_engine_stats {
   uint64_t prompt_cache_memory_bytes;
   uint64_t prompt_cache_disk_bytes;
 } mlxrt_engine_stats;
+
+/**
+ * Facts about an engine's model, filled by `mlxrt_engine_get_info`. Set
+ * `struct_size` first; strings and arrays belong to the engine and stay
+ * valid until it is destroyed.
+ */
+typedef struct mlxrt_engine_info {
+  size_t struct_size;
+  /**
+   * Architecture name ("llama", ...).
+   */
+  const char *architecture;
+  /**
+   * "gguf" or "mlx-folder".
+   */
+  const char *model_format;
+  /**
+   * "cpu" or "gpu".
+   */
+  const char *device;
+  /**
+   * The MLX version the library runs on.
+   */
+  const char *mlx_version;
+  /**
+   * Maximum sequence length (prompt + generated); 0 if unknown.
+   */
+  uint64_t context_length;
+  uint32_t vocab_size;
+  uint32_t num_layers;
+  uint32_t hidden_size;
+  uint64_t parameter_bytes;
+  /**
+   * Beginning-of-sequence token id, or -1.
+   */
+  int64_t bos_token_id;
+  /**
+   * Ids that end generation.
+   */
+  const uint32_t *eos_token_ids;
+  size_t n_eos_token_ids;
+  /**
+   * Ids of special tokens (control tokens such as `<|im_start|>`).
+   */
+  const uint32_t *special_token_ids;
+  size_t n_special_token_ids;
+  /**
+   * Non-zero when the model has a chat template (messages_json works).
+   */
+  uint8_t has_chat_template;
+  /**
+   * Non-zero when the chat template renders tools.
+   */
+  uint8_t supports_tools;
+  /**
+   * Non-zero when the chat template has a thinking/reasoning mode.
+   */
+  uint8_t supports_reasoning;
+  /**
+   * `MLXRT_MODALITY_*` bits of accepted inputs.
+   */
+  uint32_t modalities;
+} mlxrt_engine_info;
 
 /**
  * Request settings. Fill with `mlxrt_request_params_init`, then set exactly
@@ -608,6 +730,73 @@ void mlxrt_error_free(struct mlxrt_error *error);
 const char *mlxrt_status_name(int32_t status);
 
 /**
+ * Writes the engine's model facts to `*out` (its first `out->struct_size`
+ * bytes).
+ */
+mlxrt_status mlxrt_engine_get_info(const struct mlxrt_engine *engine,
+                                   struct mlxrt_engine_info *out,
+                                   struct mlxrt_error **error);
+
+/**
+ * The ids (valid until the tokens are freed); NULL for NULL or none.
+ */
+const uint32_t *mlxrt_tokens_data(const struct mlxrt_tokens *tokens);
+
+/**
+ * How many ids; 0 for NULL.
+ */
+size_t mlxrt_tokens_len(const struct mlxrt_tokens *tokens);
+
+/**
+ * Frees token ids. NULL is a no-op.
+ */
+void mlxrt_tokens_free(struct mlxrt_tokens *tokens);
+
+/**
+ * Frees a string returned by the library (never with `free()`). NULL is a
+ * no-op.
+ */
+void mlxrt_string_free(char *s);
+
+/**
+ * Tokenizes UTF-8 `text` with the model's tokenizer. With `parse_special`
+ * non-zero, special-token text such as `<|im_start|>` becomes its id. No
+ * BOS is added. `*out_tokens` receives ids to free with `mlxrt_tokens_free`.
+ */
+mlxrt_status mlxrt_tokenize(const struct mlxrt_engine *engine,
+                            const char *text,
+                            uint8_t parse_special,
+                            struct mlxrt_tokens **out_tokens,
+                            struct mlxrt_error **error);
+
+/**
+ * Turns token ids back into UTF-8 text (bytes that are not valid UTF-8
+ * become U+FFFD). With `skip_special` non-zero, special tokens produce no
+ * text. `*out_text` receives a string to free with `mlxrt_string_free`.
+ */
+mlxrt_status mlxrt_detokenize(const struct mlxrt_engine *engine,
+                              const uint32_t *ids,
+                              size_t n_ids,
+                              uint8_t skip_special,
+                              char **out_text,
+                              struct mlxrt_error **error);
+
+/**
+ * Renders chat messages (a JSON array, as `messages_json` of a request)
+ * with the model's chat template. `options_json` (optional) may set
+ * `tools`, `chat_template_kwargs` and `add_generation_prompt` (default
+ * true). `*out_text` (if not NULL) receives the prompt text (free with
+ * `mlxrt_string_free`), `*out_tokens` (if not NULL) its token ids — exactly
+ * what a request with these messages would process.
+ */
+mlxrt_status mlxrt_render_chat(const struct mlxrt_engine *engine,
+                               const char *messages_json,
+                               const char *options_json,
+                               char **out_text,
+                               struct mlxrt_tokens **out_tokens,
+                               struct mlxrt_error **error);
+
+/**
  * Fills `params` with defaults (and its `struct_size`). NULL is a no-op.
  */
 void mlxrt_request_params_init(struct mlxrt_request_params *params);
@@ -649,6 +838,48 @@ uint64_t mlxrt_request_id(const struct mlxrt_request *request);
  * Frees a request handle (does not cancel the request). NULL is a no-op.
  */
 void mlxrt_request_free(struct mlxrt_request *request);
+
+/**
+ * Submits a request like `mlxrt_request_submit`, but its events are read
+ * with `mlxrt_stream_next`. They queue in the stream until read (at most one
+ * per generated token plus the terminal event, so the queue is bounded by
+ * the request's `max_tokens`); reading slowly never blocks the engine or
+ * other requests. On failure `*out_stream` is NULL.
+ */
+mlxrt_status mlxrt_request_submit_stream(const struct mlxrt_engine *engine,
+                                         const struct mlxrt_request_params *params,
+                                         struct mlxrt_stream **out_stream,
+                                         struct mlxrt_error **error);
+
+/**
+ * Waits up to `timeout_ms` (negative = no limit, 0 = just look) for the
+ * stream's next event and points `*out_event` at it; the event and its
+ * buffers stay valid until the next call on this stream or its free.
+ * Returns OK with an event, TIMEOUT when none came in time (`*out_event`
+ * NULL), and END_OF_STREAM once the terminal event (DONE or ERROR) has been
+ * returned.
+ */
+mlxrt_status mlxrt_stream_next(struct mlxrt_stream *stream,
+                               int32_t timeout_ms,
+                               const struct mlxrt_event **out_event,
+                               struct mlxrt_error **error);
+
+/**
+ * Cancels the stream's request (see `mlxrt_request_cancel`); its terminal
+ * event still comes through `mlxrt_stream_next`.
+ */
+mlxrt_status mlxrt_stream_cancel(const struct mlxrt_stream *stream, struct mlxrt_error **error);
+
+/**
+ * The id of the stream's request; 0 for NULL.
+ */
+uint64_t mlxrt_stream_request_id(const struct mlxrt_stream *stream);
+
+/**
+ * Frees a stream. A request still running is cancelled (nobody would read
+ * its events). NULL is a no-op.
+ */
+void mlxrt_stream_free(struct mlxrt_stream *stream);
 
 #ifdef __cplusplus
 }  // extern "C"

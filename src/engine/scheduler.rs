@@ -156,7 +156,8 @@ fn main(
         }
     };
     let text = Arc::new(loaded.text);
-    let info = loaded.model.info().clone();
+    let mut info = loaded.model.info().clone();
+    info.device = if mlx::device::default_is_gpu() { "gpu" } else { "cpu" }.into();
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
     let mut s = Scheduler {
         model: loaded.model,

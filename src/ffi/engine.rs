@@ -1,10 +1,11 @@
 //! Engine handle: configuration, creation and destruction.
 
 use super::args::{opt_str, req_str, versioned};
-use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
-use crate::engine::{Device, Engine, EngineConfig, Kernels};
+use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
+use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger};
 use crate::error::Error;
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Mutex};
 use std::mem::size_of;
 
 /// An engine: one loaded model, its scheduler thread and delivery thread.
@@ -12,6 +13,7 @@ use std::mem::size_of;
 /// time, except `mlxrt_engine_destroy`, which must be the last call on it.
 pub struct mlxrt_engine {
     pub(crate) engine: Engine,
+    pub(crate) info: super::info::InfoStore,
 }
 
 /// `mlxrt_engine_config.device`: MLX's default device (the GPU where present).
@@ -27,6 +29,24 @@ pub const MLXRT_KERNELS_AUTO: i32 = 0;
 /// `mlxrt_engine_config.kernels`: MLX's stock kernels everywhere (exact
 /// comparisons with Python mlx-lm).
 pub const MLXRT_KERNELS_STOCK: i32 = 1;
+
+/// Log levels (`mlxrt_engine_config.log_level` and the log callback's level).
+pub const MLXRT_LOG_OFF: i32 = 0;
+pub const MLXRT_LOG_ERROR: i32 = 1;
+pub const MLXRT_LOG_WARN: i32 = 2;
+pub const MLXRT_LOG_INFO: i32 = 3;
+pub const MLXRT_LOG_DEBUG: i32 = 4;
+
+/// Receives the engine's log messages (NUL-terminated UTF-8, valid during the
+/// call) at or below the configured level. Called from the engine's threads,
+/// one call at a time, until `mlxrt_engine_destroy` returns.
+pub type mlxrt_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, level: i32, message: *const c_char)>;
+
+/// Reports model-load progress during `mlxrt_engine_create`: `fraction` in
+/// 0..1 and a phase ("reading", "building", "evaluating"; valid during the
+/// call). Called on the engine's thread while create waits. Return false to
+/// abort the load: create then returns `MLXRT_STATUS_ABORTED`.
+pub type mlxrt_progress_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, fraction: f32, phase: *const c_char) -> bool>;
 
 /// Engine settings. Fill with `mlxrt_engine_config_init`, then set fields.
 /// Fields are only ever appended; `struct_size` tells the library which ones
@@ -71,6 +91,14 @@ pub struct mlxrt_engine_config {
     pub prompt_cache_dir_bytes: u64,
     /// Shortest token sequence worth a snapshot (default 256).
     pub prompt_cache_min_tokens: u32,
+    /// Where log messages go; NULL = standard error.
+    pub log_callback: mlxrt_log_fn,
+    pub log_user_data: *mut c_void,
+    /// Most verbose level logged, one of `MLXRT_LOG_*` (default WARN).
+    pub log_level: i32,
+    /// Model-load progress (may abort the load); NULL = none.
+    pub progress_callback: mlxrt_progress_fn,
+    pub progress_user_data: *mut c_void,
 }
 
 const CONFIG_V1_SIZE: usize = size_of::<mlxrt_engine_config>();
@@ -92,6 +120,11 @@ fn default_config() -> mlxrt_engine_config {
         prompt_cache_dir: std::ptr::null(),
         prompt_cache_dir_bytes: d.prompt_cache_dir_bytes,
         prompt_cache_min_tokens: d.prompt_cache_min_tokens as u32,
+        log_callback: None,
+        log_user_data: std::ptr::null_mut(),
+        log_level: MLXRT_LOG_WARN,
+        progress_callback: None,
+        progress_user_data: std::ptr::null_mut(),
     }
 }
 
@@ -104,6 +137,44 @@ pub extern "C" fn mlxrt_engine_config_init(config: *mut mlxrt_engine_config) {
             unsafe { config.write(default_config()) };
         }
     })
+}
+
+/// A host pointer passed back to host callbacks from engine threads, which
+/// the C contract allows.
+#[derive(Clone, Copy)]
+struct UserData(*mut c_void);
+// SAFETY: only handed back to the host's own callbacks (see their docs).
+unsafe impl Send for UserData {}
+unsafe impl Sync for UserData {}
+impl UserData {
+    fn get(self) -> *mut c_void {
+        self.0
+    }
+}
+
+fn logger(c: &mlxrt_engine_config) -> crate::Result<Logger> {
+    let min = match c.log_level {
+        MLXRT_LOG_OFF => None,
+        MLXRT_LOG_ERROR => Some(LogLevel::Error),
+        MLXRT_LOG_WARN => Some(LogLevel::Warn),
+        MLXRT_LOG_INFO => Some(LogLevel::Info),
+        MLXRT_LOG_DEBUG => Some(LogLevel::Debug),
+        other => return Err(Error::invalid(format!("config.log_level {other} is not a MLXRT_LOG_* value"))),
+    };
+    let Some(f) = c.log_callback else {
+        return Ok(Logger::new(min, Arc::new(|l, m| eprintln!("[mlxrt {l}] {m}"))));
+    };
+    let ud = UserData(c.log_user_data);
+    let one_at_a_time = Mutex::new(());
+    Ok(Logger::new(
+        min,
+        Arc::new(move |level: LogLevel, msg: &str| {
+            let msg = c_string(msg);
+            let _g = one_at_a_time.lock();
+            // SAFETY: the caller's callback, with its user data.
+            unsafe { f(ud.get(), level as i32, msg.as_ptr()) }
+        }),
+    ))
 }
 
 /// Loads the model and starts the engine; blocks until the model is ready.
@@ -141,6 +212,15 @@ pub extern "C" fn mlxrt_engine_create(
         cfg.prompt_cache_dir = opt_str(c.prompt_cache_dir, "config.prompt_cache_dir")?.map(Into::into);
         cfg.prompt_cache_dir_bytes = c.prompt_cache_dir_bytes;
         cfg.prompt_cache_min_tokens = c.prompt_cache_min_tokens as usize;
+        cfg.logger = logger(&c)?;
+        if let Some(f) = c.progress_callback {
+            let ud = UserData(c.progress_user_data);
+            cfg.progress = Some(Arc::new(move |fraction: f32, phase: &str| {
+                let phase = c_string(phase);
+                // SAFETY: the caller's callback, with its user data, during create.
+                unsafe { f(ud.get(), fraction, phase.as_ptr()) }
+            }));
+        }
         cfg.device = device;
         cfg.max_in_flight = c.max_in_flight as usize;
         cfg.prefill_chunk = c.prefill_chunk as usize;
@@ -149,7 +229,8 @@ pub extern "C" fn mlxrt_engine_create(
         cfg.kv_budget = usize::try_from(c.kv_budget).unwrap_or(usize::MAX);
         cfg.step_token_budget = c.step_token_budget as usize;
         let engine = Engine::new(cfg)?;
-        let handle = Box::into_raw(Box::new(mlxrt_engine { engine }));
+        let info = super::info::InfoStore::new(&engine);
+        let handle = Box::into_raw(Box::new(mlxrt_engine { engine, info }));
         // SAFETY: checked non-NULL above.
         unsafe { *out_engine = handle };
         Ok(())

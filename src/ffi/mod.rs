@@ -7,7 +7,9 @@ mod args;
 pub mod engine;
 pub mod error;
 pub mod event;
+pub mod info;
 pub mod request;
+pub mod stream;
 
 use std::ffi::c_char;
 

@@ -69,9 +69,9 @@ pub struct mlxrt_request_params {
     pub no_prompt_cache: u8,
 }
 
-const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
+pub(crate) const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
 
-fn default_params() -> mlxrt_request_params {
+pub(crate) fn default_params() -> mlxrt_request_params {
     let s = SamplingParams::default();
     mlxrt_request_params {
         struct_size: size_of::<mlxrt_request_params>(),
@@ -108,7 +108,7 @@ pub extern "C" fn mlxrt_request_params_init(params: *mut mlxrt_request_params) {
     })
 }
 
-fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOptions> {
+pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOptions> {
     let messages = opt_str(p.messages_json, "params.messages_json")?;
     let prompt = opt_str(p.prompt, "params.prompt")?;
     let tokens = slice(p.prompt_tokens, p.n_prompt_tokens, "params.prompt_tokens")?;

@@ -37,6 +37,8 @@ pub struct ModelInfo {
     pub kv_bytes_per_token: usize,
     /// Where it came from: "gguf" or "mlx-folder".
     pub format: String,
+    /// The device it runs on: "cpu" or "gpu".
+    pub device: String,
 }
 
 /// A decoder-only language model. Implementations hold their weights as MLX

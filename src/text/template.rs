@@ -14,6 +14,7 @@ const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_p
 /// A compiled chat template; cheap to render from many threads at once.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -39,9 +40,15 @@ impl ChatTemplate {
             .map_err(|e| TextError::TemplateSyntax(describe(&e)))?;
         Ok(ChatTemplate {
             env,
+            source: source.to_string(),
             bos_token: bos_token.map(String::from),
             eos_token: eos_token.map(String::from),
         })
+    }
+
+    /// The Jinja source.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// Renders a conversation. `messages`: an array of `{role, content, ...}`

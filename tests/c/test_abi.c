@@ -5,6 +5,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -538,6 +539,170 @@ static void test_prompt_cache(const char *model, const char *scratch) {
   expect_error(mlxrt_engine_clear_prompt_cache(NULL, 0, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "clear(NULL)");
 }
 
+/* ---- pull streams ---- */
+
+static void test_stream(mlxrt_engine *e) {
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.max_tokens = 16;
+  mlxrt_stream *s = NULL;
+  mlxrt_error *err = NULL;
+  CHECK(mlxrt_request_submit_stream(e, &p, &s, &err) == MLXRT_STATUS_OK, "submit_stream: %s",
+        mlxrt_error_message(err));
+  CHECK(mlxrt_stream_request_id(s) != 0, "stream request id");
+  char text[4096] = "";
+  int deltas = 0, terminal = 0;
+  for (;;) {
+    const mlxrt_event *ev = NULL;
+    mlxrt_status st = mlxrt_stream_next(s, 60000, &ev, NULL);
+    if (st == MLXRT_STATUS_END_OF_STREAM) break;
+    CHECK(st == MLXRT_STATUS_OK && ev != NULL, "stream_next status %d", st);
+    if (st != MLXRT_STATUS_OK) break;
+    if (ev->kind == MLXRT_EVENT_KIND_DELTA) {
+      deltas++;
+      strncat(text, ev->text, sizeof text - strlen(text) - 1);
+    } else {
+      terminal++;
+      CHECK(ev->kind == MLXRT_EVENT_KIND_DONE, "stream ended with %d", ev->kind);
+    }
+  }
+  CHECK(deltas > 0 && terminal == 1 && strstr(text, "Paris") != NULL, "stream: %d deltas, %d terminal, %s", deltas,
+        terminal, text);
+  const mlxrt_event *ev = (const mlxrt_event *)0x1;
+  CHECK(mlxrt_stream_next(s, 0, &ev, NULL) == MLXRT_STATUS_END_OF_STREAM && ev == NULL, "after the end");
+  mlxrt_stream_free(s);
+
+  /* timeout, cancel, and free of an unfinished stream */
+  p.options_json = "{\"max_tokens\": 400, \"ignore_eos\": true}";
+  CHECK(mlxrt_request_submit_stream(e, &p, &s, NULL) == MLXRT_STATUS_OK, "submit_stream 2");
+  mlxrt_status st = mlxrt_stream_next(s, 0, &ev, NULL);
+  CHECK(st == MLXRT_STATUS_TIMEOUT || st == MLXRT_STATUS_OK, "poll: %d", st);
+  CHECK(mlxrt_stream_cancel(s, NULL) == MLXRT_STATUS_OK, "stream_cancel");
+  int finish = -1;
+  while (mlxrt_stream_next(s, 60000, &ev, NULL) == MLXRT_STATUS_OK)
+    if (ev->kind != MLXRT_EVENT_KIND_DELTA) finish = ev->finish_reason;
+  CHECK(finish == MLXRT_FINISH_REASON_CANCELLED, "cancelled stream finish %d", finish);
+  mlxrt_stream_free(s);
+  CHECK(mlxrt_request_submit_stream(e, &p, &s, NULL) == MLXRT_STATUS_OK, "submit_stream 3");
+  mlxrt_stream_free(s); /* cancels the running request */
+  mlxrt_stream_free(NULL);
+
+  expect_error(mlxrt_request_submit_stream(e, &p, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "NULL out_stream");
+  p.messages_json = "[";
+  expect_error(mlxrt_request_submit_stream(e, &p, &s, &err), &err, MLXRT_STATUS_INVALID_JSON, "stream bad JSON");
+  CHECK(s == NULL, "out_stream not cleared");
+  expect_error(mlxrt_stream_next(NULL, 0, &ev, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "next(NULL)");
+  expect_error(mlxrt_stream_cancel(NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "stream_cancel(NULL)");
+  CHECK(mlxrt_stream_request_id(NULL) == 0, "stream_request_id(NULL)");
+}
+
+/* ---- engine info and tokenizer access ---- */
+
+static void test_info_and_tokenizer(mlxrt_engine *e) {
+  mlxrt_engine_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  mlxrt_error *err = NULL;
+  CHECK(mlxrt_engine_get_info(e, &info, &err) == MLXRT_STATUS_OK, "get_info");
+  CHECK(strcmp(info.architecture, "llama") == 0 && strcmp(info.model_format, "gguf") == 0, "info %s %s",
+        info.architecture, info.model_format);
+  CHECK(strcmp(info.device, "cpu") == 0 && strlen(info.mlx_version) > 0, "device %s", info.device);
+  CHECK(info.vocab_size == 49152 && info.num_layers == 30 && info.context_length == 8192, "dims %u %u %llu",
+        info.vocab_size, info.num_layers, (unsigned long long)info.context_length);
+  CHECK(info.n_eos_token_ids >= 1 && info.eos_token_ids[0] == 2 && info.has_chat_template, "eos/template");
+  CHECK(info.n_special_token_ids >= 3 && info.modalities == MLXRT_MODALITY_TEXT, "special/modalities");
+  expect_error(mlxrt_engine_get_info(NULL, &info, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "info(NULL)");
+
+  mlxrt_tokens *t = NULL;
+  CHECK(mlxrt_tokenize(e, "<|im_start|>user\nHello", 1, &t, &err) == MLXRT_STATUS_OK, "tokenize");
+  CHECK(mlxrt_tokens_len(t) >= 3 && mlxrt_tokens_data(t)[0] == 1, "tokenize ids");
+  char *text = NULL;
+  CHECK(mlxrt_detokenize(e, mlxrt_tokens_data(t), mlxrt_tokens_len(t), 0, &text, &err) == MLXRT_STATUS_OK,
+        "detokenize");
+  CHECK(text && strcmp(text, "<|im_start|>user\nHello") == 0, "round trip: %s", text);
+  mlxrt_string_free(text);
+  mlxrt_tokens_free(t);
+  CHECK(mlxrt_tokenize(e, "<|im_start|>", 0, &t, NULL) == MLXRT_STATUS_OK && mlxrt_tokens_data(t)[0] != 1,
+        "special text not parsed");
+  mlxrt_tokens_free(t);
+  mlxrt_tokens_free(NULL);
+  mlxrt_string_free(NULL);
+  CHECK(mlxrt_tokens_len(NULL) == 0 && mlxrt_tokens_data(NULL) == NULL, "tokens(NULL)");
+  uint32_t bad_ids[] = {1, 4000000};
+  expect_error(mlxrt_detokenize(e, bad_ids, 2, 0, &text, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "unknown id");
+  CHECK(text == NULL, "out_text not cleared");
+  char bad[] = {'a', (char)0xc0, 0};
+  expect_error(mlxrt_tokenize(e, bad, 0, &t, &err), &err, MLXRT_STATUS_INVALID_UTF8, "tokenize invalid UTF-8");
+  expect_error(mlxrt_tokenize(e, NULL, 0, &t, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "tokenize(NULL)");
+  expect_error(mlxrt_detokenize(e, NULL, 3, 0, &text, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "detokenize(NULL)");
+
+  CHECK(mlxrt_render_chat(e, CHAT, NULL, &text, &t, &err) == MLXRT_STATUS_OK, "render_chat");
+  CHECK(text && strstr(text, "<|im_start|>assistant\n") != NULL && mlxrt_tokens_len(t) > 20, "render: %s", text);
+  mlxrt_string_free(text);
+  mlxrt_tokens_free(t);
+  CHECK(mlxrt_render_chat(e, CHAT, "{\"add_generation_prompt\": false}", &text, NULL, NULL) == MLXRT_STATUS_OK &&
+            strstr(text, "<|im_start|>assistant") == NULL,
+        "no generation prompt: %s", text);
+  mlxrt_string_free(text);
+  expect_error(mlxrt_render_chat(e, "[{\"content\": \"x\"}]", NULL, &text, NULL, &err), &err,
+               MLXRT_STATUS_INVALID_ARGUMENT, "message without role");
+  expect_error(mlxrt_render_chat(e, CHAT, "{\"nope\": 1}", &text, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT,
+               "render unknown option");
+}
+
+/* ---- log and progress callbacks ---- */
+
+struct counts {
+  int logs, max_level, progress_calls, abort_at;
+  float last_fraction;
+};
+
+static void on_log(void *ud, int32_t level, const char *msg) {
+  struct counts *c = ud;
+  c->logs++;
+  if (level > c->max_level) c->max_level = level;
+  (void)msg;
+}
+
+static bool on_progress(void *ud, float fraction, const char *phase) {
+  struct counts *c = ud;
+  c->progress_calls++;
+  c->last_fraction = fraction;
+  (void)phase;
+  return !(c->abort_at && c->progress_calls >= c->abort_at);
+}
+
+static void test_callbacks(const char *model) {
+  struct counts c = {0};
+  mlxrt_engine_config cfg;
+  mlxrt_engine_config_init(&cfg);
+  cfg.model_path = model;
+  cfg.log_callback = on_log;
+  cfg.log_user_data = &c;
+  cfg.log_level = MLXRT_LOG_INFO;
+  cfg.progress_callback = on_progress;
+  cfg.progress_user_data = &c;
+  mlxrt_engine *e = NULL;
+  CHECK(mlxrt_engine_create(&cfg, &e, NULL) == MLXRT_STATUS_OK, "create with callbacks");
+  CHECK(c.logs >= 1 && c.max_level <= MLXRT_LOG_INFO, "logs %d max level %d", c.logs, c.max_level);
+  CHECK(c.progress_calls >= 5 && c.last_fraction > 0.999f, "progress %d calls, last %f", c.progress_calls,
+        c.last_fraction);
+  mlxrt_engine_destroy(e);
+
+  struct counts quiet = {0};
+  cfg.log_user_data = &quiet;
+  cfg.log_level = MLXRT_LOG_ERROR;
+  cfg.progress_user_data = &quiet;
+  quiet.abort_at = 2;
+  mlxrt_error *err = NULL;
+  e = NULL;
+  expect_error(mlxrt_engine_create(&cfg, &e, &err), &err, MLXRT_STATUS_ABORTED, "abort the load");
+  CHECK(e == NULL && quiet.logs == 0, "aborted: engine %p, %d logs below ERROR", (void *)e, quiet.logs);
+  cfg.log_level = 9;
+  expect_error(mlxrt_engine_create(&cfg, &e, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "bad log level");
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s MODEL_PATH SCRATCH_DIR [quick]\n", argv[0]);
@@ -559,7 +724,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   test_submit_errors(e);
+  test_info_and_tokenizer(e);
   if (!quick) {
+    test_stream(e);
     test_struct_size_growth(e);
     test_streaming(e);
     test_stop_and_length(e);
@@ -568,6 +735,7 @@ int main(int argc, char **argv) {
   mlxrt_engine_destroy(e);
   test_destroy_in_flight(model, !quick);
   if (!quick) test_prompt_cache(model, argv[2]);
+  test_callbacks(model);
 
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);
