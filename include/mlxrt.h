@@ -36,6 +36,11 @@
 #define FORMAT_VERSION 1
 
 /**
+ * Most alternatives a request may ask for.
+ */
+#define MAX_TOP 20
+
+/**
  * The ABI version of this header. It changes only on an incompatible change
  * (appending struct fields or functions is compatible).
  */
@@ -539,7 +544,7 @@ typedef struct mlxrt_request_params {
    * above: max_tokens, temperature, top_p, top_k, min_p,
    * repetition_penalty, repetition_context_size, seed, stop, tools,
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-   * prompt_cache. Unknown fields are an error.
+   * prompt_cache, logprobs, top_logprobs. Unknown fields are an error.
    */
   const char *options_json;
   /**
@@ -555,6 +560,14 @@ typedef struct mlxrt_request_params {
    * Non-zero: this request neither uses nor fills the prompt cache.
    */
   uint8_t no_prompt_cache;
+  /**
+   * Non-zero: DELTA events carry each token's log-probability ...
+   */
+  uint8_t logprobs;
+  /**
+   * ... and this many most likely alternatives (0..=20).
+   */
+  uint32_t top_logprobs;
 } mlxrt_request_params;
 
 /**
@@ -582,6 +595,26 @@ typedef struct mlxrt_usage {
   double prefill_tokens_per_s;
   double decode_tokens_per_s;
 } mlxrt_usage;
+
+/**
+ * One alternative token and its log-probability.
+ */
+typedef struct mlxrt_top_logprob {
+  uint32_t token;
+  float logprob;
+} mlxrt_top_logprob;
+
+/**
+ * A generated token's log-probability (natural log, over the model's
+ * distribution before temperature and sampling filters) and, if asked
+ * for, the most likely alternatives, most likely first.
+ */
+typedef struct mlxrt_token_logprob {
+  uint32_t token;
+  float logprob;
+  const struct mlxrt_top_logprob *top;
+  size_t n_top;
+} mlxrt_token_logprob;
 
 /**
  * One event of a request. Passed to the callback by pointer; it and every
@@ -628,6 +661,12 @@ typedef struct mlxrt_event {
    * ERROR: NUL-terminated UTF-8 message; else "".
    */
   const char *error_message;
+  /**
+   * DELTA of a request that asked for log-probabilities: one entry per
+   * token of `tokens`, in order. Else NULL.
+   */
+  const struct mlxrt_token_logprob *logprobs;
+  size_t n_logprobs;
 } mlxrt_event;
 
 /**

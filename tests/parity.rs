@@ -197,3 +197,37 @@ fn engine_generates_the_reference_tokens() {
         assert_eq!(tokens_of(&ev), c.tokens, "{}: engine tokens differ from mlx-lm", c.name);
     }
 }
+
+#[test]
+fn logprobs_follow_mlx_lm() {
+    // Per-token log-probabilities are mlx-lm's: log-softmax of the logits;
+    // greedy picks the most likely token.
+    let o = oracle();
+    let e = Engine::new(EngineConfig::new(model_path())).unwrap();
+    for c in cases(&o.reference).iter().take(2) {
+        let mut opts = RequestOptions::new(Input::Tokens(c.prompt.clone()));
+        opts.max_tokens = STEPS as u32;
+        opts.stop_at_eos = false;
+        opts.top_logprobs = 5;
+        let ev = run(&e, opts);
+        let lps: Vec<_> = ev
+            .iter()
+            .flat_map(|e| match e {
+                Event::Delta { logprobs, .. } => logprobs.clone(),
+                _ => vec![],
+            })
+            .collect();
+        assert_eq!(lps.len(), STEPS, "one entry per token");
+        for (i, &step) in c.logit_steps.iter().enumerate() {
+            let l = &c.logits[i];
+            let max = l.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = max + l.iter().map(|x| (x - max).exp()).sum::<f32>().ln();
+            let t = &lps[step];
+            assert_eq!(t.token, c.tokens[step]);
+            assert!((t.logprob - (l[t.token as usize] - lse)).abs() < 1e-3, "{} step {step}", c.name);
+            assert_eq!(t.top.len(), 5);
+            assert_eq!(t.top[0].0, t.token, "greedy takes the most likely token");
+            assert!(t.top.windows(2).all(|w| w[0].1 >= w[1].1), "alternatives sorted");
+        }
+    }
+}

@@ -5,7 +5,7 @@
 //! every row's first token (mlx-lm's tail split); the cohort then joins the
 //! decode batch.
 
-use super::batch::sample_rows;
+use super::batch::{sample_rows, Drawn};
 use super::prompt_cache::Snapshot;
 use super::row::Row;
 use super::FinishReason;
@@ -115,8 +115,8 @@ impl Cohort {
     }
 
     /// Processes up to `chunk` more positions, or, when only the last one is
-    /// left, produces the first tokens (`[B]`, lazy): then prefill is over.
-    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32) -> Result<Option<Array>> {
+    /// left, draws the first tokens (lazy): then prefill is over.
+    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32) -> Result<Option<Drawn>> {
         let body_end = self.total - 1;
         if self.done < body_end {
             let to = (self.done + chunk.max(1)).min(body_end);
@@ -131,7 +131,6 @@ impl Cohort {
         let logits = model.forward(&x, &mut self.cache, Output::LastLogits)?.expect("logits requested");
         let logits = logits.reshape(&[self.rows.len() as i32, -1])?;
         let first = sample_rows(&mut self.rows, &logits, None)?;
-        mlx::async_eval(&[&first])?;
         self.done = self.total;
         Ok(Some(first))
     }

@@ -10,6 +10,7 @@ mod cache_io;
 mod cohort;
 mod delivery;
 pub mod log;
+pub mod logprobs;
 mod pacing;
 mod planner;
 mod prompt_cache;
@@ -19,6 +20,7 @@ mod scheduler;
 
 pub use crate::model::Kernels;
 pub use log::{LogLevel, Logger};
+pub use logprobs::TokenLogprob;
 pub use request::{Event, EventSink, FinishReason, Input, RequestOptions, Usage};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -357,6 +359,7 @@ impl Engine {
             cache_namespace: o.cache_namespace.clone(),
             use_cache: o.prompt_cache,
             boundary: prepared.boundary,
+            logprobs: (o.logprobs || o.top_logprobs > 0).then_some(o.top_logprobs),
             submitted: Instant::now(),
             sink,
         };

@@ -1,6 +1,7 @@
 //! What a request is, before and after preparation, and the events it yields.
 
 use crate::error::{Error, Result};
+use super::logprobs::{TokenLogprob, MAX_TOP};
 use crate::sample::SamplingParams;
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -42,6 +43,10 @@ pub struct RequestOptions {
     pub cache_namespace: String,
     /// Whether this request may use and fill the prompt cache (default true).
     pub prompt_cache: bool,
+    /// Report each generated token's log-probability ...
+    pub logprobs: bool,
+    /// ... and this many most likely alternatives (at most 20).
+    pub top_logprobs: usize,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -59,6 +64,8 @@ impl RequestOptions {
             prefill_chunk: None,
             cache_namespace: String::new(),
             prompt_cache: true,
+            logprobs: false,
+            top_logprobs: 0,
         }
     }
 
@@ -66,7 +73,7 @@ impl RequestOptions {
     /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
-    /// `prompt_cache`). Unknown fields are an error so a
+    /// `prompt_cache`, `logprobs`, `top_logprobs`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -119,6 +126,8 @@ impl RequestOptions {
                 "prompt_cache" => {
                     self.prompt_cache = v.as_bool().ok_or_else(|| Error::invalid("option `prompt_cache` must be a boolean"))?
                 }
+                "logprobs" => self.logprobs = v.as_bool().ok_or_else(|| Error::invalid("option `logprobs` must be a boolean"))?,
+                "top_logprobs" => self.top_logprobs = int()? as usize,
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -126,7 +135,7 @@ impl RequestOptions {
                     return Err(Error::invalid(format!(
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
-                         prefill_chunk, cache_namespace, prompt_cache)"
+                         prefill_chunk, cache_namespace, prompt_cache, logprobs, top_logprobs)"
                     )))
                 }
             }
@@ -141,6 +150,9 @@ impl RequestOptions {
         }
         if self.stop.iter().any(String::is_empty) {
             return Err(Error::invalid("stop strings must not be empty"));
+        }
+        if self.top_logprobs > MAX_TOP {
+            return Err(Error::invalid(format!("top_logprobs must be at most {MAX_TOP}, got {}", self.top_logprobs)));
         }
         Ok(())
     }
@@ -181,8 +193,9 @@ pub enum Event {
     /// New output: complete UTF-8 text and the token ids it came from. Ids of
     /// tokens whose text is withheld (a partial character, a possible stop
     /// string) come with a later delta; tokens that make no text at the end
-    /// (special tokens) come in a last delta with empty text.
-    Delta { text: String, tokens: Vec<u32> },
+    /// (special tokens) come in a last delta with empty text. `logprobs` has
+    /// one entry per token when the request asked for them, else none.
+    Delta { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob> },
     Done { finish: FinishReason, stop_index: Option<usize>, usage: Usage },
     Error(Error),
 }
@@ -235,6 +248,8 @@ pub(crate) struct Job {
     pub cache_namespace: String,
     pub use_cache: bool,
     pub boundary: Option<usize>,
+    /// Log-probabilities wanted: None, or Some(number of alternatives).
+    pub logprobs: Option<usize>,
     pub submitted: Instant,
     pub sink: Box<dyn EventSink>,
 }

@@ -3,6 +3,7 @@
 //! detokenizer, stop matching, counters, timings, and the events it sends.
 
 use super::delivery::{DeliveryTx, Msg};
+use super::logprobs::TokenLogprob;
 use super::request::{Event, FinishReason, Job, RequestState, Usage};
 use crate::error::Result;
 use crate::mlx::Array;
@@ -25,6 +26,8 @@ pub(crate) struct Row {
     pub use_cache: bool,
     pub boundary: Option<usize>,
     pub cached: usize,
+    /// Log-probabilities wanted: None, or Some(number of alternatives).
+    pub logprobs: Option<usize>,
     pub sampler: Sampler,
     max_tokens: u32,
     stop_at_eos: bool,
@@ -34,8 +37,9 @@ pub(crate) struct Row {
     history: Vec<i32>,
     detok: IncrementalDecoder,
     stop: Option<StopMatcher>,
-    /// Ids of tokens whose text is still withheld.
+    /// Ids (and log-probabilities) of tokens whose text is still withheld.
     held: Vec<u32>,
+    held_lp: Vec<TokenLogprob>,
     started: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
@@ -63,6 +67,7 @@ impl Row {
                 use_cache: job.use_cache,
                 boundary: job.boundary,
                 cached: 0,
+                logprobs: job.logprobs,
                 sampler,
                 max_tokens: job.max_tokens,
                 stop_at_eos: job.stop_at_eos,
@@ -71,6 +76,7 @@ impl Row {
                 detok,
                 stop,
                 held: vec![],
+                held_lp: vec![],
                 started: Instant::now(),
                 first_token: None,
                 last_token: None,
@@ -118,7 +124,7 @@ impl Row {
     /// Takes a generated token: emits its text, and ends the request (its
     /// terminal event sent) when it is an end token, completes a stop string,
     /// or uses up the budget. Returns whether the request ended.
-    pub fn accept(&mut self, tok: u32, text: &TextAssets, ctx_len: usize) -> Result<bool> {
+    pub fn accept(&mut self, tok: u32, lp: Option<TokenLogprob>, text: &TextAssets, ctx_len: usize) -> Result<bool> {
         let now = Instant::now();
         self.first_token.get_or_insert(now);
         self.last_token = Some(now);
@@ -129,6 +135,7 @@ impl Row {
             return Ok(true);
         }
         self.held.push(tok);
+        self.held_lp.extend(lp);
         let piece = self.detok.push(tok)?;
         if let Some(stop) = &mut self.stop {
             let r = stop.push(&piece);
@@ -151,7 +158,8 @@ impl Row {
     fn send_text(&mut self, text: String) {
         if !text.is_empty() {
             let tokens = std::mem::take(&mut self.held);
-            self.emit(Event::Delta { text, tokens });
+            let logprobs = std::mem::take(&mut self.held_lp);
+            self.emit(Event::Delta { text, tokens, logprobs });
         }
     }
 
@@ -183,7 +191,8 @@ impl Row {
             if stop_index.is_none() && !self.held.is_empty() {
                 // Tokens that made no text (special tokens at the end).
                 let tokens = std::mem::take(&mut self.held);
-                self.emit(Event::Delta { text: String::new(), tokens });
+                let logprobs = std::mem::take(&mut self.held_lp);
+                self.emit(Event::Delta { text: String::new(), tokens, logprobs });
             }
         }
         let usage = self.usage();

@@ -78,6 +78,10 @@ pub struct mlxrt_event {
     pub error_status: mlxrt_status,
     /// ERROR: NUL-terminated UTF-8 message; else "".
     pub error_message: *const c_char,
+    /// DELTA of a request that asked for log-probabilities: one entry per
+    /// token of `tokens`, in order. Else NULL.
+    pub logprobs: *const mlxrt_token_logprob,
+    pub n_logprobs: usize,
 }
 
 /// Receives a request's events, on the engine's delivery thread (never inside
@@ -90,6 +94,26 @@ pub type mlxrt_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, ev
 pub type mlxrt_free_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 
 
+/// One alternative token and its log-probability.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlxrt_top_logprob {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// A generated token's log-probability (natural log, over the model's
+/// distribution before temperature and sampling filters) and, if asked
+/// for, the most likely alternatives, most likely first.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlxrt_token_logprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: *const mlxrt_top_logprob,
+    pub n_top: usize,
+}
+
 /// An `mlxrt_event` with the buffers it points into; moving it keeps the
 /// pointers valid (they point to heap data it owns).
 pub(crate) struct OwnedEvent {
@@ -97,6 +121,8 @@ pub(crate) struct OwnedEvent {
     _text: CString,
     _message: CString,
     _tokens: Vec<u32>,
+    _logprobs: Vec<mlxrt_token_logprob>,
+    _tops: Vec<Vec<mlxrt_top_logprob>>,
 }
 
 // SAFETY: the raw pointers in `event` point only into the owned buffers.
@@ -107,6 +133,8 @@ impl OwnedEvent {
         let mut text = CString::default();
         let mut message = CString::default();
         let mut tokens = vec![];
+        let mut tops: Vec<Vec<mlxrt_top_logprob>> = vec![];
+        let mut logprobs: Vec<mlxrt_token_logprob> = vec![];
         let mut e = mlxrt_event {
             struct_size: size_of::<mlxrt_event>(),
             kind: mlxrt_event_kind::Delta,
@@ -120,11 +148,27 @@ impl OwnedEvent {
             usage: mlxrt_usage::default(),
             error_status: mlxrt_status::Ok,
             error_message: std::ptr::null(),
+            logprobs: std::ptr::null(),
+            n_logprobs: 0,
         };
         match ev {
-            Event::Delta { text: t, tokens: ids } => {
+            Event::Delta { text: t, tokens: ids, logprobs: lps } => {
                 text = c_string(t);
                 tokens = ids.clone();
+                tops = lps
+                    .iter()
+                    .map(|l| l.top.iter().map(|&(token, logprob)| mlxrt_top_logprob { token, logprob }).collect())
+                    .collect();
+                logprobs = lps
+                    .iter()
+                    .zip(&tops)
+                    .map(|(l, t)| mlxrt_token_logprob {
+                        token: l.token,
+                        logprob: l.logprob,
+                        top: if t.is_empty() { std::ptr::null() } else { t.as_ptr() },
+                        n_top: t.len(),
+                    })
+                    .collect();
             }
             Event::Done { finish, stop_index, usage } => {
                 e.kind = mlxrt_event_kind::Done;
@@ -149,7 +193,11 @@ impl OwnedEvent {
             e.tokens = tokens.as_ptr();
             e.n_tokens = tokens.len();
         }
-        OwnedEvent { event: e, _text: text, _message: message, _tokens: tokens }
+        if !logprobs.is_empty() {
+            e.logprobs = logprobs.as_ptr();
+            e.n_logprobs = logprobs.len();
+        }
+        OwnedEvent { event: e, _text: text, _message: message, _tokens: tokens, _logprobs: logprobs, _tops: tops }
     }
 }
 

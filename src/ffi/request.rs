@@ -58,7 +58,7 @@ pub struct mlxrt_request_params {
     /// above: max_tokens, temperature, top_p, top_k, min_p,
     /// repetition_penalty, repetition_context_size, seed, stop, tools,
     /// chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-    /// prompt_cache. Unknown fields are an error.
+    /// prompt_cache, logprobs, top_logprobs. Unknown fields are an error.
     pub options_json: *const c_char,
     /// Prompt positions per prefill forward pass; 0 = the engine's setting.
     pub prefill_chunk: u32,
@@ -67,6 +67,10 @@ pub struct mlxrt_request_params {
     pub cache_namespace: *const c_char,
     /// Non-zero: this request neither uses nor fills the prompt cache.
     pub no_prompt_cache: u8,
+    /// Non-zero: DELTA events carry each token's log-probability ...
+    pub logprobs: u8,
+    /// ... and this many most likely alternatives (0..=20).
+    pub top_logprobs: u32,
 }
 
 pub(crate) const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
@@ -94,6 +98,8 @@ pub(crate) fn default_params() -> mlxrt_request_params {
         prefill_chunk: 0,
         cache_namespace: std::ptr::null(),
         no_prompt_cache: 0,
+        logprobs: 0,
+        top_logprobs: 0,
     }
 }
 
@@ -141,6 +147,8 @@ pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOpt
     o.prefill_chunk = (p.prefill_chunk > 0).then_some(p.prefill_chunk as usize);
     o.cache_namespace = opt_str(p.cache_namespace, "params.cache_namespace")?.unwrap_or_default().to_owned();
     o.prompt_cache = p.no_prompt_cache == 0;
+    o.logprobs = p.logprobs != 0;
+    o.top_logprobs = p.top_logprobs as usize;
     let stops = slice(p.stop, p.n_stop, "params.stop")?;
     o.stop = stops
         .iter()

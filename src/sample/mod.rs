@@ -73,7 +73,8 @@ pub struct Sampler {
 }
 
 /// One selected token (shape `[1]`, int32, lazy) and the log-probabilities it
-/// was drawn from (`[vocab]`, lazy).
+/// was drawn from (`[1, vocab]`, lazy; mlx-lm's: after logits processors,
+/// before temperature and filters).
 pub struct Draw {
     pub token: Array,
     pub logprobs: Array,
@@ -130,7 +131,7 @@ impl Sampler {
                 random::categorical(&lp.mul_scalar(1.0 / p.temperature)?, &now)?
             }
         };
-        Ok(Draw { token, logprobs: logprobs.squeeze(0)? })
+        Ok(Draw { token, logprobs })
     }
 }
 

@@ -31,6 +31,7 @@ struct rec {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int deltas;
+  int logprob_mismatch; /* deltas whose logprobs do not line up with tokens */
   int terminals;
   int events_after_terminal;
   int freed; /* user_data_free calls */
@@ -60,6 +61,10 @@ static void on_event(void *ud, const mlxrt_event *ev) {
   if (ev->kind == MLXRT_EVENT_KIND_DELTA) {
     r->deltas++;
     r->n_tokens += (uint32_t)ev->n_tokens;
+    if (ev->n_logprobs != 0 && (ev->n_logprobs != ev->n_tokens || ev->logprobs[0].token != ev->tokens[0] ||
+                                ev->logprobs[0].logprob > 0 || ev->logprobs[0].n_top != 3 ||
+                                ev->logprobs[0].top[0].logprob < ev->logprobs[0].top[2].logprob))
+      r->logprob_mismatch++;
     if (strlen(ev->text) != ev->text_len) r->events_after_terminal += 1000; /* NUL/len mismatch */
     if (r->text_len + ev->text_len < sizeof r->text) {
       memcpy(r->text + r->text_len, ev->text, ev->text_len);
@@ -343,6 +348,24 @@ static void test_streaming(mlxrt_engine *e) {
   CHECK(mlxrt_request_cancel(req, NULL) == MLXRT_STATUS_OK, "late cancel");
   mlxrt_request_free(req);
   fprintf(stderr, "  ok streaming: %s\n", r.text);
+}
+
+static void test_logprobs(mlxrt_engine *e) {
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.max_tokens = 8;
+  p.logprobs = 1;
+  p.top_logprobs = 3;
+  struct rec r;
+  rec_init(&r);
+  CHECK(submit(e, &p, &r, NULL, NULL) == MLXRT_STATUS_OK, "submit logprobs");
+  rec_wait(&r);
+  CHECK(r.deltas > 0 && r.logprob_mismatch == 0, "logprobs: %d deltas, %d mismatched", r.deltas,
+        r.logprob_mismatch);
+  mlxrt_error *err = NULL;
+  p.top_logprobs = 21;
+  expect_error(submit(e, &p, &r, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "top_logprobs > 20");
 }
 
 static void test_stop_and_length(mlxrt_engine *e) {
@@ -727,6 +750,7 @@ int main(int argc, char **argv) {
   test_info_and_tokenizer(e);
   if (!quick) {
     test_stream(e);
+    test_logprobs(e);
     test_struct_size_growth(e);
     test_streaming(e);
     test_stop_and_length(e);
