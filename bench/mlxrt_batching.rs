@@ -60,6 +60,7 @@ impl Trace {
             Event::Delta { tokens, .. } => self.tokens[i].extend(std::iter::repeat(t).take(tokens.len())),
             Event::Done { .. } => self.done[i] = true,
             Event::Error(e) => panic!("request {i} failed: {e}"),
+            Event::ToolCall { .. } => {}
         }
     }
     fn finished(&self) -> bool {

@@ -38,7 +38,7 @@ fn generate(e: &Engine, prompt: Vec<u32>, gen: u32) -> Usage {
         match ev {
             Event::Done { usage, .. } => return usage,
             Event::Error(err) => panic!("request failed: {err}"),
-            Event::Delta { .. } => {}
+            Event::Delta { .. } | Event::ToolCall { .. } => {}
         }
     }
     panic!("no terminal event")

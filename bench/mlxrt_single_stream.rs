@@ -24,6 +24,7 @@ fn generate(engine: &Engine, ids: &[u32], gen: u32) -> (mlxrt::engine::Usage, Ve
             Event::Delta { tokens: t, .. } => tokens.extend(t),
             Event::Done { usage, .. } => return (usage, tokens),
             Event::Error(e) => panic!("request failed: {e}"),
+            Event::ToolCall { .. } => {}
         }
     }
     panic!("no terminal event");

@@ -92,6 +92,16 @@
 #define MLXRT_CLEAR_DISK 1
 
 /**
+ * `mlxrt_event.channel` of DELTA events: the answer.
+ */
+#define MLXRT_CHANNEL_CONTENT 0
+
+/**
+ * `mlxrt_event.channel` of DELTA events: the model's reasoning (think block).
+ */
+#define MLXRT_CHANNEL_REASONING 1
+
+/**
  * `mlxrt_engine_info.modalities` bit: text input.
  */
 #define MLXRT_MODALITY_TEXT 1
@@ -189,6 +199,11 @@ enum mlxrt_event_kind
    * The request failed (terminal); see `error_status`, `error_message`.
    */
   MLXRT_EVENT_KIND_ERROR = 3,
+  /**
+   * The model called a tool (not terminal); see `tool_call_id`,
+   * `tool_name`, `tool_arguments`.
+   */
+  MLXRT_EVENT_KIND_TOOL_CALL = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -222,6 +237,10 @@ enum mlxrt_finish_reason
    * The request was cancelled.
    */
   MLXRT_FINISH_REASON_CANCELLED = 3,
+  /**
+   * The model ended its turn after calling tools (TOOL_CALL events).
+   */
+  MLXRT_FINISH_REASON_TOOL_CALLS = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -230,6 +249,13 @@ typedef enum mlxrt_finish_reason mlxrt_finish_reason;
 typedef int32_t mlxrt_finish_reason;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
+
+/**
+ * How to read a model's output, decided from its chat template and prompt.
+ */
+typedef struct OutputFormat OutputFormat;
+
+typedef struct ToolFormat ToolFormat;
 
 /**
  * An engine: one loaded model, its scheduler thread and delivery thread.
@@ -544,7 +570,10 @@ typedef struct mlxrt_request_params {
    * above: max_tokens, temperature, top_p, top_k, min_p,
    * repetition_penalty, repetition_context_size, seed, stop, tools,
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-   * prompt_cache, logprobs, top_logprobs. Unknown fields are an error.
+   * prompt_cache, logprobs, top_logprobs, thinking. Unknown fields are an
+   * error. Tool definitions (`tools`, an array of JSON schemas as in
+   * OpenAI's API) are given to the chat template; tool calls the model
+   * makes come back as TOOL_CALL events.
    */
   const char *options_json;
   /**
@@ -568,6 +597,12 @@ typedef struct mlxrt_request_params {
    * ... and this many most likely alternatives (0..=20).
    */
   uint32_t top_logprobs;
+  /**
+   * For models with a thinking mode: 1 = think, 0 = do not (passed to the
+   * chat template as `enable_thinking`), -1 = the template's default.
+   * Reasoning text comes in DELTA events of `MLXRT_CHANNEL_REASONING`.
+   */
+  int32_t thinking;
 } mlxrt_request_params;
 
 /**
@@ -667,6 +702,17 @@ typedef struct mlxrt_event {
    */
   const struct mlxrt_token_logprob *logprobs;
   size_t n_logprobs;
+  /**
+   * DELTA: `MLXRT_CHANNEL_CONTENT` or `MLXRT_CHANNEL_REASONING`.
+   */
+  int32_t channel;
+  /**
+   * TOOL_CALL: an id unique in the engine, the tool's name and its
+   * arguments as a JSON object (NUL-terminated UTF-8). Else "".
+   */
+  const char *tool_call_id;
+  const char *tool_name;
+  const char *tool_arguments;
 } mlxrt_event;
 
 /**
@@ -681,6 +727,8 @@ typedef void (*mlxrt_event_fn)(void *user_data, const struct mlxrt_event *event)
  * Frees `user_data`; called exactly once, after the terminal event.
  */
 typedef void (*mlxrt_free_fn)(void *user_data);
+
+
 
 #ifdef __cplusplus
 extern "C" {

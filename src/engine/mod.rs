@@ -21,11 +21,12 @@ mod scheduler;
 pub use crate::model::Kernels;
 pub use log::{LogLevel, Logger};
 pub use logprobs::TokenLogprob;
-pub use request::{Event, EventSink, FinishReason, Input, RequestOptions, Usage};
+pub use request::{Channel, Event, EventSink, FinishReason, Input, RequestOptions, Usage};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::load::TextAssets;
 use crate::model::ModelInfo;
+use crate::text::OutputFormat;
 use crossbeam_channel::Sender;
 use request::{Job, RequestState};
 use scheduler::Command;
@@ -184,6 +185,7 @@ pub struct Prepared {
     options: RequestOptions,
     kv_need: usize,
     boundary: Option<usize>,
+    output_format: OutputFormat,
     shared: Arc<Shared>,
     armed: bool,
 }
@@ -295,7 +297,7 @@ impl Engine {
             return Err(Error::new(ErrorKind::EnginePoisoned, "the engine failed earlier and accepts no more requests"));
         }
         options.validate()?;
-        let prompt = self.tokenize_input(&options)?;
+        let (prompt, output_format) = self.render_input(&options)?;
         let boundary = self.boundary(&options, &prompt);
         if prompt.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
@@ -322,7 +324,7 @@ impl Engine {
             )));
         }
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
-        let prepared = Prepared { prompt, options, kv_need, boundary, shared: self.shared.clone(), armed: true };
+        let prepared = Prepared { prompt, options, kv_need, boundary, output_format, shared: self.shared.clone(), armed: true };
         if n >= self.max_in_flight {
             return Err(Error::new(
                 ErrorKind::Busy,
@@ -360,6 +362,7 @@ impl Engine {
             use_cache: o.prompt_cache,
             boundary: prepared.boundary,
             logprobs: (o.logprobs || o.top_logprobs > 0).then_some(o.top_logprobs),
+            output_format: prepared.output_format,
             submitted: Instant::now(),
             sink,
         };
@@ -394,25 +397,32 @@ impl Engine {
         }
         let template = self.text.template.as_ref()?;
         let head = serde_json::Value::Array(m[..m.len() - 1].to_vec());
-        let text = template.render(&head, options.tools.as_ref(), false, options.template_kwargs.as_ref()).ok()?;
+        let text = template.render(&head, options.tools.as_ref(), false, Some(&template_kwargs(options))).ok()?;
         let ids = self.text.tokenizer.encode(&text, true).ok()?;
         (!ids.is_empty() && prompt.starts_with(&ids) && ids.len() < prompt.len()).then_some(ids.len())
     }
 
     /// The prompt token ids `options` stands for.
     pub fn tokenize_input(&self, options: &RequestOptions) -> Result<Vec<u32>> {
+        Ok(self.render_input(options)?.0)
+    }
+
+    /// The prompt ids and how to read the output (for chats: reasoning and
+    /// tool-call formats of the template).
+    fn render_input(&self, options: &RequestOptions) -> Result<(Vec<u32>, OutputFormat)> {
         let tok = &self.text.tokenizer;
         match &options.input {
-            Input::Tokens(ids) => Ok(ids.clone()),
-            Input::Prompt(p) => Ok(tok.encode(p, true)?),
+            Input::Tokens(ids) => Ok((ids.clone(), OutputFormat::PLAIN)),
+            Input::Prompt(p) => Ok((tok.encode(p, true)?, OutputFormat::PLAIN)),
             Input::Messages(m) => {
                 let template = self
                     .text
                     .template
                     .as_ref()
                     .ok_or_else(|| Error::invalid("the model has no chat template; send a raw prompt instead"))?;
-                let rendered = template.render(m, options.tools.as_ref(), true, options.template_kwargs.as_ref())?;
-                Ok(tok.encode(&rendered, true)?)
+                let rendered = template.render(m, options.tools.as_ref(), true, Some(&template_kwargs(options)))?;
+                let format = OutputFormat::detect(template.source(), options.tools.is_some(), &rendered);
+                Ok((tok.encode(&rendered, true)?, format))
             }
         }
     }
@@ -439,6 +449,16 @@ impl Engine {
     fn on_delivery_thread() -> bool {
         std::thread::current().name() == Some("mlxrt-delivery")
     }
+}
+
+/// Extra chat-template variables: the caller's, plus `enable_thinking` when
+/// the request says whether to think.
+fn template_kwargs(options: &RequestOptions) -> serde_json::Map<String, serde_json::Value> {
+    let mut kwargs = options.template_kwargs.clone().unwrap_or_default();
+    if let Some(t) = options.thinking {
+        kwargs.entry("enable_thinking").or_insert(serde_json::Value::Bool(t));
+    }
+    kwargs
 }
 
 impl Drop for Engine {

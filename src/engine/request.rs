@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use super::logprobs::{TokenLogprob, MAX_TOP};
 use crate::sample::SamplingParams;
+use crate::text::OutputFormat;
 use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -47,6 +48,9 @@ pub struct RequestOptions {
     pub logprobs: bool,
     /// ... and this many most likely alternatives (at most 20).
     pub top_logprobs: usize,
+    /// For models with a thinking mode: whether to think (passed to the
+    /// chat template as `enable_thinking`; None = the template's default).
+    pub thinking: Option<bool>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -66,6 +70,7 @@ impl RequestOptions {
             prompt_cache: true,
             logprobs: false,
             top_logprobs: 0,
+            thinking: None,
         }
     }
 
@@ -73,7 +78,7 @@ impl RequestOptions {
     /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
-    /// `prompt_cache`, `logprobs`, `top_logprobs`). Unknown fields are an error so a
+    /// `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -128,6 +133,13 @@ impl RequestOptions {
                 }
                 "logprobs" => self.logprobs = v.as_bool().ok_or_else(|| Error::invalid("option `logprobs` must be a boolean"))?,
                 "top_logprobs" => self.top_logprobs = int()? as usize,
+                "thinking" => {
+                    self.thinking = if v.is_null() {
+                        None
+                    } else {
+                        Some(v.as_bool().ok_or_else(|| Error::invalid("option `thinking` must be a boolean"))?)
+                    }
+                }
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -135,7 +147,7 @@ impl RequestOptions {
                     return Err(Error::invalid(format!(
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
-                         prefill_chunk, cache_namespace, prompt_cache, logprobs, top_logprobs)"
+                         prefill_chunk, cache_namespace, prompt_cache, logprobs, top_logprobs, thinking)"
                     )))
                 }
             }
@@ -163,10 +175,21 @@ impl RequestOptions {
 pub enum FinishReason {
     /// An end-of-sequence token or a stop string.
     Stop,
+    /// The model ended its turn after calling tools.
+    ToolCalls,
     /// `max_tokens` or the context length was reached.
     Length,
     /// The request was cancelled.
     Cancelled,
+}
+
+/// Which part of the output a text delta belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// The answer.
+    Content,
+    /// The model's reasoning (a think block).
+    Reasoning,
 }
 
 /// Token counts and timings of a finished request.
@@ -195,7 +218,10 @@ pub enum Event {
     /// string) come with a later delta; tokens that make no text at the end
     /// (special tokens) come in a last delta with empty text. `logprobs` has
     /// one entry per token when the request asked for them, else none.
-    Delta { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob> },
+    Delta { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob>, channel: Channel },
+    /// The model called a tool: an id unique in the engine, the tool's name
+    /// and its arguments (a JSON object as text). Not terminal.
+    ToolCall { id: String, name: String, arguments: String },
     Done { finish: FinishReason, stop_index: Option<usize>, usage: Usage },
     Error(Error),
 }
@@ -250,6 +276,8 @@ pub(crate) struct Job {
     pub boundary: Option<usize>,
     /// Log-probabilities wanted: None, or Some(number of alternatives).
     pub logprobs: Option<usize>,
+    /// How to split the output into content, reasoning and tool calls.
+    pub output_format: OutputFormat,
     pub submitted: Instant,
     pub sink: Box<dyn EventSink>,
 }

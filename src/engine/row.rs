@@ -4,12 +4,12 @@
 
 use super::delivery::{DeliveryTx, Msg};
 use super::logprobs::TokenLogprob;
-use super::request::{Event, FinishReason, Job, RequestState, Usage};
+use super::request::{Channel, Event, FinishReason, Job, RequestState, Usage};
 use crate::error::Result;
 use crate::mlx::Array;
 use crate::model::load::TextAssets;
 use crate::sample::Sampler;
-use crate::text::{IncrementalDecoder, StopMatcher};
+use crate::text::{ChannelParser, IncrementalDecoder, Piece, StopMatcher};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,6 +37,8 @@ pub(crate) struct Row {
     history: Vec<i32>,
     detok: IncrementalDecoder,
     stop: Option<StopMatcher>,
+    channels: ChannelParser,
+    tool_calls: usize,
     /// Ids (and log-probabilities) of tokens whose text is still withheld.
     held: Vec<u32>,
     held_lp: Vec<TokenLogprob>,
@@ -75,6 +77,8 @@ impl Row {
                 generated: 0,
                 detok,
                 stop,
+                channels: ChannelParser::new(job.output_format),
+                tool_calls: 0,
                 held: vec![],
                 held_lp: vec![],
                 started: Instant::now(),
@@ -155,11 +159,32 @@ impl Row {
         Ok(false)
     }
 
+    /// Text that passed the stop matcher, split into channels.
     fn send_text(&mut self, text: String) {
+        let pieces = self.channels.push(&text);
+        self.send_pieces(pieces);
+    }
+
+    fn send_pieces(&mut self, pieces: Vec<Piece>) {
+        for p in pieces {
+            match p {
+                Piece::Content(t) => self.delta(t, Channel::Content),
+                Piece::Reasoning(t) => self.delta(t, Channel::Reasoning),
+                Piece::ToolCall { name, arguments } => {
+                    self.tool_calls += 1;
+                    let id = format!("call_{}_{}", self.state.id, self.tool_calls);
+                    self.emit(Event::ToolCall { id, name, arguments });
+                }
+            }
+        }
+    }
+
+    /// A text delta carrying the ids of the tokens held so far.
+    fn delta(&mut self, text: String, channel: Channel) {
         if !text.is_empty() {
             let tokens = std::mem::take(&mut self.held);
             let logprobs = std::mem::take(&mut self.held_lp);
-            self.emit(Event::Delta { text, tokens, logprobs });
+            self.emit(Event::Delta { text, tokens, logprobs, channel });
         }
     }
 
@@ -177,22 +202,29 @@ impl Row {
             return;
         }
         self.ended = true;
-        if finish != FinishReason::Cancelled && stop_index.is_none() {
-            let mut rest = self.detok.finish();
-            if let Some(stop) = &mut self.stop {
-                let r = stop.push(&rest);
-                rest = r.emit;
-                match r.stopped {
-                    Some(i) => (finish, stop_index) = (FinishReason::Stop, Some(i)),
-                    None => rest += &stop.finish(),
+        if finish != FinishReason::Cancelled {
+            if stop_index.is_none() {
+                let mut rest = self.detok.finish();
+                if let Some(stop) = &mut self.stop {
+                    let r = stop.push(&rest);
+                    rest = r.emit;
+                    match r.stopped {
+                        Some(i) => (finish, stop_index) = (FinishReason::Stop, Some(i)),
+                        None => rest += &stop.finish(),
+                    }
                 }
+                self.send_text(rest);
             }
-            self.send_text(rest);
+            let tail = self.channels.finish();
+            self.send_pieces(tail);
             if stop_index.is_none() && !self.held.is_empty() {
                 // Tokens that made no text (special tokens at the end).
                 let tokens = std::mem::take(&mut self.held);
                 let logprobs = std::mem::take(&mut self.held_lp);
-                self.emit(Event::Delta { text: String::new(), tokens, logprobs });
+                self.emit(Event::Delta { text: String::new(), tokens, logprobs, channel: Channel::Content });
+            }
+            if finish == FinishReason::Stop && stop_index.is_none() && self.tool_calls > 0 {
+                finish = FinishReason::ToolCalls;
             }
         }
         let usage = self.usage();

@@ -2,7 +2,7 @@
 //! into, shared by callback delivery and pull streams.
 
 use super::error::{c_string, mlxrt_status};
-use crate::engine::{Event, EventSink, FinishReason, Usage};
+use crate::engine::{Channel, Event, EventSink, FinishReason, Usage};
 use std::ffi::{c_char, c_void, CString};
 use std::mem::size_of;
 
@@ -17,6 +17,9 @@ pub enum mlxrt_event_kind {
     Done = 2,
     /// The request failed (terminal); see `error_status`, `error_message`.
     Error = 3,
+    /// The model called a tool (not terminal); see `tool_call_id`,
+    /// `tool_name`, `tool_arguments`.
+    ToolCall = 4,
 }
 
 /// `mlxrt_event.finish_reason` for DONE events.
@@ -32,7 +35,14 @@ pub enum mlxrt_finish_reason {
     Length = 2,
     /// The request was cancelled.
     Cancelled = 3,
+    /// The model ended its turn after calling tools (TOOL_CALL events).
+    ToolCalls = 4,
 }
+
+/// `mlxrt_event.channel` of DELTA events: the answer.
+pub const MLXRT_CHANNEL_CONTENT: i32 = 0;
+/// `mlxrt_event.channel` of DELTA events: the model's reasoning (think block).
+pub const MLXRT_CHANNEL_REASONING: i32 = 1;
 
 /// Token counts and timings of a finished request.
 #[repr(C)]
@@ -82,6 +92,13 @@ pub struct mlxrt_event {
     /// token of `tokens`, in order. Else NULL.
     pub logprobs: *const mlxrt_token_logprob,
     pub n_logprobs: usize,
+    /// DELTA: `MLXRT_CHANNEL_CONTENT` or `MLXRT_CHANNEL_REASONING`.
+    pub channel: i32,
+    /// TOOL_CALL: an id unique in the engine, the tool's name and its
+    /// arguments as a JSON object (NUL-terminated UTF-8). Else "".
+    pub tool_call_id: *const c_char,
+    pub tool_name: *const c_char,
+    pub tool_arguments: *const c_char,
 }
 
 /// Receives a request's events, on the engine's delivery thread (never inside
@@ -120,6 +137,7 @@ pub(crate) struct OwnedEvent {
     pub event: mlxrt_event,
     _text: CString,
     _message: CString,
+    _tool: [CString; 3],
     _tokens: Vec<u32>,
     _logprobs: Vec<mlxrt_token_logprob>,
     _tops: Vec<Vec<mlxrt_top_logprob>>,
@@ -132,6 +150,7 @@ impl OwnedEvent {
     pub fn new(ev: &Event, request_id: u64) -> OwnedEvent {
         let mut text = CString::default();
         let mut message = CString::default();
+        let mut tool: [CString; 3] = Default::default();
         let mut tokens = vec![];
         let mut tops: Vec<Vec<mlxrt_top_logprob>> = vec![];
         let mut logprobs: Vec<mlxrt_token_logprob> = vec![];
@@ -150,10 +169,18 @@ impl OwnedEvent {
             error_message: std::ptr::null(),
             logprobs: std::ptr::null(),
             n_logprobs: 0,
+            channel: MLXRT_CHANNEL_CONTENT,
+            tool_call_id: std::ptr::null(),
+            tool_name: std::ptr::null(),
+            tool_arguments: std::ptr::null(),
         };
         match ev {
-            Event::Delta { text: t, tokens: ids, logprobs: lps } => {
+            Event::Delta { text: t, tokens: ids, logprobs: lps, channel } => {
                 text = c_string(t);
+                e.channel = match channel {
+                    Channel::Content => MLXRT_CHANNEL_CONTENT,
+                    Channel::Reasoning => MLXRT_CHANNEL_REASONING,
+                };
                 tokens = ids.clone();
                 tops = lps
                     .iter()
@@ -170,10 +197,15 @@ impl OwnedEvent {
                     })
                     .collect();
             }
+            Event::ToolCall { id, name, arguments } => {
+                e.kind = mlxrt_event_kind::ToolCall;
+                tool = [c_string(id), c_string(name), c_string(arguments)];
+            }
             Event::Done { finish, stop_index, usage } => {
                 e.kind = mlxrt_event_kind::Done;
                 e.finish_reason = match finish {
                     FinishReason::Stop => mlxrt_finish_reason::Stop,
+                    FinishReason::ToolCalls => mlxrt_finish_reason::ToolCalls,
                     FinishReason::Length => mlxrt_finish_reason::Length,
                     FinishReason::Cancelled => mlxrt_finish_reason::Cancelled,
                 };
@@ -189,6 +221,9 @@ impl OwnedEvent {
         e.text = text.as_ptr();
         e.text_len = text.as_bytes().len();
         e.error_message = message.as_ptr();
+        e.tool_call_id = tool[0].as_ptr();
+        e.tool_name = tool[1].as_ptr();
+        e.tool_arguments = tool[2].as_ptr();
         if !tokens.is_empty() {
             e.tokens = tokens.as_ptr();
             e.n_tokens = tokens.len();
@@ -197,7 +232,7 @@ impl OwnedEvent {
             e.logprobs = logprobs.as_ptr();
             e.n_logprobs = logprobs.len();
         }
-        OwnedEvent { event: e, _text: text, _message: message, _tokens: tokens, _logprobs: logprobs, _tops: tops }
+        OwnedEvent { event: e, _text: text, _message: message, _tool: tool, _tokens: tokens, _logprobs: logprobs, _tops: tops }
     }
 }
 

@@ -58,7 +58,10 @@ pub struct mlxrt_request_params {
     /// above: max_tokens, temperature, top_p, top_k, min_p,
     /// repetition_penalty, repetition_context_size, seed, stop, tools,
     /// chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-    /// prompt_cache, logprobs, top_logprobs. Unknown fields are an error.
+    /// prompt_cache, logprobs, top_logprobs, thinking. Unknown fields are an
+    /// error. Tool definitions (`tools`, an array of JSON schemas as in
+    /// OpenAI's API) are given to the chat template; tool calls the model
+    /// makes come back as TOOL_CALL events.
     pub options_json: *const c_char,
     /// Prompt positions per prefill forward pass; 0 = the engine's setting.
     pub prefill_chunk: u32,
@@ -71,6 +74,10 @@ pub struct mlxrt_request_params {
     pub logprobs: u8,
     /// ... and this many most likely alternatives (0..=20).
     pub top_logprobs: u32,
+    /// For models with a thinking mode: 1 = think, 0 = do not (passed to the
+    /// chat template as `enable_thinking`), -1 = the template's default.
+    /// Reasoning text comes in DELTA events of `MLXRT_CHANNEL_REASONING`.
+    pub thinking: i32,
 }
 
 pub(crate) const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
@@ -100,6 +107,7 @@ pub(crate) fn default_params() -> mlxrt_request_params {
         no_prompt_cache: 0,
         logprobs: 0,
         top_logprobs: 0,
+        thinking: -1,
     }
 }
 
@@ -149,6 +157,12 @@ pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOpt
     o.prompt_cache = p.no_prompt_cache == 0;
     o.logprobs = p.logprobs != 0;
     o.top_logprobs = p.top_logprobs as usize;
+    o.thinking = match p.thinking {
+        -1 => None,
+        0 => Some(false),
+        1 => Some(true),
+        other => return Err(Error::invalid(format!("params.thinking must be -1, 0 or 1, got {other}"))),
+    };
     let stops = slice(p.stop, p.n_stop, "params.stop")?;
     o.stop = stops
         .iter()

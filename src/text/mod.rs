@@ -1,8 +1,9 @@
 //! Text in and out of the model: tokenizer (HF tokenizer.json or GGUF vocab),
-//! chat templates (Jinja, HF-compatible), incremental detokenization and
-//! stop-string matching. Everything here is plain CPU code with no MLX state,
+//! chat templates (Jinja, HF-compatible), incremental detokenization,
+//! stop-string matching, and output channels (reasoning, tool calls). Everything here is plain CPU code with no MLX state,
 //! so it is `Send + Sync` and runs on host threads.
 
+mod channels;
 mod detok;
 mod error;
 mod gguf;
@@ -15,6 +16,7 @@ mod tokenizer;
 #[cfg(test)]
 mod oracle_tests;
 
+pub use channels::{ChannelParser, OutputFormat, Piece, ToolFormat};
 pub use detok::IncrementalDecoder;
 pub use error::TextError;
 pub use gguf::GgufVocab;

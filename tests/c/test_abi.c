@@ -297,6 +297,14 @@ static void test_submit_errors(mlxrt_engine *e) {
 
   mlxrt_request_params_init(&p);
   p.messages_json = CHAT;
+  p.thinking = 5;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "thinking not -1/0/1");
+  p.thinking = -1;
+  p.options_json = "{\"tools\": {\"name\": \"f\"}}";
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "tools not an array");
+
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
   p.struct_size = 4;
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "params struct_size");
 
@@ -348,6 +356,23 @@ static void test_streaming(mlxrt_engine *e) {
   CHECK(mlxrt_request_cancel(req, NULL) == MLXRT_STATUS_OK, "late cancel");
   mlxrt_request_free(req);
   fprintf(stderr, "  ok streaming: %s\n", r.text);
+}
+
+/* Tools and thinking are accepted (SmolLM2's template ignores them). */
+static void test_tools_option(mlxrt_engine *e) {
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.max_tokens = 4;
+  p.thinking = 0;
+  p.options_json =
+      "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+      "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]}";
+  struct rec r;
+  rec_init(&r);
+  CHECK(submit(e, &p, &r, NULL, NULL) == MLXRT_STATUS_OK, "submit with tools");
+  rec_wait(&r);
+  CHECK(r.terminals == 1 && r.last_kind == MLXRT_EVENT_KIND_DONE, "tools request ended with %d", r.last_kind);
 }
 
 static void test_logprobs(mlxrt_engine *e) {
@@ -751,6 +776,7 @@ int main(int argc, char **argv) {
   if (!quick) {
     test_stream(e);
     test_logprobs(e);
+    test_tools_option(e);
     test_struct_size_growth(e);
     test_streaming(e);
     test_stop_and_length(e);
