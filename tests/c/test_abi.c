@@ -308,6 +308,14 @@ static void test_submit_errors(mlxrt_engine *e) {
   p.struct_size = 4;
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "params struct_size");
 
+  /* oversized input: longer than the context, or never fitting in KV memory */
+  static uint32_t many[9000];
+  for (size_t i = 0; i < 9000; i++) many[i] = 100 + (uint32_t)(i % 1000);
+  mlxrt_request_params_init(&p);
+  p.prompt_tokens = many;
+  p.n_prompt_tokens = 9000;
+  expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "prompt longer than the context");
+
   CHECK(mlxrt_request_cancel(NULL, NULL) == MLXRT_STATUS_INVALID_ARGUMENT, "cancel(NULL)");
   mlxrt_engine_stats st = {0};
   expect_error(mlxrt_engine_get_stats(NULL, &st, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "stats of NULL engine");
@@ -352,6 +360,15 @@ static void test_streaming(mlxrt_engine *e) {
   } old = {sizeof(size_t) + sizeof(uint64_t), 99, 12345};
   CHECK(mlxrt_engine_get_stats(e, (mlxrt_engine_stats *)&old, NULL) == MLXRT_STATUS_OK && old.canary == 12345,
         "short stats struct overwritten");
+  /* a handle freed while its request runs: the request goes on to its end */
+  struct rec early;
+  rec_init(&early);
+  mlxrt_request *h = NULL;
+  CHECK(submit(e, &p, &early, &h, NULL) == MLXRT_STATUS_OK, "submit (early free)");
+  mlxrt_request_free(h);
+  rec_wait(&early);
+  CHECK(early.terminals == 1 && early.last_kind == MLXRT_EVENT_KIND_DONE && early.deltas > 0, "early free: %d %d",
+        early.terminals, early.deltas);
   /* cancel after the end is harmless */
   CHECK(mlxrt_request_cancel(req, NULL) == MLXRT_STATUS_OK, "late cancel");
   mlxrt_request_free(req);
@@ -661,6 +678,9 @@ static void test_info_and_tokenizer(mlxrt_engine *e) {
   CHECK(info.n_eos_token_ids >= 1 && info.eos_token_ids[0] == 2 && info.has_chat_template, "eos/template");
   CHECK(info.n_special_token_ids >= 3 && info.modalities == MLXRT_MODALITY_TEXT, "special/modalities");
   expect_error(mlxrt_engine_get_info(NULL, &info, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "info(NULL)");
+  expect_error(mlxrt_engine_get_info(e, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "info into NULL");
+  info.struct_size = 0;
+  expect_error(mlxrt_engine_get_info(e, &info, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "info struct_size 0");
 
   mlxrt_tokens *t = NULL;
   CHECK(mlxrt_tokenize(e, "<|im_start|>user\nHello", 1, &t, &err) == MLXRT_STATUS_OK, "tokenize");
@@ -749,6 +769,20 @@ static void test_callbacks(const char *model) {
   CHECK(e == NULL && quiet.logs == 0, "aborted: engine %p, %d logs below ERROR", (void *)e, quiet.logs);
   cfg.log_level = 9;
   expect_error(mlxrt_engine_create(&cfg, &e, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "bad log level");
+
+  /* a request that can never fit the KV budget is refused at submit */
+  mlxrt_engine_config_init(&cfg);
+  cfg.model_path = model;
+  cfg.kv_budget = 1 << 20;
+  CHECK(mlxrt_engine_create(&cfg, &e, NULL) == MLXRT_STATUS_OK, "create with a small KV budget");
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.max_tokens = 100;
+  struct rec r;
+  rec_init(&r);
+  expect_error(submit(e, &p, &r, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "beyond the KV budget");
+  mlxrt_engine_destroy(e);
 }
 
 int main(int argc, char **argv) {
