@@ -151,6 +151,22 @@ def load_mlxlm(model, f32_scales=True):
     return load_reference_model(model, f32_scales)
 
 
+def read_bandwidth_gbs(mib=1024, repeats=5):
+    """Best-of-N memory read bandwidth (GB/s): summing a buffer far larger
+    than the caches. The ceiling for bandwidth-bound decode."""
+    import time
+
+    import numpy as np
+
+    a = np.ones(mib * 1024 * 1024 // 8, dtype=np.float64)
+    best = 0.0
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a.sum()
+        best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
+    return best
+
+
 def write_result(name, payload, results_dir=RESULTS):
     """Write results_dir/<name>.json with the common header; returns the path."""
     out = {

@@ -51,6 +51,7 @@ fn main() {
         "ttft_ms": u.ttft_ms,
         "decode_tps": u.decode_tokens_per_s,
         "load_s": load_s,
+        "parameter_bytes": engine.parameter_bytes(),
         "mlx_version": mlxrt::mlx::version(),
         "generated_head": &tokens[..tokens.len().min(16)],
     });

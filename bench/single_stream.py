@@ -101,6 +101,18 @@ def run_all(args, ids_file, run_mlxrt, run_ref, ref_cmd):
         "ttft_ratio": common.ratio(med["mlxrt"]["ttft_ms"], med["reference"]["ttft_ms"],
                                    higher_is_better=False),
     }
+    # Decode is bandwidth-bound: each token reads every weight once.
+    param_bytes = info["mlxrt"].get("parameter_bytes")
+    if param_bytes:
+        bw = common.read_bandwidth_gbs()
+        limit = bw * 1e9 / param_bytes
+        payload["bandwidth"] = {
+            "read_gbs": bw,
+            "parameter_bytes": param_bytes,
+            "decode_limit_tps": limit,
+            "mlxrt_decode_fraction_of_limit": med["mlxrt"]["decode_tps"] / limit,
+            "reference_decode_fraction_of_limit": med["reference"]["decode_tps"] / limit,
+        }
     path = common.write_result(args.name, payload, args.results_dir)
     print(f"medians: {med}", file=sys.stderr)
     print(f"decode_ratio={payload['decode_ratio']:.3f} prefill_ratio={payload['prefill_ratio']:.3f} "
