@@ -244,8 +244,14 @@ impl Scheduler<'_> {
         // After this long without work, memory cache entries are also
         // written to disk (so a crash or kill later keeps them).
         const IDLE_PERSIST: Duration = Duration::from_secs(2);
+        // Whether the last iteration could do nothing (e.g. the queue head
+        // waits for its cached prefix to be read from disk): then wait for a
+        // command instead of spinning.
+        let mut stalled = false;
         loop {
-            let first = if self.idle() {
+            let first = if stalled {
+                rx.recv_timeout(Duration::from_millis(50)).ok()
+            } else if self.idle() {
                 match rx.recv_timeout(IDLE_PERSIST) {
                     Ok(c) => Some(c),
                     Err(RecvTimeoutError::Timeout) => {
@@ -293,9 +299,7 @@ impl Scheduler<'_> {
                 }
                 return;
             }
-            if !self.idle() {
-                self.iterate();
-            }
+            stalled = !self.idle() && !self.iterate();
             self.publish_stats();
         }
     }
@@ -310,7 +314,9 @@ impl Scheduler<'_> {
         }
     }
 
-    fn iterate(&mut self) {
+    /// One round of admission, decode and prefill; returns whether anything
+    /// ran.
+    fn iterate(&mut self) -> bool {
         // Only the requests the planner may admit now need a cache lookup.
         let candidates = self.config.max_rows.min(self.queue.len());
         let waiting: Vec<Waiting> = (0..candidates)
@@ -355,6 +361,7 @@ impl Scheduler<'_> {
             (true, true) => self.pacer.decoded_and_prefilled(ms),
             _ => {}
         }
+        decoding || prefilling || plan.admit > 0
     }
 
     /// An MLX error leaves the cohort's arrays unusable: its requests fail.
