@@ -8,12 +8,6 @@ use common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// target/<profile>, where cargo put libmlxrt.so for this test run.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
-
 fn compile(name: &str, extra: &[&str]) -> PathBuf {
     let root = repo_root();
     let out = lib_dir().join(name);

@@ -21,6 +21,16 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Where cargo put libmlxrt.so for this test run: target/<profile>/deps,
+/// next to the test binary. (`cargo test` builds the cdylib there but copies
+/// it up to target/<profile> only on `cargo build`.)
+pub fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().to_path_buf();
+    assert!(dir.join(if cfg!(target_os = "macos") { "libmlxrt.dylib" } else { "libmlxrt.so" }).exists(), "no libmlxrt in {}", dir.display());
+    dir
+}
+
 pub fn python() -> PathBuf {
     let p = repo_root().join(".venv/bin/python");
     assert!(p.exists(), "{} is missing: run scripts/setup.sh", p.display());
