@@ -47,10 +47,11 @@ fn find_mlx(root: &Path) -> PathBuf {
     );
 }
 
-/// The quantized-matmul primitive and its per-instruction-set kernels. The
-/// kernels pick their instruction set per function (`target` attributes), so
-/// all files share the crate's compiler flags.
-const QMM_FILES: [&str; 7] = [
+/// mlxrt's CPU primitives (quantized matmul, SwiGLU) and their
+/// per-instruction-set kernels. The kernels pick their instruction set per
+/// function (`target` attributes), so all files share the crate's compiler
+/// flags.
+const KERNEL_FILES: [&str; 11] = [
     "src/mlx/qmm.h",
     "src/mlx/qmm.cc",
     "src/mlx/qmm_kernels.h",
@@ -58,6 +59,10 @@ const QMM_FILES: [&str; 7] = [
     "src/mlx/qmm_avx512.cc",
     "src/mlx/qmm_avx2.cc",
     "src/mlx/qmm_portable.cc",
+    "src/mlx/swiglu.h",
+    "src/mlx/swiglu.cc",
+    "src/mlx/swiglu_kernels.h",
+    "src/mlx/swiglu_kernels.cc",
 ];
 
 /// Where Debian/Ubuntu (libopenblas0-pthread), Fedora and source installs put
@@ -121,18 +126,18 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=MLXRT_OPENBLAS");
-    for f in ["src/mlx/shim.h", "src/mlx/shim.cc", "src/mlx/sys.rs", "cbindgen.toml", "src/ffi"] {
+    for f in ["src/mlx/shim.h", "src/mlx/shim.cc", "src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs", "cbindgen.toml", "src/ffi"] {
         println!("cargo:rerun-if-changed={f}");
     }
-    for f in QMM_FILES {
+    for f in KERNEL_FILES {
         println!("cargo:rerun-if-changed={f}");
     }
 
     let mlx = find_mlx(&root);
     let lib = mlx.join("lib");
-    cxx_build::bridges(["src/mlx/sys.rs", "src/mlx/qmm_sys.rs"])
+    cxx_build::bridges(["src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs"])
         .file("src/mlx/shim.cc")
-        .files(QMM_FILES.iter().filter(|f| f.ends_with(".cc")))
+        .files(KERNEL_FILES.iter().filter(|f| f.ends_with(".cc")))
         .include(mlx.join("include"))
         .std("c++20")
         .flag_if_supported("-O2")

@@ -2,9 +2,10 @@
 //! `quantized_matmul` (f16 and f32 scales), and MLX's dense f32 matmul with
 //! OpenBLAS vs the wheel's reference BLAS, on SmolLM2-135M's linear shapes.
 //!
-//!   cargo bench --bench cpu_kernels -- [--reps N] [--out PATH] [--quick]
+//!   cargo bench --bench cpu_kernels -- [--reps N] [--out PATH] [--quick] [--rows 1,8,..]
 //!
-//! `--quick` (for tuning) measures mlxrt's kernel and the OpenBLAS matmul only.
+//! `--quick` (for tuning) measures mlxrt's kernel and the OpenBLAS matmul only;
+//! `--rows` replaces the default row counts M.
 //! Every (shape, M) point warms up each variant, then alternates them for N
 //! rounds and reports medians. The reference-BLAS figures come from this same
 //! binary re-run as a child with the wheel's libblas preloaded (preloaded
@@ -27,7 +28,8 @@ const SHAPES: [(&str, i32, i32, i32); 5] = [
     ("mlp_down 1536->576", 1536, 576, 4),
     ("lm_head 576->49152 (8-bit)", 576, 49152, 8),
 ];
-const ROWS: [i32; 4] = [1, 8, 32, 128];
+/// Rows of x: decode, batched decode (small batches), prefill.
+const ROWS: [i32; 6] = [1, 4, 8, 16, 32, 128];
 const GROUP: i32 = 32;
 /// A call predicted slower than this is not run (stock kernels at large M).
 const SKIP_S: f64 = 12.0;
@@ -139,6 +141,10 @@ fn measure(
     out
 }
 
+fn rows_arg(rows: &[i32]) -> String {
+    rows.iter().map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+}
+
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -180,12 +186,12 @@ fn reference_blas() -> Option<std::path::PathBuf> {
 }
 
 /// Child mode: dense matmuls only, printed as one JSON object.
-fn dense_child(reps: usize) {
+fn dense_child(reps: usize, rows: &[i32]) {
     let mut res = Map::new();
     for (name, k, n, bits) in SHAPES {
         let wt = weights(k, n, bits);
         let mut prev = BTreeMap::new();
-        for m in ROWS {
+        for &m in rows {
             let x = randn(&[m, k], 1000 + m as u64);
             let wd = wt.dense.transpose(&[1, 0]).unwrap();
             let v = [Variant {
@@ -201,14 +207,14 @@ fn dense_child(reps: usize) {
     println!("{}", json!({"blas": blas_info().to_string(), "samples": res}));
 }
 
-fn run_dense_child(reps: usize) -> (String, Map<String, Value>) {
+fn run_dense_child(reps: usize, rows: &[i32]) -> (String, Map<String, Value>) {
     let Some(lib) = reference_blas() else {
         eprintln!("reference BLAS not found next to libmlx; skipping");
         return (String::new(), Map::new());
     };
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args(["--dense-child", "--reps", &reps.to_string()])
+        .args(["--dense-child", "--reps", &reps.to_string(), "--rows", &rows_arg(rows)])
         .env("LD_PRELOAD", &lib)
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -223,8 +229,12 @@ fn main() {
     let arg = |flag: &str| args.iter().position(|a| a == flag).and_then(|i| args.get(i + 1));
     let reps: usize = arg("--reps").and_then(|s| s.parse().ok()).unwrap_or(7);
     let out_path = arg("--out").cloned().unwrap_or_else(|| "bench/results/cpu_kernels.json".into());
+    let rows: Vec<i32> = match arg("--rows") {
+        Some(v) => v.split(',').map(|r| r.trim().parse().expect("--rows: comma-separated integers")).collect(),
+        None => ROWS.to_vec(),
+    };
     if args.iter().any(|a| a == "--dense-child") {
-        return dense_child(reps);
+        return dense_child(reps, &rows);
     }
     if args.iter().any(|a| a == "--interleave") {
         return interleave();
@@ -239,7 +249,7 @@ fn main() {
         (String::new(), Map::new())
     } else {
         eprintln!("reference-BLAS child run first (dense matmul only)...");
-        run_dense_child(reps)
+        run_dense_child(reps, &rows)
     };
     eprintln!("child BLAS: {ref_blas}");
 
@@ -249,7 +259,7 @@ fn main() {
         let wt = weights(k, n, bits);
         let qbytes = |sbytes: f64| (n as f64 * k as f64 * bits as f64 / 8.0) + 2.0 * sbytes * (n * k / GROUP) as f64;
         let mut prev = BTreeMap::new();
-        for m in ROWS {
+        for &m in &rows {
             let x = randn(&[m, k], 1000 + m as u64);
             eval(&[&x]).unwrap();
             let wd = wt.dense.transpose(&[1, 0]).unwrap();
@@ -316,7 +326,7 @@ fn main() {
             "load_average_1min": {"start": load_before, "end": load_average()},
         },
         "date": date_utc(),
-        "command": format!("cargo bench --bench cpu_kernels -- --reps {reps}"),
+        "command": format!("cargo bench --bench cpu_kernels -- --reps {reps} --rows {}", rows_arg(&rows)),
         "notes": "times are medians in ms of alternating runs (x f32; group 32); \
                   gbps = weight bytes read (packed weights + scales + biases, or f32 dense \
                   weights) / time; *_time_ratio = stock time / mlxrt time (> 1: mlxrt faster); \

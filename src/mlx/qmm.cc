@@ -239,9 +239,27 @@ const Kernels* select_kernels(uint8_t code) {
 // handing chunks to another core costs more than it saves.
 constexpr double kParallelMacs = 1 << 17;
 
+// A growable float buffer whose data starts on a cache line, so that vector
+// loads from it never straddle two lines. (MLX's CPU arrays start 8 bytes
+// past a 16-byte boundary; an unaligned x made the direct path up to 1.5x
+// slower.)
+class AlignedFloats {
+ public:
+  float* get(size_t n) {
+    buf_.resize(n + kLine / sizeof(float));
+    const auto p = reinterpret_cast<uintptr_t>(buf_.data());
+    return reinterpret_cast<float*>((p + kLine - 1) & ~uintptr_t{kLine - 1});
+  }
+
+ private:
+  static constexpr size_t kLine = 64;
+  std::vector<float> buf_;
+};
+
 float* thread_scratch() {
-  thread_local std::vector<float> buf(scratch_floats(0) + 64);
-  return buf.data();
+  thread_local AlignedFloats buf;
+  thread_local float* p = buf.get(scratch_floats(0) + 64);
+  return p;
 }
 
 void run_problem(const Kernels& k, const Problem& p) {
@@ -282,14 +300,19 @@ const float* row_ptr(const XView& x, int64_t m) {
   return x.data + off;
 }
 
-const float* prepare_x(const XView& x, int M, int K, int bits, int lanes,
-                       std::vector<float>& buf) {
-  if (bits != 4 && x.dense) return x.data;
-  buf.resize(static_cast<size_t>(M) * K);
+// Always a copy, aligned to a cache line (K is a multiple of 32, so every
+// row is aligned too); copying M x K floats is cheap next to the M x N x K
+// product.
+const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, AlignedFloats& buf) {
+  float* out = buf.get(static_cast<size_t>(M) * K);
+  if (bits != 4 && x.dense) {
+    std::memcpy(out, x.data, sizeof(float) * M * K);
+    return out;
+  }
   const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
   for (int m = 0; m < M; ++m) {
     const float* src = x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
-    float* dst = buf.data() + static_cast<size_t>(m) * K;
+    float* dst = out + static_cast<size_t>(m) * K;
     if (bits != 4) {
       for (int k = 0; k < K; ++k) dst[k] = src[k * sk];
       continue;
@@ -301,7 +324,7 @@ const float* prepare_x(const XView& x, int M, int K, int bits, int lanes,
       }
     }
   }
-  return buf.data();
+  return out;
 }
 
 ScaleType scale_type(mx::Dtype d) {
@@ -366,7 +389,7 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
                 w = w.data<uint8_t>(), sp = s.data<void>(), bp = b.data<void>(),
                 st = scale_type(s.dtype()), o = out.data<float>(), M, N, K,
                 group = group_, bits = bits_, k = kernels_]() {
-    thread_local std::vector<float> xbuf;
+    thread_local AlignedFloats xbuf;
     const float* xp = prepare_x(xv, M, K, bits, k->lanes, xbuf);
     Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st};
     run_problem(*k, p);

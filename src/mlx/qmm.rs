@@ -20,7 +20,7 @@ pub enum QmmIsa {
 }
 
 impl QmmIsa {
-    fn from_code(c: u8) -> Option<QmmIsa> {
+    pub(crate) fn from_code(c: u8) -> Option<QmmIsa> {
         Some(match c {
             0 => QmmIsa::Auto,
             1 => QmmIsa::Portable,

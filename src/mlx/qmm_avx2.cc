@@ -25,6 +25,9 @@ struct V {
   static constexpr int W = 8;
   // 16 registers: 2 x 4 accumulators leave room for weights, x and scales.
   static constexpr int MR_DIRECT = 2;
+  // Panels from 3 rows on: with W = 8 lanes, re-dequantizing weights for
+  // every 2-row group costs more than a panel (measured on Zen 4).
+  static constexpr int DIRECT_ROWS = 2;
   static constexpr int MR_PANEL = 2;
 
   QMM_FN static inline T zero() { return _mm256_setzero_ps(); }

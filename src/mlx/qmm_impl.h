@@ -7,6 +7,7 @@
 // and, inside mlxrt::qmm::QMM_NS, a struct `V` with:
 //   T                         the vector type, W f32 lanes
 //   MR_DIRECT, MR_PANEL       rows of x per register tile (see below)
+//   DIRECT_ROWS               up to this M the direct path is used
 //   zero, load, store, set1, fma(a, b, c) = a * b + c, hsum
 //   Tab4, table4(s, b)        per-(row, group) state for 4-bit dequantization
 //   dequant4(p, tab, lo, hi)  W bytes of 4-bit data -> s * q + b for the low
@@ -21,8 +22,13 @@
 // k-block. That keeps the nibble unpacking in the layout MLX stores (no
 // transposes); the k order inside a block is free because the caller
 // permutes x the same way.
-//  - Few rows of x (M <= MR_DIRECT, decode): weights are dequantized in
-//    registers and used at once; the loop streams w once, bandwidth-bound.
+//  - Few rows of x (M <= DIRECT_ROWS: decode, batched decode): weights
+//    are dequantized in registers and used at once by tiles of at most
+//    MR_DIRECT rows. With more rows than one tile holds, the rows are split
+//    into near-equal groups that run one after the other on the same weight
+//    tile, whose packed weights then come from L1; the loop streams w from
+//    memory once. (Re-dequantizing per group costs less than a panel's
+//    stores and loads at these M.)
 //  - More rows (prefill): NR weight rows are dequantized into an f32 panel
 //    once per block of kBlockM rows of x and reused by all of them, so the
 //    dequantization cost is amortized and the loop is FMA-bound.
@@ -147,10 +153,11 @@ constexpr int kPrefetchRows = 2 * NR;
 template <class QF>
 constexpr int kGroupBytes = QF::GROUP * QF::BITS / 8;
 
-// MR rows of x against NR rows of w, dequantized in registers, k in [k0, k1).
+// MR rows of x from m0 against the NR rows of w in `rows` (from n0),
+// dequantized in registers, k in [k0, k1).
 template <class QF, ScaleType ST, int MR>
-QMM_FN void tile_direct(const Problem& p, int n0, int k0, int k1, bool accumulate) {
-  const TileRows<QF, ST> rows(p, n0, k0, k1);
+QMM_FN void tile_direct(const Problem& p, const TileRows<QF, ST>& rows, int m0, int n0, int k0,
+                        int k1, bool accumulate) {
   const size_t ldx = static_cast<size_t>(p.K);
   T acc[MR][NR];
   QMM_UNROLL
@@ -160,7 +167,7 @@ QMM_FN void tile_direct(const Problem& p, int n0, int k0, int k1, bool accumulat
 
   const int ng = (k1 - k0) / QF::GROUP;
   for (int g = 0; g < ng; ++g) {
-    const float* x = p.x + k0 + g * QF::GROUP;
+    const float* x = p.x + m0 * ldx + k0 + g * QF::GROUP;
     // One weight row at a time keeps few vectors live (AVX2 has 16).
     QMM_UNROLL
     for (int j = 0; j < NR; ++j) {
@@ -181,7 +188,7 @@ QMM_FN void tile_direct(const Problem& p, int n0, int k0, int k1, bool accumulat
       }
     }
   }
-  store_tile<MR>(p, 0, n0, accumulate, acc);
+  store_tile<MR>(p, m0, n0, accumulate, acc);
 }
 
 // Dequantizes NR rows of w, k in [k0, k1), into `panel` (row stride kBlockK).
@@ -232,11 +239,12 @@ QMM_FN void tile_panel(const Problem& p, const float* panel, int m0, int n0, int
 
 // Runtime row count -> compile-time register tile height (largest <= rows).
 template <class QF, ScaleType ST, int MR = V::MR_DIRECT>
-QMM_FN void direct_rows(const Problem& p, int n, int k0, int k1, bool accumulate) {
+QMM_FN void direct_rows(const Problem& p, const TileRows<QF, ST>& rows, int count, int m, int n,
+                        int k0, int k1, bool accumulate) {
   if constexpr (MR > 1) {
-    if (p.M < MR) return direct_rows<QF, ST, MR - 1>(p, n, k0, k1, accumulate);
+    if (count < MR) return direct_rows<QF, ST, MR - 1>(p, rows, count, m, n, k0, k1, accumulate);
   }
-  tile_direct<QF, ST, MR>(p, n, k0, k1, accumulate);
+  tile_direct<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
 }
 
 template <int MR = V::MR_PANEL>
@@ -253,8 +261,18 @@ QMM_FN void run_typed(const Problem& p, int n0, int n1, float* panel) {
   for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
     const int k1 = min_i(p.K, k0 + kBlockK);
     const bool accumulate = k0 > 0;
-    if (p.M <= V::MR_DIRECT) {
-      for (int n = n0; n < n1; n += NR) direct_rows<QF, ST>(p, n, k0, k1, accumulate);
+    if (p.M <= V::DIRECT_ROWS) {
+      // Near-equal row groups (8 rows -> 4 + 4, not 6 + 2).
+      const int groups = (p.M + V::MR_DIRECT - 1) / V::MR_DIRECT;
+      const int base = p.M / groups, extra = p.M % groups;
+      for (int n = n0; n < n1; n += NR) {
+        const TileRows<QF, ST> rows(p, n, k0, k1);
+        for (int gi = 0, m = 0; gi < groups; ++gi) {
+          const int count = base + (gi < extra ? 1 : 0);
+          direct_rows<QF, ST>(p, rows, count, m, n, k0, k1, accumulate);
+          m += count;
+        }
+      }
       continue;
     }
     for (int mc = 0; mc < p.M; mc += kBlockM) {

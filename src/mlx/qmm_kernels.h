@@ -58,8 +58,6 @@ constexpr int kBlockK = 2048;
 constexpr int kBlockM = 64;
 // Weight rows dequantized into one panel.
 constexpr int kPanelRows = 4;
-// Up to this many rows of x the kernel dequantizes in registers (no panel).
-constexpr int kMaxDirectRows = 4;
 
 // Per-instruction-set entry points; a variant that was not compiled for this
 // target (e.g. AVX-512 on aarch64) is null.

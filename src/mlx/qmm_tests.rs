@@ -89,7 +89,9 @@ fn matches_stock_across_shapes_bits_groups_and_isas() {
                     for (j, st) in scale_types.into_iter().enumerate() {
                         let k = group * (2 + i as i32);
                         let q = quantized(n, k, group, bits, st, (bits * 1000 + group + n) as u64);
-                        for m in [1, 2, 3, 7, 8, 33] {
+                        // Direct tiles (one, or near-equal row groups up to
+                        // 16 rows on AVX-512) and panels.
+                        for m in [1, 2, 3, 5, 6, 7, 8, 12, 16, 17, 33] {
                             let x = randn(&[m, k], (m * 31 + j as i32) as u64);
                             let err = compare(&x, &q, group, bits, isa);
                             worst = worst.max(err);
@@ -104,17 +106,20 @@ fn matches_stock_across_shapes_bits_groups_and_isas() {
             }
         }
     }
-    assert!(cases >= 2 * 3 * 3 * 3 * 6);
+    assert!(cases >= 2 * 3 * 3 * 3 * 11);
     eprintln!("worst error / sum|x||w| over {cases} cases: {worst:e}");
 }
 
 #[test]
 fn matches_stock_on_large_blocked_and_threaded_shapes() {
-    // M = 128 exercises panels (several m-blocks), K = 2304 > kBlockK the
-    // k-blocking, and the sizes the thread pool.
+    // M = 128 exercises panels (several m-blocks), M = 11 row groups of
+    // direct tiles, K = 2304 > kBlockK the k-blocking, and the sizes the
+    // thread pool.
     for isa in isas() {
         for bits in [4, 8] {
-            for (m, n, k, group) in [(128, 130, 2304, 64), (1, 1030, 2304, 128), (3, 515, 576, 32)] {
+            for (m, n, k, group) in
+                [(128, 130, 2304, 64), (1, 1030, 2304, 128), (3, 515, 576, 32), (11, 1030, 2304, 32)]
+            {
                 let q = quantized(n, k, group, bits, Dtype::F16, (m + n + k) as u64);
                 let x = randn(&[m, k], 7);
                 let err = compare(&x, &q, group, bits, isa);

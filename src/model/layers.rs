@@ -3,7 +3,7 @@
 
 use crate::cache::Positions;
 use crate::error::{Error, Result};
-use crate::mlx::{dequantize, fast, fast_quantized_matmul, quantized_matmul, Array};
+use crate::mlx::{dequantize, fast, fast_quantized_matmul, fast_swiglu, fast_swiglu_packed, quantized_matmul, Array};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +29,32 @@ fn qmm(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec, ke
         Kernels::Auto => fast_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits)?,
         Kernels::Stock => quantized_matmul(x, w, scales, biases, true, spec.group_size, spec.bits)?,
     })
+}
+
+/// `silu(gate) * up` with the chosen kernels: mlxrt's one-node SwiGLU on the
+/// CPU (bit-identical to MLX's ops there), MLX's three ops otherwise.
+pub fn swiglu(gate: &Array, up: &Array, kernels: Kernels) -> Result<Array> {
+    Ok(match kernels {
+        Kernels::Auto => fast_swiglu(gate, up)?,
+        Kernels::Stock => gate.silu()?.multiply(up)?,
+    })
+}
+
+/// [`swiglu`] of gate/up projections that share an input: one SwiGLU node on
+/// the stacked output when they are fused, with no slicing nodes.
+pub fn gated_mlp_hidden(gate_up: &Either, x: &Array, kernels: Kernels) -> Result<Array> {
+    if let (Either::Fused(f), Kernels::Auto) = (gate_up, kernels) {
+        if let [g, u] = f.sizes[..] {
+            if g == u {
+                return Ok(fast_swiglu_packed(&f.lin.forward(x)?)?);
+            }
+        }
+    }
+    let gu = gate_up.forward(x)?;
+    match &gu[..] {
+        [gate, up] => swiglu(gate, up, kernels),
+        _ => Err(Error::internal("a gated MLP needs exactly two projections")),
+    }
 }
 
 pub enum Linear {

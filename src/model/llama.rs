@@ -2,7 +2,7 @@
 //! configs): pre-norm decoder blocks with grouped-query attention, RoPE and a
 //! SwiGLU MLP. Tensor names follow the Hugging Face checkpoint.
 
-use super::layers::{Either, Embedding, FusedLinear, Linear, RmsNorm, Rope};
+use super::layers::{gated_mlp_hidden, Either, Embedding, FusedLinear, Kernels, Linear, RmsNorm, Rope};
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::{AttnMask, KvCache, Positions};
@@ -113,12 +113,13 @@ struct Mlp {
     /// gate and up projections.
     gate_up: Either,
     down: Linear,
+    /// Auto: mlxrt's one-node SwiGLU on the CPU; Stock: MLX's ops.
+    kernels: Kernels,
 }
 
 impl Mlp {
     fn forward(&self, x: &Array) -> Result<Array> {
-        let gu = self.gate_up.forward(x)?;
-        let h = gu[0].silu()?.multiply(&gu[1])?;
+        let h = gated_mlp_hidden(&self.gate_up, x, self.kernels)?;
         self.down.forward(&h)
     }
 }
@@ -172,6 +173,7 @@ impl Llama {
                     (w.linear(&format!("{p}.mlp.up_proj"), d, f, mb)?, f),
                 ])?,
                 down: w.linear(&format!("{p}.mlp.down_proj"), f, d, mb)?,
+                kernels: w.kernels(),
             };
             blocks.push(Block {
                 attn,

@@ -34,6 +34,11 @@ impl Weights {
         Weights { tensors, quant, scale_dtype, kernels }
     }
 
+    /// The kernels the model's layers use.
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
