@@ -8,7 +8,7 @@ use super::row::Row;
 
 /// A prompt-cache snapshot to add: namespace, token ids, KV.
 pub(crate) type Capture = (String, Vec<u32>, Snapshot);
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::load::TextAssets;
@@ -17,7 +17,7 @@ use crate::model::{LanguageModel, Output};
 #[derive(Default)]
 pub(crate) struct DecodeBatch {
     pub rows: Vec<Row>,
-    cache: Vec<KvCache>,
+    cache: Vec<LayerCache>,
     /// Scheduled tokens (`[B]`), not read yet: the input of the next step.
     pending: Option<Array>,
     /// Tokens `collect` reads this iteration.
@@ -51,11 +51,11 @@ impl DecodeBatch {
     }
 
     pub fn kv_bytes(&self) -> usize {
-        self.cache.iter().map(KvCache::nbytes).sum()
+        self.cache.iter().map(LayerCache::nbytes).sum()
     }
 
     /// Adds prefilled rows with their caches and first tokens (`[n]`, lazy).
-    pub fn join(&mut self, rows: Vec<Row>, cache: Vec<KvCache>, first: Array) -> Result<()> {
+    pub fn join(&mut self, rows: Vec<Row>, cache: Vec<LayerCache>, first: Array) -> Result<()> {
         if self.rows.is_empty() {
             self.cache = cache;
             self.pending = Some(first);

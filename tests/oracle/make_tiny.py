@@ -19,18 +19,66 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+from mlx_lm.utils import quantize_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gguf_to_mlx  # noqa: E402
 
 VOCAB = 49152
 
-# Small but not degenerate: several heads, grouped-query attention, a few layers.
+# Small but not degenerate: several heads, grouped-query attention, a few layers;
+# each family's special parts switched on (sliding windows short enough to bite
+# within a test prompt, experts sorted at prefill, mixed layer kinds).
 PRESETS = {
     "llama": dict(
         model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
         num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,
         rope_theta=10000.0, tie_word_embeddings=True, max_position_embeddings=8192,
+    ),
+    "qwen2": dict(
+        model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=VOCAB,
+        rope_theta=1000000.0, tie_word_embeddings=True, max_position_embeddings=8192,
+    ),
+    "qwen3": dict(
+        model_type="qwen3", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, rope_theta=1000000.0, tie_word_embeddings=False,
+        max_position_embeddings=8192,
+    ),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe", hidden_size=64, num_hidden_layers=3, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, rope_theta=1000000.0, tie_word_embeddings=True,
+        max_position_embeddings=8192, num_experts=8, num_experts_per_tok=2,
+        decoder_sparse_step=1, mlp_only_layers=[1], moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),
+    "gemma3_text": dict(
+        model_type="gemma3_text", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        query_pre_attn_scalar=16, sliding_window=8, sliding_window_pattern=2,
+        max_position_embeddings=8192,
+    ),
+    "qwen3_5": dict(
+        model_type="qwen3_5", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, max_position_embeddings=8192, linear_num_value_heads=4,
+        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, full_attention_interval=2, tie_word_embeddings=False,
+        rope_parameters={"type": "default", "rope_theta": 100000.0,
+                         "partial_rotary_factor": 0.5},
+    ),
+    "qwen3_next": dict(
+        model_type="qwen3_next", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, max_position_embeddings=8192, linear_num_value_heads=4,
+        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, full_attention_interval=2, tie_word_embeddings=False,
+        rope_theta=10000.0, partial_rotary_factor=0.25, num_experts=4, num_experts_per_tok=2,
+        decoder_sparse_step=1, mlp_only_layers=[0], moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, norm_topk_prob=False,
     ),
 }
 
@@ -43,7 +91,7 @@ def build(family, seed):
     # Default inits give near-uniform logits; scale weights up a little so
     # greedy decoding is decisive rather than a coin toss between ties.
     params = tree_flatten(model.parameters())
-    model.load_weights([(k, v * 4 if v.ndim == 2 else v) for k, v in params])
+    model.load_weights([(k, v * 4 if v.ndim == 2 or "switch_mlp" in k else v) for k, v in params])
     mx.eval(model.parameters())
     return model, args
 
@@ -51,8 +99,9 @@ def build(family, seed):
 def save(model, config, out, gguf, bits, group):
     out.mkdir(parents=True, exist_ok=True)
     if bits:
-        nn.quantize(model, group_size=group, bits=bits)
-        config["quantization"] = {"group_size": group, "bits": bits, "mode": "affine"}
+        # mlx-lm's own quantizer: the model's per-layer choices (e.g. 8-bit
+        # routers) become per-module overrides in the config.
+        model, config = quantize_model(model, config, group_size=group, bits=bits)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     _, meta = mx.load(str(gguf), return_metadata=True)
