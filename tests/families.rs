@@ -235,3 +235,119 @@ fn qwen3_5_hybrid() {
 fn qwen3_next_hybrid() {
     family("qwen3_next", &[Some(16), Some(64), Some(2048)]);
 }
+
+fn chat(messages: serde_json::Value, cache: bool) -> RequestOptions {
+    let mut o = RequestOptions::new(Input::Messages(messages));
+    o.max_tokens = STEPS as u32;
+    o.stop_at_eos = false;
+    o.prompt_cache = cache;
+    o.prefill_chunk = Some(16);
+    o
+}
+
+/// (tokens, cached prompt tokens)
+fn go(e: &Engine, o: RequestOptions) -> (Vec<u32>, u32) {
+    let ev = run(e, o);
+    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{ev:?}") };
+    (tokens_of(&ev), usage.cached_tokens)
+}
+
+#[test]
+fn hybrid_prompt_cache_hit_gives_the_cold_result() {
+    let (folder, _) = oracle("qwen3_5", false);
+    let system = "You are the assistant of a small bakery. It opens at seven, closes at six, and sells bread, \
+                  pastries and cakes; orders above twenty euros are delivered for free.";
+    let ask = |sys: &str, user: &str| serde_json::json!([{"role": "system", "content": sys}, {"role": "user", "content": user}]);
+    let cold = Engine::new(EngineConfig::new(&folder)).unwrap();
+    let mut cfg = EngineConfig::new(&folder);
+    cfg.prompt_cache_bytes = 64 << 20;
+    cfg.prompt_cache_min_tokens = 8;
+    let warm = Engine::new(cfg).unwrap();
+
+    // The first request snapshots its prompt at the boundary (the system
+    // message), stopping a prefill chunk there: the recurrent state is only
+    // valid at exactly that length.
+    let first = ask(system, "When do you open?");
+    let (t1, c1) = go(&warm, chat(first.clone(), true));
+    assert_eq!(c1, 0);
+    assert_eq!(t1, go(&cold, chat(first.clone(), false)).0, "prefill stopping at the boundary changed the result");
+    // Another question after the same system message: a whole-entry hit.
+    let second = ask(system, "Do you deliver cakes?");
+    let (t2, c2) = go(&warm, chat(second.clone(), true));
+    assert!(c2 > 0, "the boundary snapshot was not used");
+    assert_eq!(t2, go(&cold, chat(second, false)).0, "a prompt-cache hit changed the result");
+    // The same first request again: a hit on the boundary entry, not on the
+    // longer end-of-request entry (a state cannot be cut back).
+    let (t1b, c1b) = go(&warm, chat(first, true));
+    assert_eq!((t1b, c1b), (t1, c2));
+    // A system message that only shares a partial prefix with the cached one:
+    // a KV cache could reuse it, a recurrent state cannot; a miss.
+    let other = ask(&format!("{system} Cash only."), "Do you deliver cakes?");
+    let (t3, c3) = go(&warm, chat(other.clone(), true));
+    assert_eq!(c3, 0, "a partial prefix of a recurrent state was used");
+    assert_eq!(t3, go(&cold, chat(other, false)).0);
+}
+
+/// A copy of `folder` whose config and tensors are changed by `edit`.
+fn broken_copy(folder: &Path, name: &str, edit: impl Fn(&mut serde_json::Value, &mut Vec<(String, Array)>)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mlxrt-families-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(folder.join(f), dir.join(f)).unwrap();
+    }
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
+    let mut src = TensorFile::load_safetensors(folder.join("model.safetensors").to_str().unwrap()).unwrap();
+    let mut tensors: Vec<(String, Array)> = src.names().unwrap().into_iter().map(|n| (n.clone(), src.take(&n).unwrap())).collect();
+    edit(&mut config, &mut tensors);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut out = TensorFile::new().unwrap();
+    for (n, a) in &tensors {
+        out.insert(n, a).unwrap();
+    }
+    out.save_safetensors(dir.join("model.safetensors").to_str().unwrap()).unwrap();
+    dir
+}
+
+fn load_error(dir: &Path) -> mlxrt::Error {
+    let e = match load(dir, &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e,
+    };
+    let _ = std::fs::remove_dir_all(dir);
+    e
+}
+
+#[test]
+fn bad_checkpoints_fail_at_load_naming_the_problem() {
+    let (qwen3, _) = oracle("qwen3", false);
+    let (hybrid, _) = oracle("qwen3_5", true);
+
+    let dir = broken_copy(&qwen3, "arch", |c, _| c["model_type"] = "mamba2".into());
+    let e = load_error(&dir);
+    assert_eq!(e.kind, mlxrt::ErrorKind::Unsupported, "{e}");
+    assert!(e.message.contains("`mamba2` is not supported"), "{e}");
+
+    let cases: [(&Path, &str, &str); 4] = [
+        (&qwen3, "model.layers.1.self_attn.k_norm.weight", "missing"),
+        (&qwen3, "model.layers.0.mlp.up_proj.weight", "shape"),
+        (&hybrid, "language_model.model.layers.0.linear_attn.A_log", "missing"),
+        (&hybrid, "language_model.model.layers.2.linear_attn.in_proj_qkv.scales", "shape"),
+    ];
+    for (folder, tensor, how) in cases {
+        let dir = broken_copy(folder, how, |_, t| match how {
+            "missing" => t.retain(|(n, _)| n != tensor),
+            _ => {
+                let (_, a) = t.iter_mut().find(|(n, _)| n == tensor).expect("tensor exists");
+                let s = a.shape();
+                *a = a.slice_axis(0, 0, s[0] - 1).unwrap();
+            }
+        });
+        let e = load_error(&dir);
+        assert_eq!(e.kind, mlxrt::ErrorKind::ModelLoad, "{e}");
+        assert!(e.message.contains(&format!("`{tensor}`")), "{how} {tensor}: {e}");
+        if how == "shape" {
+            assert!(e.message.contains("expected"), "{e}");
+        }
+    }
+}
