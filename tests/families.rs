@@ -224,6 +224,11 @@ fn gemma3_text() {
 }
 
 #[test]
+fn gemma4_text() {
+    family("gemma4_text", &[None, Some(5)]);
+}
+
+#[test]
 fn qwen3_5_hybrid() {
     family("qwen3_5", &[Some(16), Some(64), Some(2048)]);
     // The model API with small chunks too (the recurrent state carried across).

@@ -80,6 +80,36 @@ PRESETS = {
         decoder_sparse_step=1, mlp_only_layers=[0], moe_intermediate_size=32,
         shared_expert_intermediate_size=64, norm_topk_prob=False,
     ),
+    # Every Gemma 4 feature at once: wider global heads with K = V and
+    # proportional partial RoPE, KV shared by the last two layers (double-wide
+    # MLPs there), per-layer input embeddings, an MoE block beside each MLP.
+    "gemma4_text": dict(
+        model_type="gemma4_text", hidden_size=64, num_hidden_layers=6, intermediate_size=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, global_head_dim=32,
+        num_global_key_value_heads=1, attention_k_eq_v=True, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
+        num_kv_shared_layers=2, sliding_window=8, sliding_window_pattern=3,
+        max_position_embeddings=8192, final_logit_softcapping=30.0, use_double_wide_mlp=True,
+        enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        tie_word_embeddings=True,
+    ),
+    # Benchmark models (bench/families.py): realistic widths (Qwen3-0.6B-like,
+    # and a Qwen3.5-like hybrid), few layers so the CPU runs stay short.
+    "qwen3_bench": dict(
+        model_type="qwen3", hidden_size=1024, num_hidden_layers=4, intermediate_size=3072,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, rope_theta=1000000.0, tie_word_embeddings=True,
+        max_position_embeddings=40960,
+    ),
+    "qwen3_5_bench": dict(
+        model_type="qwen3_5", hidden_size=1024, num_hidden_layers=4, intermediate_size=3072,
+        num_attention_heads=8, num_key_value_heads=2, head_dim=256, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, max_position_embeddings=262144, linear_num_value_heads=16,
+        linear_num_key_heads=16, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, full_attention_interval=4, tie_word_embeddings=True,
+        rope_parameters={"type": "default", "rope_theta": 10000000.0,
+                         "partial_rotary_factor": 0.25},
+    ),
 }
 
 
@@ -91,7 +121,12 @@ def build(family, seed):
     # Default inits give near-uniform logits; scale weights up a little so
     # greedy decoding is decisive rather than a coin toss between ties.
     params = tree_flatten(model.parameters())
-    model.load_weights([(k, v * 4 if v.ndim == 2 or "switch_mlp" in k else v) for k, v in params])
+    scaled = [(k, v * 4 if v.ndim == 2 or "switch_" in k else v) for k, v in params]
+    if family != "llama":
+        # Vary the 1-D parameters (norm weights, per-expert and layer scales,
+        # gate biases), which start as constants, so that using them matters.
+        scaled = [(k, v * mx.random.uniform(0.5, 1.5, v.shape) if v.ndim == 1 else v) for k, v in scaled]
+    model.load_weights(scaled)
     mx.eval(model.parameters())
     return model, args
 
