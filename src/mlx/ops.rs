@@ -36,6 +36,10 @@ impl Array {
     pub fn mul_scalar(&self, v: f32) -> Result<Array> {
         self.multiply(&Array::scalar_f32(v)?)
     }
+    /// `c + self @ b` in one op (one rounding), as `mx.addmm` / `nn.Linear`.
+    pub fn addmm(&self, b: &Array, c: &Array) -> Result<Array> {
+        wrap(ffi::addmm(c.raw(), self.raw(), b.raw()))
+    }
     /// A scalar of this array's dtype (like a Python number in MLX, which
     /// never promotes the array it meets).
     pub fn scalar_like(&self, v: f32) -> Result<Array> {

@@ -233,6 +233,7 @@ ArrPtr softmax(const array& a, int32_t axis, bool precise) {
 }
 
 ArrPtr matmul(const array& a, const array& b) { return up(mx::matmul(a, b)); }
+ArrPtr addmm(const array& c, const array& a, const array& b) { return up(mx::addmm(c, a, b)); }
 ArrPtr quantized_matmul(const array& x, const array& w, const array& scales,
                         const array& biases, bool transpose, int32_t group_size, int32_t bits) {
   return up(mx::quantized_matmul(x, w, scales, biases, transpose, group_size, bits, "affine"));

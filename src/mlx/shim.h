@@ -103,6 +103,7 @@ ArrPtr softmax(const array& a, int32_t axis, bool precise);
 
 // ---- linear algebra and fast kernels ----
 ArrPtr matmul(const array& a, const array& b);
+ArrPtr addmm(const array& c, const array& a, const array& b);
 ArrPtr quantized_matmul(const array& x, const array& w, const array& scales,
                         const array& biases, bool transpose, int32_t group_size, int32_t bits);
 ArrPtr dequantize(const array& w, const array& scales, const array& biases, int32_t group_size,

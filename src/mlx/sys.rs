@@ -81,6 +81,7 @@ pub(crate) mod ffi {
         fn softmax(a: &array, axis: i32, precise: bool) -> Result<UniquePtr<array>>;
 
         fn matmul(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn addmm(c: &array, a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn quantized_matmul(
             x: &array,
             w: &array,

@@ -193,7 +193,12 @@ impl GatedDeltaNet {
             Some(st) => st.share(),
             None => Array::zeros(&[bsz, s.v_heads, s.v_dim, s.k_dim], Dtype::F32)?,
         };
-        let (y, state) = fast::gated_delta_update(&q, &k, &v, &g, &beta, &state, mask)?;
+        // The recurrence runs in f32 whatever the activations' dtype (the
+        // reference promotes every step to the f32 state); MLX's op does so
+        // exactly when given f32 inputs. y returns to the activations' dtype.
+        let f32 = |a: &Array| a.astype(Dtype::F32);
+        let (y, state) = fast::gated_delta_update(&f32(&q)?, &f32(&k)?, &f32(&v)?, &g, &f32(&beta)?, &state, mask)?;
+        let y = if y.dtype() != v.dtype() { y.astype(v.dtype())? } else { y };
         cache.update(new_conv, state, len)?;
         // Gated RMSNorm: silu(z) * norm(y), in f32, back to the input dtype.
         let n = self.norm.forward(&y)?;

@@ -40,6 +40,8 @@ pub enum Linear {
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, b) = match self {
+            // With a bias, mlx's nn.Linear uses addmm (one rounding).
+            Linear::Dense { w, b: Some(b) } => return Ok(x.addmm(&w.transpose(&[1, 0])?, b)?),
             Linear::Dense { w, b } => (x.matmul(&w.transpose(&[1, 0])?)?, b),
             Linear::Quantized { w, scales, biases, b, spec, kernels } => (qmm(x, w, scales, biases, *spec, *kernels)?, b),
         };

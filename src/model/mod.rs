@@ -45,6 +45,9 @@ pub struct ModelInfo {
     pub context_length: i64,
     /// KV cache bytes one position takes over all layers (upper bound: f32).
     pub kv_bytes_per_token: usize,
+    /// Cache bytes a sequence takes whatever its length: the recurrent state
+    /// of linear-attention layers (f32).
+    pub state_bytes_per_sequence: usize,
     /// Where it came from: "gguf" or "mlx-folder".
     pub format: String,
 }

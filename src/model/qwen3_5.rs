@@ -204,6 +204,9 @@ pub fn load(model_type: &str, config: &Value, w: &mut Weights, mut info: ModelIn
     // Per position only the attention layers grow; the recurrent state is a
     // fixed size per sequence.
     info.kv_bytes_per_token = attn_layers * bytes_per_position(cfg.num_key_value_heads, hd, Dtype::F32);
+    let conv = (delta.kernel - 1) * (2 * delta.k_heads * delta.k_dim + delta.v_heads * delta.v_dim);
+    let state = delta.v_heads * delta.v_dim * delta.k_dim;
+    info.state_bytes_per_sequence = linear_layers as usize * (conv + state) as usize * 4;
     let attn_heads = cfg.num_attention_heads as usize;
     Ok(Box::new(Hybrid { embed, blocks, norm, head, attn_heads, info }))
 }

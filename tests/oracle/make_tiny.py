@@ -9,6 +9,7 @@ where speed matters more than the weights (stress tests).
 
 Usage:
     make_tiny.py --family llama --out DIR --gguf SmolLM2.gguf [--quantize BITS] [--group 32] [--seed 0]
+        [--dtype float32|bfloat16|float16]
 """
 import argparse
 import importlib
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map_with_path
 from mlx_lm.utils import quantize_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -131,6 +132,17 @@ def build(family, seed):
     return model, args
 
 
+def cast(model, dtype):
+    """Floating parameters to `dtype`, except those the model keeps in f32 (as
+    mlx_lm.convert does, e.g. Qwen3.5's A_log)."""
+    keep = getattr(model, "cast_predicate", lambda _: True)
+    dt = getattr(mx, dtype)
+    model.update(tree_map_with_path(
+        lambda k, v: v.astype(dt) if keep(k) and mx.issubdtype(v.dtype, mx.floating) else v,
+        model.parameters()))
+    mx.eval(model.parameters())
+
+
 def save(model, config, out, gguf, bits, group):
     out.mkdir(parents=True, exist_ok=True)
     if bits:
@@ -166,8 +178,11 @@ def main():
     ap.add_argument("--quantize", type=int, default=0, metavar="BITS")
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     a = ap.parse_args()
     model, config = build(a.family, a.seed)
+    if a.dtype != "float32":
+        cast(model, a.dtype)
     save(model, config, a.out, a.gguf, a.quantize, a.group)
     print(f"wrote {a.out} ({a.family}, quantize={a.quantize or 'no'})")
 
