@@ -1,12 +1,17 @@
-//! Caches owned by the scheduler thread: per-layer KV caches for batches of
-//! rows, and the prompt (prefix) cache.
+//! Caches owned by the scheduler thread: per-layer caches for batches of rows
+//! (KV of attention layers, recurrent state of linear-attention layers), and
+//! the prompt (prefix) cache.
 
 pub mod kv;
+pub mod layer;
 pub mod prefix;
+pub mod state;
 pub mod store;
 mod radix;
 
 pub use kv::KvCache;
+pub use layer::{LayerCache, LayerSnapshot};
+pub use state::StateCache;
 
 use crate::mlx::fast::Mask;
 use crate::mlx::Array;

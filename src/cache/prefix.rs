@@ -83,6 +83,14 @@ impl<E: Sized> PrefixCache<E> {
         Some(Hit { tokens, value: &self.entries[&id].value })
     }
 
+    /// The longest entry in `namespace` that is a whole prefix of `prompt`
+    /// (marked as used): for state that cannot be cut back.
+    pub fn lookup_whole(&mut self, namespace: &str, prompt: &[u32]) -> Option<Hit<'_, E>> {
+        let (tokens, id) = self.trees.get(namespace)?.longest_whole(prompt)?;
+        self.touch(id);
+        Some(Hit { tokens, value: &self.entries[&id].value })
+    }
+
     /// Whether `namespace` holds exactly `tokens`.
     pub fn contains(&self, namespace: &str, tokens: &[u32]) -> bool {
         self.trees.get(namespace).and_then(|t| t.get(tokens)).is_some()

@@ -155,6 +155,29 @@ impl Radix {
         self.newest_below(node).map(|id| (depth, id))
     }
 
+    /// The longest entry that is a whole prefix of `key` (for state that
+    /// cannot be cut back, only such entries are usable): (its length, id).
+    pub fn longest_whole(&self, key: &[u32]) -> Option<(usize, u64)> {
+        let mut at = ROOT;
+        let mut depth = 0;
+        let mut best = None;
+        loop {
+            let rest = &key[depth..];
+            let Some(&child) = rest.first().and_then(|t| self.node(at).children.get(t)) else {
+                return best;
+            };
+            let edge = &self.node(child).edge;
+            if common_len(edge, rest) < edge.len() {
+                return best;
+            }
+            depth += edge.len();
+            at = child;
+            if let Some(id) = self.node(at).entry {
+                best = Some((depth, id));
+            }
+        }
+    }
+
     fn newest_below(&self, node: usize) -> Option<u64> {
         let n = self.node(node);
         n.children.values().filter_map(|&c| self.newest_below(c)).chain(n.entry).max()
@@ -182,6 +205,19 @@ mod tests {
         assert_eq!(r.longest(&[1, 2]), Some((2, 11)), "newest entry below");
         assert_eq!(r.longest(&[5]), None);
         assert_eq!(r.longest(&[7]), Some((1, 12)));
+    }
+
+    #[test]
+    fn longest_whole_entry() {
+        let mut r = Radix::default();
+        r.insert(&[1, 2, 3, 4, 5], 10);
+        r.insert(&[1, 2], 11);
+        r.insert(&[1, 2, 9], 12);
+        assert_eq!(r.longest_whole(&[1, 2, 3, 4, 5, 6]), Some((5, 10)));
+        assert_eq!(r.longest_whole(&[1, 2, 3, 4]), Some((2, 11)), "not a partial entry");
+        assert_eq!(r.longest_whole(&[1, 2, 9]), Some((3, 12)));
+        assert_eq!(r.longest_whole(&[1]), None);
+        assert_eq!(r.longest_whole(&[]), None);
     }
 
     #[test]

@@ -317,6 +317,14 @@ impl DiskIndex {
         Some((n, f.path.clone()))
     }
 
+    /// The longest file whose tokens are a whole prefix of `prompt`.
+    pub fn lookup_whole(&mut self, namespace: &str, prompt: &[u32]) -> Option<(usize, PathBuf)> {
+        let (n, id) = self.trees.get(namespace)?.longest_whole(prompt)?;
+        let f = self.files.get_mut(&id).expect("indexed file");
+        f.used = SystemTime::now();
+        Some((n, f.path.clone()))
+    }
+
     /// Drops a file from the index (it could not be loaded); returns its path.
     pub fn remove_path(&mut self, path: &Path) -> Option<PathBuf> {
         let id = self.files.iter().find(|(_, f)| f.path == path).map(|(&id, _)| id)?;

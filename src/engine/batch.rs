@@ -6,7 +6,7 @@
 use super::logprobs::StepLogprobs;
 use super::prompt_cache::Snapshot;
 use super::row::Row;
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::load::TextAssets;
@@ -49,7 +49,7 @@ impl Drawn {
 #[derive(Default)]
 pub(crate) struct DecodeBatch {
     pub rows: Vec<Row>,
-    cache: Vec<KvCache>,
+    cache: Vec<LayerCache>,
     /// Scheduled tokens, not read yet: the input of the next step.
     pending: Option<Drawn>,
     /// Tokens `collect` reads this iteration.
@@ -93,11 +93,11 @@ impl DecodeBatch {
     }
 
     pub fn kv_bytes(&self) -> usize {
-        self.cache.iter().map(KvCache::nbytes).sum()
+        self.cache.iter().map(LayerCache::nbytes).sum()
     }
 
     /// Adds prefilled rows with their caches and first tokens.
-    pub fn join(&mut self, rows: Vec<Row>, cache: Vec<KvCache>, first: Drawn) -> Result<()> {
+    pub fn join(&mut self, rows: Vec<Row>, cache: Vec<LayerCache>, first: Drawn) -> Result<()> {
         if self.rows.is_empty() {
             self.cache = cache;
             self.pending = Some(first);

@@ -9,18 +9,21 @@ use super::batch::{sample_rows, Drawn};
 use super::prompt_cache::Snapshot;
 use super::row::Row;
 use super::FinishReason;
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::{LanguageModel, Output};
 
 pub(crate) struct Cohort {
     pub rows: Vec<Row>,
-    cache: Vec<KvCache>,
+    cache: Vec<LayerCache>,
     /// Aligned length: every prompt ends at position `total - 1`.
     total: i32,
     /// Positions already in the cache.
     done: i32,
+    /// Boundary snapshots taken while prefilling (models whose caches cannot
+    /// be cut back: their state is only valid at the boundary itself).
+    held: Vec<(String, Vec<u32>, Snapshot)>,
 }
 
 impl Cohort {
@@ -31,19 +34,22 @@ impl Cohort {
         for c in &mut cache {
             c.set_padding(&pads);
         }
-        Cohort { rows, cache, total, done: 0 }
+        Cohort { rows, cache, total, done: 0, held: vec![] }
     }
 
     /// A cohort for one row whose first `done` prompt positions are already in
     /// `cache` (from the prompt cache).
-    pub fn with_prefix(row: Row, cache: Vec<KvCache>, done: usize) -> Cohort {
+    pub fn with_prefix(row: Row, cache: Vec<LayerCache>, done: usize) -> Cohort {
         let total = row.prompt.len() as i32;
-        Cohort { rows: vec![row], cache, total, done: done as i32 }
+        Cohort { rows: vec![row], cache, total, done: done as i32, held: vec![] }
     }
 
     /// Snapshots of each row's prompt up to its cache boundary, for rows that
     /// want one (call once prefill is over).
-    pub fn boundary_snapshots(&self, min_tokens: usize) -> Result<Vec<(String, Vec<u32>, Snapshot)>> {
+    pub fn boundary_snapshots(&mut self, min_tokens: usize) -> Result<Vec<(String, Vec<u32>, Snapshot)>> {
+        if !self.trimmable() {
+            return Ok(std::mem::take(&mut self.held));
+        }
         let mut out = vec![];
         for (i, r) in self.rows.iter().enumerate() {
             if let Some(b) = r.boundary.filter(|&b| r.use_cache && b >= min_tokens && b > r.cached) {
@@ -63,7 +69,7 @@ impl Cohort {
     }
 
     pub fn kv_bytes(&self) -> usize {
-        self.cache.iter().map(KvCache::nbytes).sum()
+        self.cache.iter().map(LayerCache::nbytes).sum()
     }
 
     /// Adds a row whose prompt fits in `remaining()`. On error the cohort
@@ -75,7 +81,7 @@ impl Cohort {
         }
         self.rows.push(row);
         for c in &mut self.cache {
-            let mut fresh = KvCache::new(1);
+            let mut fresh = c.empty_like(1);
             fresh.set_padding(&[pad - self.done]);
             c.extend(fresh)?;
         }
@@ -116,15 +122,30 @@ impl Cohort {
 
     /// Processes up to `chunk` more positions, or, when only the last one is
     /// left, draws the first tokens (lazy): then prefill is over.
-    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32) -> Result<Option<Drawn>> {
+    /// The model may lower `chunk` (`LanguageModel::prefill_chunk`). For
+    /// caches that cannot be cut back, chunks also end at every row's
+    /// prompt-cache boundary (rows snapshotting at least `snapshot_min`
+    /// tokens), where the snapshot is taken.
+    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32, snapshot_min: Option<usize>) -> Result<Option<Drawn>> {
         let body_end = self.total - 1;
         if self.done < body_end {
-            let to = (self.done + chunk.max(1)).min(body_end);
+            let chunk = model.prefill_chunk(self.rows.len(), self.done as usize, chunk.max(1) as usize) as i32;
+            let mut to = (self.done + chunk.max(1)).min(body_end);
+            let stops = self.boundary_stops(snapshot_min);
+            if let Some(&(at, _)) = stops.iter().filter(|(at, _)| *at > self.done).min() {
+                to = to.min(at);
+            }
             let x = self.tokens(self.done, to)?;
             model.forward(&x, &mut self.cache, Output::CacheOnly)?;
-            let state: Vec<&Array> = self.cache.iter().flat_map(KvCache::state).collect();
+            let state: Vec<&Array> = self.cache.iter().flat_map(LayerCache::state).collect();
             mlx::eval(&state)?;
             self.done = to;
+            for (_, i) in stops.into_iter().filter(|&(at, _)| at == to) {
+                let r = &self.rows[i];
+                let b = r.boundary.expect("a stop is a boundary");
+                let snap = Snapshot::of_row(&self.cache, i, b as i32)?;
+                self.held.push((r.namespace.clone(), r.prompt[..b].to_vec(), snap));
+            }
             return Ok(None);
         }
         let x = self.tokens(body_end, self.total)?;
@@ -135,7 +156,24 @@ impl Cohort {
         Ok(Some(first))
     }
 
-    pub fn into_parts(self) -> (Vec<Row>, Vec<KvCache>) {
+    fn trimmable(&self) -> bool {
+        self.cache.iter().all(LayerCache::trimmable)
+    }
+
+    /// (timeline position, row) of the boundaries where a model with
+    /// non-trimmable caches must stop to snapshot; none for other models.
+    fn boundary_stops(&self, snapshot_min: Option<usize>) -> Vec<(i32, usize)> {
+        let Some(min) = snapshot_min.filter(|_| !self.trimmable()) else { return vec![] };
+        let mut out = vec![];
+        for (i, r) in self.rows.iter().enumerate() {
+            if let Some(b) = r.boundary.filter(|&b| r.use_cache && b >= min.max(1) && b > r.cached && b < r.prompt.len()) {
+                out.push((self.total - r.prompt.len() as i32 + b as i32, i));
+            }
+        }
+        out
+    }
+
+    pub fn into_parts(self) -> (Vec<Row>, Vec<LayerCache>) {
         (self.rows, self.cache)
     }
 }

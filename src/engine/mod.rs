@@ -384,7 +384,7 @@ impl Engine {
         if self.info.context_length > 0 {
             positions = positions.min(self.info.context_length as usize);
         }
-        positions * self.info.kv_bytes_per_token
+        positions * self.info.kv_bytes_per_token + self.info.state_bytes_per_sequence
     }
 
     /// For a chat, the prompt length of the conversation before its last

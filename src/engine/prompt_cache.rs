@@ -13,7 +13,7 @@ use super::log::{LogLevel, Logger};
 use super::scheduler::Command;
 use crate::cache::prefix::{self, PrefixCache};
 use crate::cache::store::{DiskIndex, EntryFile, Tensor};
-use crate::cache::KvCache;
+use crate::cache::{LayerCache, LayerSnapshot};
 use crate::error::{Error, Result};
 use crate::mlx::{self, Array};
 use crossbeam_channel::Sender;
@@ -21,11 +21,10 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-/// KV of positions `0..len` of a sequence, one (keys, values) pair per
-/// layer, each `[1, kv_heads, len, head_dim]`.
+/// Cache state of positions `0..len` of a sequence, one part per layer (KV,
+/// or a recurrent state valid at exactly `len`).
 pub(crate) struct Snapshot {
-    keys: Vec<Array>,
-    values: Vec<Array>,
+    layers: Vec<LayerSnapshot>,
     bytes: usize,
     /// Whether an identical file is on disk already.
     persisted: bool,
@@ -39,57 +38,48 @@ impl prefix::Sized for Snapshot {
 
 impl Snapshot {
     /// Row `row`'s positions `0..len` of a batch's per-layer caches.
-    pub fn of_row(cache: &[KvCache], row: usize, len: i32) -> Result<Snapshot> {
-        let (mut keys, mut values) = (vec![], vec![]);
-        for c in cache {
-            let (k, v) = c.row_slice(row, 0, len)?;
-            keys.push(k);
-            values.push(v);
-        }
-        let arrays: Vec<&Array> = keys.iter().chain(&values).collect();
+    pub fn of_row(cache: &[LayerCache], row: usize, len: i32) -> Result<Snapshot> {
+        let layers = cache.iter().map(|c| c.snapshot_row(row, len)).collect::<Result<Vec<_>>>()?;
+        let arrays: Vec<&Array> = layers.iter().flat_map(|l| l.tensors().map(|(_, a)| a)).collect();
         mlx::async_eval(&arrays)?;
-        let bytes = arrays.iter().map(|a| a.nbytes()).sum();
-        Ok(Snapshot { keys, values, bytes, persisted: false })
+        let bytes = layers.iter().map(LayerSnapshot::nbytes).sum();
+        Ok(Snapshot { layers, bytes, persisted: false })
     }
 
     /// Per-layer one-row caches holding the first `n` positions.
-    pub fn caches(&self, n: i32) -> Result<Vec<KvCache>> {
-        self.keys
-            .iter()
-            .zip(&self.values)
-            .map(|(k, v)| Ok(KvCache::from_prefix(k.slice_axis(2, 0, n)?, v.slice_axis(2, 0, n)?)))
-            .collect()
+    pub fn caches(&self, n: i32) -> Result<Vec<LayerCache>> {
+        self.layers.iter().map(|l| l.restore(n)).collect()
     }
 
     fn to_entry(&self, namespace: &str, tokens: &[u32]) -> Result<EntryFile> {
         let mut tensors = vec![];
-        for (i, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
-            for (name, a) in [(format!("{i}.keys"), k), (format!("{i}.values"), v)] {
+        for (i, l) in self.layers.iter().enumerate() {
+            for (name, a) in l.tensors() {
+                let name = format!("{i}.{name}");
                 tensors.push(Tensor { name, dtype: a.dtype(), shape: a.shape(), data: a.to_bytes()? });
             }
         }
         Ok(EntryFile { namespace: namespace.to_string(), tokens: tokens.to_vec(), tensors })
     }
 
-    /// Rebuilds a snapshot from a file for a model of `layers` layers.
+    /// Rebuilds a snapshot from a file for a model of `layers` layer caches.
     fn from_entry(e: &EntryFile, layers: usize) -> std::result::Result<Snapshot, String> {
-        let mut keys = vec![];
-        let mut values = vec![];
+        let mut parts = vec![];
         for i in 0..layers {
-            for (suffix, out) in [("keys", &mut keys), ("values", &mut values)] {
-                let name = format!("{i}.{suffix}");
-                let t = e.tensors.iter().find(|t| t.name == name).ok_or(format!("no tensor {name}"))?;
-                if t.shape.len() != 4 || t.shape[2] as usize != e.tokens.len() {
-                    return Err(format!("tensor {name} has shape {:?} for {} tokens", t.shape, e.tokens.len()));
+            let get = |name: &str| -> std::result::Result<Option<Array>, String> {
+                let name = format!("{i}.{name}");
+                match e.tensors.iter().find(|t| t.name == name) {
+                    None => Ok(None),
+                    Some(t) => Array::from_bytes(&t.data, &t.shape, t.dtype).map(Some).map_err(|e| e.to_string()),
                 }
-                out.push(Array::from_bytes(&t.data, &t.shape, t.dtype).map_err(|e| e.to_string())?);
-            }
+            };
+            parts.push(LayerSnapshot::from_tensors(e.tokens.len() as i32, get).map_err(|why| format!("layer {i}: {why}"))?);
         }
         if e.tensors.len() != 2 * layers {
-            return Err(format!("{} tensors for a model of {layers} layers", e.tensors.len()));
+            return Err(format!("{} tensors for a model of {layers} layer caches", e.tensors.len()));
         }
-        let bytes = keys.iter().chain(&values).map(Array::nbytes).sum();
-        Ok(Snapshot { keys, values, bytes, persisted: true })
+        let bytes = parts.iter().map(LayerSnapshot::nbytes).sum();
+        Ok(Snapshot { layers: parts, bytes, persisted: true })
     }
 }
 
@@ -132,6 +122,9 @@ pub(crate) struct PromptCache {
     loading: HashSet<PathBuf>,
     pub min_tokens: usize,
     layers: usize,
+    /// Entries are only usable whole (the model has recurrent layers, whose
+    /// state cannot be cut back to a shorter prefix).
+    whole_only: bool,
     log: Logger,
 }
 
@@ -142,7 +135,10 @@ pub(crate) struct CacheSetup {
     pub dir_bytes: u64,
     pub min_tokens: usize,
     pub compat: String,
+    /// Layer caches per sequence (`LanguageModel::new_cache(1).len()`).
     pub layers: usize,
+    /// Whether every layer cache can be cut back (`LayerCache::trimmable`).
+    pub trimmable: bool,
 }
 
 impl PromptCache {
@@ -166,6 +162,7 @@ impl PromptCache {
             loading: HashSet::new(),
             min_tokens: s.min_tokens,
             layers: s.layers,
+            whole_only: !s.trimmable,
             log,
         })
     }
@@ -173,11 +170,19 @@ impl PromptCache {
     /// How much of `prompt` a cache can supply (at most all but its last
     /// token, which must be forwarded to produce logits). A longer prefix on
     /// disk is requested and reported as `Loading`.
+    /// For a model with recurrent layers only an entry that is a whole
+    /// prefix of the prompt (without its last token) counts.
     pub fn lookup(&mut self, namespace: &str, prompt: &[u32]) -> Found {
         let usable = |n: usize| n.min(prompt.len().saturating_sub(1));
-        let in_mem = self.mem.lookup(namespace, prompt).map_or(0, |h| usable(h.tokens));
+        let body = &prompt[..prompt.len().saturating_sub(1)];
+        let in_mem = if self.whole_only {
+            self.mem.lookup_whole(namespace, body).map_or(0, |h| h.tokens)
+        } else {
+            self.mem.lookup(namespace, prompt).map_or(0, |h| usable(h.tokens))
+        };
         if let Some(disk) = &mut self.disk {
-            if let Some((n, path)) = disk.lookup(namespace, prompt) {
+            let on_disk = if self.whole_only { disk.lookup_whole(namespace, body) } else { disk.lookup(namespace, prompt) };
+            if let Some((n, path)) = on_disk {
                 if usable(n) > in_mem && usable(n) >= self.min_tokens.min(prompt.len().saturating_sub(1)).max(1) {
                     if self.loading.insert(path.clone()) {
                         if let Some((io, _)) = &self.io {
@@ -196,8 +201,9 @@ impl PromptCache {
     }
 
     /// Caches for the first `n` tokens of `prompt` (a hit `lookup` found).
-    pub fn take(&mut self, namespace: &str, prompt: &[u32], n: usize) -> Result<Vec<KvCache>> {
-        let hit = self.mem.lookup(namespace, prompt).ok_or_else(|| Error::internal("prompt cache entry vanished"))?;
+    pub fn take(&mut self, namespace: &str, prompt: &[u32], n: usize) -> Result<Vec<LayerCache>> {
+        let hit = if self.whole_only { self.mem.lookup_whole(namespace, &prompt[..n]) } else { self.mem.lookup(namespace, prompt) };
+        let hit = hit.ok_or_else(|| Error::internal("prompt cache entry vanished"))?;
         hit.value.caches(n as i32)
     }
 

@@ -201,7 +201,8 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         dir_bytes: config.prompt_cache_dir_bytes,
         min_tokens: config.prompt_cache_min_tokens,
         compat,
-        layers: info.num_layers as usize,
+        layers: m.model.new_cache(1).len(),
+        trimmable: m.model.new_cache(1).iter().all(crate::cache::LayerCache::trimmable),
     };
     PromptCache::new(setup, config.logger.clone(), commands).map(Some)
 }
@@ -449,7 +450,8 @@ impl Scheduler<'_> {
             return Ok(());
         }
         let c = self.cohort.as_mut().expect("checked above");
-        if let Some(first) = c.advance(self.model.as_ref(), chunk as i32)? {
+        let snapshot_min = self.pcache.as_ref().map(|pc| pc.min_tokens);
+        if let Some(first) = c.advance(self.model.as_ref(), chunk as i32, snapshot_min)? {
             if let Some(pc) = &mut self.pcache {
                 for (ns, tokens, snap) in c.boundary_snapshots(pc.min_tokens)? {
                     pc.capture(&ns, tokens, snap);

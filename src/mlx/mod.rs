@@ -15,7 +15,7 @@ mod swiglu_tests;
 mod sys;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
-pub use ops::{dequantize, fast, quantize, quantized_matmul, random};
+pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
     blas_info, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_isa, qmm_threads,
     BlasInfo, QmmIsa,

@@ -22,7 +22,7 @@ macro_rules! unary {
 
 impl Array {
     binary!(add, subtract, multiply, divide, maximum, minimum, power, greater, greater_equal,
-            less, equal, logical_and, logical_or, matmul);
+            less, equal, logical_and, logical_or, matmul, logaddexp, floor_divide);
     unary!(exp, log, sigmoid, tanh, erf, sqrt, rsqrt, square, negative, abs, logical_not, silu);
 
     /// `where(cond, self, other)` elementwise.
@@ -35,6 +35,20 @@ impl Array {
     }
     pub fn mul_scalar(&self, v: f32) -> Result<Array> {
         self.multiply(&Array::scalar_f32(v)?)
+    }
+    /// `c + self @ b` in one op (one rounding), as `mx.addmm` / `nn.Linear`.
+    pub fn addmm(&self, b: &Array, c: &Array) -> Result<Array> {
+        wrap(ffi::addmm(c.raw(), self.raw(), b.raw()))
+    }
+    /// A scalar of this array's dtype (like a Python number in MLX, which
+    /// never promotes the array it meets).
+    pub fn scalar_like(&self, v: f32) -> Result<Array> {
+        let s = Array::scalar_f32(v)?;
+        if self.dtype() == s.dtype() || !self.dtype().is_float() {
+            Ok(s)
+        } else {
+            s.astype(self.dtype())
+        }
     }
 
     pub fn reshape(&self, shape: &[i32]) -> Result<Array> {
@@ -128,6 +142,43 @@ impl Array {
     }
 }
 
+/// `quantized_matmul` of `x` with the experts `w[rhs_indices]` (stacked
+/// `[experts, out, in]`, MLX's packing), as `mx.gather_qmm`.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_qmm(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    rhs_indices: &Array,
+    transpose: bool,
+    group_size: i32,
+    bits: i32,
+    sorted_indices: bool,
+) -> Result<Array> {
+    wrap(ffi::gather_qmm(
+        x.raw(),
+        w.raw(),
+        scales.raw(),
+        biases.raw(),
+        rhs_indices.raw(),
+        transpose,
+        group_size,
+        bits,
+        sorted_indices,
+    ))
+}
+
+/// `a @ b[rhs_indices]`, as `mx.gather_mm`.
+pub fn gather_mm(a: &Array, b: &Array, rhs_indices: &Array, sorted_indices: bool) -> Result<Array> {
+    wrap(ffi::gather_mm(a.raw(), b.raw(), rhs_indices.raw(), sorted_indices))
+}
+
+/// 1-D convolution, `x` `[B, L, C_in]`, `w` `[C_out, K, C_in / groups]`.
+pub fn conv1d(x: &Array, w: &Array, stride: i32, padding: i32, dilation: i32, groups: i32) -> Result<Array> {
+    wrap(ffi::conv1d(x.raw(), w.raw(), stride, padding, dilation, groups))
+}
+
 /// Affine-quantized matrix product `x @ w.T` (MLX's packing).
 pub fn quantized_matmul(
     x: &Array,
@@ -170,6 +221,36 @@ pub mod fast {
 
     pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
         wrap(ffi::rms_norm(x.raw(), weight.raw(), eps))
+    }
+
+    /// RMS normalization without a learned scale.
+    pub fn rms_norm_plain(x: &Array, eps: f32) -> Result<Array> {
+        wrap(ffi::rms_norm_plain(x.raw(), eps))
+    }
+
+    /// The gated delta rule over a sequence (`mx.fast.gated_delta_update`):
+    /// q, k `[B, T, Hk, Dk]`, v `[B, T, Hv, Dv]`, decay `g` and rate `beta`
+    /// `[B, T, Hv]`, state `[B, Hv, Dv, Dk]`; positions where `mask` `[B, T]`
+    /// is false leave the state unchanged. Returns (y `[B, T, Hv, Dv]`, state).
+    pub fn gated_delta_update(
+        q: &Array,
+        k: &Array,
+        v: &Array,
+        g: &Array,
+        beta: &Array,
+        state: &Array,
+        mask: Option<&Array>,
+    ) -> Result<(Array, Array)> {
+        let out = match mask {
+            None => ffi::gated_delta_update(q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw())?,
+            Some(m) => ffi::gated_delta_update_masked(q.raw(), k.raw(), v.raw(), g.raw(), beta.raw(), state.raw(), m.raw())?,
+        };
+        let mut v = ArrVec(out).into_arrays()?;
+        if v.len() != 2 {
+            return Err(super::super::MlxError(format!("gated_delta_update returned {} arrays", v.len())));
+        }
+        let s = v.pop().expect("two outputs");
+        Ok((v.pop().expect("two outputs"), s))
     }
 
     pub fn rope(x: &Array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32) -> Result<Array> {

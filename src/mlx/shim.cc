@@ -145,6 +145,8 @@ ArrPtr add(const array& a, const array& b) { return up(mx::add(a, b)); }
 ArrPtr subtract(const array& a, const array& b) { return up(mx::subtract(a, b)); }
 ArrPtr multiply(const array& a, const array& b) { return up(mx::multiply(a, b)); }
 ArrPtr divide(const array& a, const array& b) { return up(mx::divide(a, b)); }
+ArrPtr logaddexp(const array& a, const array& b) { return up(mx::logaddexp(a, b)); }
+ArrPtr floor_divide(const array& a, const array& b) { return up(mx::floor_divide(a, b)); }
 ArrPtr maximum(const array& a, const array& b) { return up(mx::maximum(a, b)); }
 ArrPtr minimum(const array& a, const array& b) { return up(mx::minimum(a, b)); }
 ArrPtr power(const array& a, const array& b) { return up(mx::power(a, b)); }
@@ -231,6 +233,7 @@ ArrPtr softmax(const array& a, int32_t axis, bool precise) {
 }
 
 ArrPtr matmul(const array& a, const array& b) { return up(mx::matmul(a, b)); }
+ArrPtr addmm(const array& c, const array& a, const array& b) { return up(mx::addmm(c, a, b)); }
 ArrPtr quantized_matmul(const array& x, const array& w, const array& scales,
                         const array& biases, bool transpose, int32_t group_size, int32_t bits) {
   return up(mx::quantized_matmul(x, w, scales, biases, transpose, group_size, bits, "affine"));
@@ -246,6 +249,37 @@ std::unique_ptr<ArrVec> quantize(const array& w, int32_t group_size, int32_t bit
 }
 ArrPtr rms_norm(const array& x, const array& w, float eps) {
   return up(mx::fast::rms_norm(x, w, eps));
+}
+ArrPtr rms_norm_plain(const array& x, float eps) {
+  return up(mx::fast::rms_norm(x, std::nullopt, eps));
+}
+ArrPtr gather_qmm(const array& x, const array& w, const array& scales, const array& biases,
+                  const array& rhs_indices, bool transpose, int32_t group_size, int32_t bits,
+                  bool sorted_indices) {
+  return up(mx::gather_qmm(x, w, scales, biases, std::nullopt, rhs_indices, transpose, group_size,
+                           bits, "affine", std::nullopt, sorted_indices));
+}
+ArrPtr gather_mm(const array& a, const array& b, const array& rhs_indices, bool sorted_indices) {
+  return up(mx::gather_mm(a, b, std::nullopt, rhs_indices, sorted_indices));
+}
+ArrPtr conv1d(const array& x, const array& w, int32_t stride, int32_t padding, int32_t dilation,
+              int32_t groups) {
+  return up(mx::conv1d(x, w, stride, padding, dilation, groups));
+}
+std::unique_ptr<ArrVec> gated_delta_update(const array& q, const array& k, const array& v,
+                                           const array& g, const array& beta,
+                                           const array& state) {
+  auto out = std::make_unique<ArrVec>();
+  out->v = mx::fast::gated_delta_update(q, k, v, g, beta, state);
+  return out;
+}
+std::unique_ptr<ArrVec> gated_delta_update_masked(const array& q, const array& k,
+                                                  const array& v, const array& g,
+                                                  const array& beta, const array& state,
+                                                  const array& mask) {
+  auto out = std::make_unique<ArrVec>();
+  out->v = mx::fast::gated_delta_update(q, k, v, g, beta, state, mask);
+  return out;
 }
 ArrPtr rope(const array& x, int32_t dims, bool traditional, float base, float scale,
             int32_t offset) {

@@ -69,6 +69,8 @@ ArrPtr less(const array& a, const array& b);
 ArrPtr equal(const array& a, const array& b);
 ArrPtr logical_and(const array& a, const array& b);
 ArrPtr logical_or(const array& a, const array& b);
+ArrPtr logaddexp(const array& a, const array& b);
+ArrPtr floor_divide(const array& a, const array& b);
 ArrPtr where_(const array& c, const array& a, const array& b);
 ArrPtr unary(const array& a, rust::Str name);
 
@@ -101,12 +103,27 @@ ArrPtr softmax(const array& a, int32_t axis, bool precise);
 
 // ---- linear algebra and fast kernels ----
 ArrPtr matmul(const array& a, const array& b);
+ArrPtr addmm(const array& c, const array& a, const array& b);
 ArrPtr quantized_matmul(const array& x, const array& w, const array& scales,
                         const array& biases, bool transpose, int32_t group_size, int32_t bits);
 ArrPtr dequantize(const array& w, const array& scales, const array& biases, int32_t group_size,
                   int32_t bits);
 std::unique_ptr<ArrVec> quantize(const array& w, int32_t group_size, int32_t bits);
 ArrPtr rms_norm(const array& x, const array& w, float eps);
+ArrPtr rms_norm_plain(const array& x, float eps);
+ArrPtr gather_qmm(const array& x, const array& w, const array& scales, const array& biases,
+                  const array& rhs_indices, bool transpose, int32_t group_size, int32_t bits,
+                  bool sorted_indices);
+ArrPtr gather_mm(const array& a, const array& b, const array& rhs_indices, bool sorted_indices);
+ArrPtr conv1d(const array& x, const array& w, int32_t stride, int32_t padding, int32_t dilation,
+              int32_t groups);
+std::unique_ptr<ArrVec> gated_delta_update(const array& q, const array& k, const array& v,
+                                           const array& g, const array& beta,
+                                           const array& state);
+std::unique_ptr<ArrVec> gated_delta_update_masked(const array& q, const array& k,
+                                                  const array& v, const array& g,
+                                                  const array& beta, const array& state,
+                                                  const array& mask);
 ArrPtr rope(const array& x, int32_t dims, bool traditional, float base, float scale,
             int32_t offset);
 ArrPtr rope_freqs(const array& x, int32_t dims, bool traditional, float scale, int32_t offset,

@@ -48,6 +48,8 @@ pub(crate) mod ffi {
         fn equal(a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn logical_and(a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn logical_or(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn logaddexp(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn floor_divide(a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn where_(c: &array, a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn unary(a: &array, name: &str) -> Result<UniquePtr<array>>;
 
@@ -79,6 +81,7 @@ pub(crate) mod ffi {
         fn softmax(a: &array, axis: i32, precise: bool) -> Result<UniquePtr<array>>;
 
         fn matmul(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn addmm(c: &array, a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn quantized_matmul(
             x: &array,
             w: &array,
@@ -92,6 +95,39 @@ pub(crate) mod ffi {
             -> Result<UniquePtr<array>>;
         fn quantize(w: &array, group_size: i32, bits: i32) -> Result<UniquePtr<ArrVec>>;
         fn rms_norm(x: &array, w: &array, eps: f32) -> Result<UniquePtr<array>>;
+        fn rms_norm_plain(x: &array, eps: f32) -> Result<UniquePtr<array>>;
+        fn gather_qmm(
+            x: &array,
+            w: &array,
+            scales: &array,
+            biases: &array,
+            rhs_indices: &array,
+            transpose: bool,
+            group_size: i32,
+            bits: i32,
+            sorted_indices: bool,
+        ) -> Result<UniquePtr<array>>;
+        fn gather_mm(a: &array, b: &array, rhs_indices: &array, sorted_indices: bool)
+            -> Result<UniquePtr<array>>;
+        fn conv1d(x: &array, w: &array, stride: i32, padding: i32, dilation: i32, groups: i32)
+            -> Result<UniquePtr<array>>;
+        fn gated_delta_update(
+            q: &array,
+            k: &array,
+            v: &array,
+            g: &array,
+            beta: &array,
+            state: &array,
+        ) -> Result<UniquePtr<ArrVec>>;
+        fn gated_delta_update_masked(
+            q: &array,
+            k: &array,
+            v: &array,
+            g: &array,
+            beta: &array,
+            state: &array,
+            mask: &array,
+        ) -> Result<UniquePtr<ArrVec>>;
         fn rope(x: &array, dims: i32, traditional: bool, base: f32, scale: f32, offset: i32)
             -> Result<UniquePtr<array>>;
         fn rope_freqs(

@@ -1,5 +1,6 @@
 //! Building blocks shared by the architectures: linear layers (dense or
-//! affine-quantized), embeddings, RMSNorm and rotary position embeddings.
+//! affine-quantized), embeddings, RMSNorm, rotary position embeddings, the
+//! gated MLP and the output head.
 
 use crate::cache::Positions;
 use crate::error::{Error, Result};
@@ -65,6 +66,8 @@ pub enum Linear {
 impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, b) = match self {
+            // With a bias, mlx's nn.Linear uses addmm (one rounding).
+            Linear::Dense { w, b: Some(b) } => return Ok(x.addmm(&w.transpose(&[1, 0])?, b)?),
             Linear::Dense { w, b } => (x.matmul(&w.transpose(&[1, 0])?)?, b),
             Linear::Quantized { w, scales, biases, b, spec, kernels } => (qmm(x, w, scales, biases, *spec, *kernels)?, b),
         };
@@ -72,6 +75,23 @@ impl Linear {
             Some(b) => Ok(y.add(b)?),
             None => Ok(y),
         }
+    }
+
+    /// The layer restricted to (and reordered by) output rows `rows`.
+    pub fn take_rows(self, rows: &[i32]) -> Result<Linear> {
+        let idx = Array::from_i32(rows, &[rows.len() as i32])?;
+        let t = |a: Array| -> Result<Array> { Ok(a.take(&idx, 0)?) };
+        Ok(match self {
+            Linear::Dense { w, b } => Linear::Dense { w: t(w)?, b: b.map(t).transpose()? },
+            Linear::Quantized { w, scales, biases, b, spec, kernels } => Linear::Quantized {
+                w: t(w)?,
+                scales: t(scales)?,
+                biases: t(biases)?,
+                b: b.map(t).transpose()?,
+                spec,
+                kernels,
+            },
+        })
     }
 
     fn weight(&self) -> &Array {
@@ -236,6 +256,121 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fast::rms_norm(x, &self.w, self.eps)?)
     }
+
+    /// Gemma's `(1 + w)` scaling: the offset is added once at load, in the
+    /// weight's dtype, as mlx-lm adds it at every call.
+    pub fn offset(w: Array, eps: f32) -> Result<RmsNorm> {
+        let w = w.add(&w.scalar_like(1.0)?)?;
+        Ok(RmsNorm { w, eps })
+    }
+}
+
+/// The activation of a gated MLP's gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    /// `x * sigmoid(x)` (SwiGLU).
+    Silu,
+    /// GELU, tanh approximation (GeGLU): `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`.
+    GeluTanh,
+}
+
+impl Act {
+    pub fn apply(self, x: &Array) -> Result<Array> {
+        match self {
+            Act::Silu => Ok(x.silu()?),
+            Act::GeluTanh => gelu_tanh(x),
+        }
+    }
+}
+
+/// mlx's `nn.gelu_approx`, op for op.
+pub fn gelu_tanh(x: &Array) -> Result<Array> {
+    let c = |v: f32| x.scalar_like(v);
+    let cube = x.power(&c(3.0)?)?;
+    let inner = x.add(&cube.multiply(&c(0.044715)?)?)?.multiply(&c((2.0 / std::f32::consts::PI).sqrt())?)?;
+    let t = inner.tanh()?.add(&c(1.0)?)?;
+    Ok(c(0.5)?.multiply(x)?.multiply(&t)?)
+}
+
+/// `down(act(gate(x)) * up(x))`, gate and up fused when alike.
+pub struct Mlp {
+    pub gate_up: Either,
+    pub down: Linear,
+    pub act: Act,
+    /// Auto: SiLU gates use mlxrt's one-node SwiGLU on the CPU.
+    pub kernels: Kernels,
+}
+
+impl Mlp {
+    pub fn load(w: &mut super::weights::Weights, prefix: &str, dim: i32, hidden: i32, act: Act) -> Result<Mlp> {
+        Ok(Mlp {
+            gate_up: FusedLinear::new(vec![
+                (w.linear(&format!("{prefix}.gate_proj"), dim, hidden, false)?, hidden),
+                (w.linear(&format!("{prefix}.up_proj"), dim, hidden, false)?, hidden),
+            ])?,
+            down: w.linear(&format!("{prefix}.down_proj"), hidden, dim, false)?,
+            act,
+            kernels: w.kernels(),
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let h = match self.act {
+            Act::Silu => gated_mlp_hidden(&self.gate_up, x, self.kernels)?,
+            act => {
+                let gu = self.gate_up.forward(x)?;
+                act.apply(&gu[0])?.multiply(&gu[1])?
+            }
+        };
+        self.down.forward(&h)
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut v = self.gate_up.arrays();
+        v.extend(self.down.arrays());
+        v
+    }
+}
+
+/// The output projection: its own matrix, or the embedding table (tied).
+pub enum Head {
+    Tied,
+    Linear(Linear),
+}
+
+impl Head {
+    /// `lm_head` when the checkpoint has it (or the config unties it), else tied.
+    pub fn load(w: &mut super::weights::Weights, name: &str, tie: Option<bool>, dim: i32, vocab: i32) -> Result<Head> {
+        let tie = tie.unwrap_or(!w.contains(&format!("{name}.weight")));
+        Ok(if tie { Head::Tied } else { Head::Linear(w.linear(name, dim, vocab, false)?) })
+    }
+
+    pub fn forward(&self, h: &Array, embed: &Embedding) -> Result<Array> {
+        match self {
+            Head::Tied => embed.as_linear(h),
+            Head::Linear(l) => l.forward(h),
+        }
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        match self {
+            Head::Tied => vec![],
+            Head::Linear(l) => l.arrays(),
+        }
+    }
+}
+
+/// The hidden states the output needs: all positions, only the last one, or
+/// none (prefill chunks that only fill the cache).
+pub fn output_positions(h: Array, out: super::Output) -> Result<Option<Array>> {
+    Ok(match out {
+        super::Output::CacheOnly => None,
+        super::Output::AllLogits => Some(h),
+        super::Output::LastLogits => {
+            let l = h.dim(1);
+            Some(h.slice_axis(1, l - 1, l)?)
+        }
+    })
 }
 
 /// Rotary position embedding over the first `dims` features of each head.
@@ -276,6 +411,15 @@ impl Rope {
             }
             other => Err(Error::unsupported(format!("rope_scaling type `{other}` is not supported"))),
         }
+    }
+
+    /// Gemma 4's "proportional" RoPE: all `dims` features take part, the
+    /// first `rotated` with frequencies `factor * base^(i / dims)`, the rest
+    /// with an infinite period (left as they are).
+    pub fn proportional(dims: i32, rotated: i32, base: f32, factor: f32, traditional: bool) -> Result<Rope> {
+        let mut f: Vec<f32> = (0..rotated).step_by(2).map(|i| factor * base.powf(i as f32 / dims as f32)).collect();
+        f.resize((dims / 2) as usize, f32::INFINITY);
+        Ok(Rope { dims, traditional, base, scale: 1.0, freqs: Some(Array::from_f32(&f, &[f.len() as i32])?) })
     }
 
     /// Rotates `x` `[B, heads, L, head_dim]` for positions starting at `pos`.

@@ -4,7 +4,7 @@
 //! first request.
 
 use super::layers::{Kernels, QuantSpec};
-use super::llama::{Llama, LlamaConfig};
+use super::llama::{self, LlamaConfig};
 use super::weights::{QuantConfig, Weights};
 use super::{LanguageModel, ModelInfo};
 use crate::error::{Error, Result};
@@ -162,7 +162,19 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Re
     Ok((model, text))
 }
 
-const FOLDER_ARCHITECTURES: &[&str] = &["llama", "mistral"];
+/// `model_type`s a folder may have (mlx-lm's names).
+const FOLDER_ARCHITECTURES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma3_text",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma4_text",
+];
 
 /// Fails early, before reading weights, for a `model_type` we cannot build.
 fn check_supported(model_type: &str) -> Result<()> {
@@ -178,14 +190,37 @@ fn check_supported(model_type: &str) -> Result<()> {
 
 /// Builds the architecture `model_type` names (checked by `check_supported`).
 fn build(model_type: &str, config: &Value, w: &mut Weights, info: ModelInfo) -> Result<Box<dyn LanguageModel>> {
-    match model_type {
-        "llama" | "mistral" => {
-            let cfg: LlamaConfig = serde_json::from_value(config.clone())
-                .map_err(|e| Error::model(format!("config.json for {model_type}: {e}")))?;
-            Ok(Box::new(Llama::load(&cfg, w, info)?))
+    use super::{gemma3, gemma4, qwen2, qwen3, qwen3_5, qwen3_moe};
+    Ok(match model_type {
+        "llama" | "mistral" => Box::new(llama::load(&parse_config(model_type, config)?, w, info)?),
+        "qwen2" => Box::new(qwen2::load(config, w, info)?),
+        "qwen3" => Box::new(qwen3::load(config, w, info)?),
+        "qwen3_moe" => Box::new(qwen3_moe::load(config, w, info)?),
+        "gemma3_text" => Box::new(gemma3::load(config, w, info)?),
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => qwen3_5::load(model_type, config, w, info)?,
+        "gemma4_text" => gemma4::load(config, w, info)?,
+        other => return check_supported(other).and(Err(Error::internal(format!("no builder for `{other}`")))),
+    })
+}
+
+/// Reads a family's config struct from config.json. Newer Hugging Face
+/// configs nest `rope_theta` (and the scaling) under `rope_parameters`; they
+/// are lifted to the top level first.
+pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(model_type: &str, config: &Value) -> Result<T> {
+    let mut c = config.clone();
+    if let Some(o) = c.as_object_mut() {
+        if let Some(rp) = o.get("rope_parameters").cloned().filter(Value::is_object) {
+            if !o.contains_key("rope_theta") {
+                if let Some(t) = rp.get("rope_theta") {
+                    o.insert("rope_theta".into(), t.clone());
+                }
+            }
+            if !o.contains_key("rope_scaling") {
+                o.insert("rope_scaling".into(), rp);
+            }
         }
-        other => check_supported(other).and(Err(Error::internal(format!("no builder for `{other}`")))),
     }
+    serde_json::from_value(c).map_err(|e| Error::model(format!("config.json for {model_type}: {e}")))
 }
 
 fn quant_config(config: &Value) -> Result<QuantConfig> {
@@ -381,7 +416,7 @@ fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Res
     let mut weights = Weights::new(tensors, quant, scale_dtype, opts.kernels);
     opts.report(0.3, "building")?;
     let info = ModelInfo { format: "gguf".into(), ..Default::default() };
-    let model: Box<dyn LanguageModel> = Box::new(Llama::load(&cfg, &mut weights, info)?);
+    let model: Box<dyn LanguageModel> = Box::new(llama::load(&cfg, &mut weights, info)?);
 
     let vocab = GgufVocab::from_tensor_file(&f).map_err(|e| Error::model(e.to_string()))?;
     let tokenizer = Tokenizer::from_gguf(&vocab).map_err(|e| Error::model(e.to_string()))?;

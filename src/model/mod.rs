@@ -2,12 +2,22 @@
 //! shared layers in `layers`, tensor bookkeeping in `weights`, file formats in
 //! `load`.
 
+pub mod attention;
+pub mod decoder;
+pub mod gated_delta;
+pub mod gemma3;
+pub mod gemma4;
 pub mod layers;
 pub mod llama;
 pub mod load;
+pub mod moe;
+pub mod qwen2;
+pub mod qwen3;
+pub mod qwen3_5;
+pub mod qwen3_moe;
 pub mod weights;
 
-use crate::cache::KvCache;
+use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::mlx::Array;
 
@@ -35,6 +45,9 @@ pub struct ModelInfo {
     pub context_length: i64,
     /// KV cache bytes one position takes over all layers (upper bound: f32).
     pub kv_bytes_per_token: usize,
+    /// Cache bytes a sequence takes whatever its length: the recurrent state
+    /// of linear-attention layers (f32).
+    pub state_bytes_per_sequence: usize,
     /// Where it came from: "gguf" or "mlx-folder".
     pub format: String,
     /// The device it runs on: "cpu" or "gpu".
@@ -45,11 +58,32 @@ pub struct ModelInfo {
 /// arrays and so live on the scheduler thread only.
 pub trait LanguageModel {
     fn info(&self) -> &ModelInfo;
-    /// Empty caches (one per layer) for a batch of `rows` sequences.
-    fn new_cache(&self, rows: usize) -> Vec<KvCache>;
+    /// Empty caches for a batch of `rows` sequences: one per layer that keeps
+    /// state (a KV cache per attention layer, a recurrent state per linear
+    /// attention layer; layers that reuse another layer's KV have none).
+    fn new_cache(&self, rows: usize) -> Vec<LayerCache>;
     /// Runs `tokens` (`[B, L]` int32, B = the cache's rows) after what `cache`
     /// holds, appending to it. Rows may be left-padded (see `KvCache`).
-    fn forward(&self, tokens: &Array, cache: &mut [KvCache], out: Output) -> Result<Option<Array>>;
+    fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>>;
     /// Every parameter array (for evaluation at load and memory accounting).
     fn parameters(&self) -> Vec<&Array>;
+    /// The prefill chunk to use for `rows` rows with `done` positions already
+    /// cached, when the scheduler would run `requested`: a model may lower it
+    /// to bound the memory one forward pass needs (the result is at least 1).
+    fn prefill_chunk(&self, rows: usize, done: usize, requested: usize) -> usize {
+        let _ = (rows, done);
+        requested
+    }
+}
+
+/// The largest chunk (halving from `min(requested, 2048)` down to a floor of
+/// 8) whose attention scores, `rows × heads × chunk × keys` f32 values with
+/// `keys = done + chunk`, stay within 1 GiB.
+pub fn bounded_chunk(rows: usize, heads: usize, done: usize, requested: usize) -> usize {
+    const BUDGET: usize = 1 << 30;
+    let mut c = requested.clamp(1, 2048);
+    while c > 8 && rows * heads * c * (done + c) * 4 > BUDGET {
+        c /= 2;
+    }
+    c.max(1)
 }

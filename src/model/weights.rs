@@ -2,6 +2,7 @@
 //! a missing or misshapen tensor fails the load with its name.
 
 use super::layers::{Embedding, Kernels, Linear, QuantSpec};
+use super::moe::SwitchLinear;
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +42,11 @@ impl Weights {
 
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
+    }
+
+    /// The shape of a tensor still held, if any.
+    pub fn peek_shape(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.get(name).map(Array::shape)
     }
 
     pub fn take(&mut self, name: &str) -> Result<Array> {
@@ -98,7 +104,24 @@ impl Weights {
         Ok(Embedding::Quantized { w, scales, biases, spec, kernels: self.kernels })
     }
 
-    fn quantized(&mut self, prefix: &str, in_dim: i32, out_dim: i32) -> Result<(Array, Array, Array, QuantSpec)> {
+    /// Experts' linear layers stacked `[experts, out_dim, in_dim]` (MoE).
+    pub fn switch_linear(&mut self, prefix: &str, experts: i32, in_dim: i32, out_dim: i32) -> Result<SwitchLinear> {
+        if !self.contains(&format!("{prefix}.scales")) {
+            let w = self.take_shaped(&format!("{prefix}.weight"), &[experts, out_dim, in_dim])?;
+            return Ok(SwitchLinear::Dense { w });
+        }
+        let spec = self.spec(prefix, in_dim)?;
+        let w = self.take_shaped(&format!("{prefix}.weight"), &[experts, out_dim, in_dim * spec.bits / 32])?;
+        if w.dtype() != Dtype::U32 {
+            return Err(Error::model(format!("`{prefix}.weight` is {:?}, expected packed uint32", w.dtype())));
+        }
+        let groups = in_dim / spec.group_size;
+        let scales = self.take_scales(&format!("{prefix}.scales"), &[experts, out_dim, groups])?;
+        let biases = self.take_scales(&format!("{prefix}.biases"), &[experts, out_dim, groups])?;
+        Ok(SwitchLinear::Quantized { w, scales, biases, spec })
+    }
+
+    fn spec(&self, prefix: &str, in_dim: i32) -> Result<QuantSpec> {
         let spec = self.quant.spec_for(prefix).ok_or_else(|| {
             Error::model(format!(
                 "`{prefix}` has quantization scales but the config has no quantization settings for it"
@@ -110,6 +133,11 @@ impl Weights {
                 spec.group_size, spec.bits
             )));
         }
+        Ok(spec)
+    }
+
+    fn quantized(&mut self, prefix: &str, in_dim: i32, out_dim: i32) -> Result<(Array, Array, Array, QuantSpec)> {
+        let spec = self.spec(prefix, in_dim)?;
         let w = self.take_shaped(&format!("{prefix}.weight"), &[out_dim, in_dim * spec.bits / 32])?;
         if w.dtype() != Dtype::U32 {
             return Err(Error::model(format!("`{prefix}.weight` is {:?}, expected packed uint32", w.dtype())));

@@ -1,0 +1,152 @@
+//! Grouped-query self-attention as the Llama, Qwen and Gemma families use it:
+//! fused q/k/v projections (biases where the checkpoint has them), optional
+//! per-head RMSNorm of queries and keys, RoPE (possibly over part of each
+//! head), the layer's KV cache, an optional sliding window, and an optional
+//! sigmoid output gate computed by the query projection (Qwen3-Next).
+
+use super::layers::{Either, FusedLinear, Linear, RmsNorm, Rope};
+use super::weights::Weights;
+use crate::cache::{AttnMask, KvCache, Positions};
+use crate::error::Result;
+use crate::mlx::{fast, Array};
+use std::rc::Rc;
+
+/// The masks of one forward pass, computed once for all layers (the layers'
+/// caches share one timeline).
+pub struct Masks {
+    pub full: AttnMask,
+    /// For sliding-window layers: the first key position any new query can
+    /// see, and the mask from there on.
+    pub window: Option<(i32, AttnMask)>,
+}
+
+impl Masks {
+    pub fn new(cache: &KvCache, n: i32, window: Option<i32>) -> Result<Masks> {
+        Ok(Masks { full: cache.mask(n)?, window: window.map(|w| cache.window_mask(n, w)).transpose()? })
+    }
+}
+
+/// Shapes and options of an attention layer.
+pub struct AttnSpec {
+    pub dim: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    /// Biases on q/k/v are taken when present; `bias` makes them required.
+    pub bias: bool,
+    /// Per-head RMSNorm of queries and keys (`q_norm`, `k_norm`) with this eps.
+    pub qk_norm: Option<f32>,
+    /// Gemma's `(1 + w)` norm weights.
+    pub norm_offset: bool,
+    pub scale: f32,
+    pub window: Option<i32>,
+    /// `q_proj` also yields a per-head gate (its output is `[q | gate]` per
+    /// head); the attention output is multiplied by `sigmoid(gate)`.
+    pub output_gate: bool,
+}
+
+pub struct Attention {
+    qkv: Either,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    rope: Rc<Rope>,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    window: Option<i32>,
+    output_gate: bool,
+}
+
+impl Attention {
+    /// Loads `{prefix}.{q,k,v,o}_proj` (and `q_norm`, `k_norm`).
+    pub fn load(w: &mut Weights, prefix: &str, s: &AttnSpec, rope: Rc<Rope>) -> Result<Attention> {
+        let (d, hd, nh, nkv) = (s.dim, s.head_dim, s.heads, s.kv_heads);
+        let norm = |w: &mut Weights, name: &str, eps: f32| -> Result<RmsNorm> {
+            let t = w.take_shaped(&format!("{prefix}.{name}.weight"), &[hd])?;
+            if s.norm_offset {
+                RmsNorm::offset(t, eps)
+            } else {
+                Ok(RmsNorm { w: t, eps })
+            }
+        };
+        let (q_norm, k_norm) = match s.qk_norm {
+            Some(eps) => (Some(norm(w, "q_norm", eps)?), Some(norm(w, "k_norm", eps)?)),
+            None => (None, None),
+        };
+        let q_out = if s.output_gate { 2 * nh * hd } else { nh * hd };
+        Ok(Attention {
+            qkv: FusedLinear::new(vec![
+                (w.linear(&format!("{prefix}.q_proj"), d, q_out, s.bias)?, q_out),
+                (w.linear(&format!("{prefix}.k_proj"), d, nkv * hd, s.bias)?, nkv * hd),
+                (w.linear(&format!("{prefix}.v_proj"), d, nkv * hd, s.bias)?, nkv * hd),
+            ])?,
+            o: w.linear(&format!("{prefix}.o_proj"), nh * hd, d, false)?,
+            q_norm,
+            k_norm,
+            rope,
+            heads: nh,
+            kv_heads: nkv,
+            head_dim: hd,
+            scale: s.scale,
+            window: s.window,
+            output_gate: s.output_gate,
+        })
+    }
+
+    pub fn forward(&self, x: &Array, cache: &mut KvCache, pos: &Positions, masks: &Masks) -> Result<Array> {
+        let s = x.shape();
+        let (b, l) = (s[0], s[1]);
+        let mut qkv = self.qkv.forward(x)?.into_iter();
+        let mut next = || qkv.next().expect("three projections");
+        // Norms act per head, before the heads move to axis 1.
+        let heads = |y: Array, h: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = y.reshape(&[b, l, h, self.head_dim])?;
+            let y = match norm {
+                Some(n) => n.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose(&[0, 2, 1, 3])?)
+        };
+        let (q, gate) = if self.output_gate {
+            let qg = next().reshape(&[b, l, self.heads, 2 * self.head_dim])?;
+            let hd = self.head_dim;
+            let gate = qg.slice_axis(-1, hd, 2 * hd)?.reshape(&[b, l, self.heads * hd])?;
+            (qg.slice_axis(-1, 0, hd)?, Some(gate))
+        } else {
+            (next(), None)
+        };
+        let q = heads(q, self.heads, &self.q_norm)?;
+        let k = heads(next(), self.kv_heads, &self.k_norm)?;
+        let v = heads(next(), self.kv_heads, &None)?;
+        let q = self.rope.forward(&q, pos)?;
+        let k = self.rope.forward(&k, pos)?;
+        let (mut k, mut v) = cache.update_and_fetch(&k, &v)?;
+        let mask = match (self.window, &masks.window) {
+            (Some(_), Some((start, m))) => {
+                // Keys before `start` are outside every new query's window.
+                if *start > 0 {
+                    let end = k.dim(2);
+                    k = k.slice_axis(2, *start, end)?;
+                    v = v.slice_axis(2, *start, end)?;
+                }
+                m
+            }
+            _ => &masks.full,
+        };
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_mask())?;
+        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
+        match gate {
+            Some(g) => self.o.forward(&o.multiply(&g.sigmoid()?)?),
+            None => self.o.forward(&o),
+        }
+    }
+
+    pub fn arrays(&self) -> Vec<&Array> {
+        let mut v = self.qkv.arrays();
+        v.extend(self.o.arrays());
+        v.extend(self.q_norm.iter().chain(self.k_norm.iter()).map(|n| &n.w));
+        v
+    }
+}

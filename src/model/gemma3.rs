@@ -1,0 +1,220 @@
+//! Gemma 3 (text): sliding-window and global attention layers interleaved
+//! (every `sliding_window_pattern`-th layer is global), each kind with its
+//! own RoPE base; `(1 + w)` RMSNorms, also around the attention and MLP
+//! outputs ("sandwich" norms) and on each query/key head; a GeGLU MLP
+//! (tanh-approximated GELU); embeddings scaled by √hidden (rounded to bf16,
+//! as the reference does); queries scaled by `query_pre_attn_scalar^-½`.
+//!
+//! Sliding layers keep a full-length KV cache and attend through a window
+//! mask over the last `sliding_window` positions only (see
+//! `KvCache::window_mask`): exact, and the attention cost is bounded by the
+//! window, but their memory grows with the context like a global layer's.
+
+use super::attention::{AttnSpec, Attention, Masks};
+use super::layers::{output_positions, Act, Embedding, Head, Mlp, RmsNorm, Rope};
+use super::weights::Weights;
+use super::{LanguageModel, ModelInfo, Output};
+use crate::cache::kv::bytes_per_position;
+use crate::cache::{KvCache, LayerCache};
+use crate::error::{Error, Result};
+use crate::mlx::{Array, Dtype};
+use serde::Deserialize;
+use serde_json::Value;
+use std::rc::Rc;
+
+#[derive(Debug, Clone, Deserialize)]
+struct Config {
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    #[serde(default = "d_head_dim")]
+    head_dim: i32,
+    #[serde(default = "d_eps")]
+    rms_norm_eps: f32,
+    vocab_size: i32,
+    #[serde(default = "d_one")]
+    num_key_value_heads: i32,
+    #[serde(default = "d_theta")]
+    rope_theta: f32,
+    #[serde(default = "d_local_theta")]
+    rope_local_base_freq: f32,
+    #[serde(default = "d_head_dim_f")]
+    query_pre_attn_scalar: f32,
+    #[serde(default = "d_window")]
+    sliding_window: i32,
+    #[serde(default = "d_pattern")]
+    sliding_window_pattern: i32,
+    #[serde(default = "d_max_pos")]
+    max_position_embeddings: i64,
+    #[serde(default)]
+    rope_scaling: Option<Value>,
+}
+
+fn d_head_dim() -> i32 {
+    256
+}
+fn d_head_dim_f() -> f32 {
+    256.0
+}
+fn d_eps() -> f32 {
+    1e-6
+}
+fn d_one() -> i32 {
+    1
+}
+fn d_theta() -> f32 {
+    1_000_000.0
+}
+fn d_local_theta() -> f32 {
+    10_000.0
+}
+fn d_window() -> i32 {
+    512
+}
+fn d_pattern() -> i32 {
+    6
+}
+fn d_max_pos() -> i64 {
+    32768
+}
+
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ff_norm: RmsNorm,
+    post_ff_norm: RmsNorm,
+}
+
+pub struct Gemma3 {
+    embed: Embedding,
+    /// √hidden rounded to bf16.
+    embed_scale: f32,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    head: Head,
+    window: i32,
+    info: ModelInfo,
+}
+
+/// Rounds to the nearest bfloat16 (ties to even), as `mx.array(v, mx.bfloat16)`.
+pub(crate) fn round_bf16(v: f32) -> f32 {
+    let b = v.to_bits();
+    let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) & 0xffff_0000;
+    f32::from_bits(rounded)
+}
+
+/// `x + y`; in f16 summed in f32 and clipped to the f16 range, as the
+/// reference does against overflow.
+fn residual(x: &Array, y: &Array) -> Result<Array> {
+    if x.dtype() != Dtype::F16 {
+        return Ok(x.add(y)?);
+    }
+    let s = x.astype(Dtype::F32)?.add(&y.astype(Dtype::F32)?)?;
+    let bound = Array::scalar_f32(65504.0)?;
+    Ok(s.minimum(&bound)?.maximum(&bound.negative()?)?.astype(Dtype::F16)?)
+}
+
+pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemma3> {
+    let cfg: Config = super::load::parse_config("gemma3_text", config)?;
+    if cfg.sliding_window_pattern <= 0 || cfg.sliding_window <= 0 || cfg.num_attention_heads % cfg.num_key_value_heads.max(1) != 0 {
+        return Err(Error::model("config.json for gemma3_text: invalid sliding window or head counts"));
+    }
+    let (d, hd, eps) = (cfg.hidden_size, cfg.head_dim, cfg.rms_norm_eps);
+    let norm = |w: &mut Weights, name: &str, n: i32| RmsNorm::offset(w.take_shaped(name, &[n])?, eps);
+    let embed = w.embedding("model.embed_tokens", cfg.vocab_size, d)?;
+    let local = Rc::new(Rope::new(hd, cfg.rope_local_base_freq, false, None, None)?);
+    let global = Rc::new(Rope::new(hd, cfg.rope_theta, false, cfg.rope_scaling.as_ref(), Some(cfg.max_position_embeddings))?);
+    let mut blocks = vec![];
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let sliding = (i + 1) % cfg.sliding_window_pattern != 0;
+        let spec = AttnSpec {
+            dim: d,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: hd,
+            bias: false,
+            qk_norm: Some(eps),
+            norm_offset: true,
+            scale: cfg.query_pre_attn_scalar.powf(-0.5),
+            output_gate: false,
+            window: sliding.then_some(cfg.sliding_window),
+        };
+        let rope = if sliding { local.clone() } else { global.clone() };
+        blocks.push(Block {
+            attn: Attention::load(w, &format!("{p}.self_attn"), &spec, rope)?,
+            mlp: Mlp::load(w, &format!("{p}.mlp"), d, cfg.intermediate_size, Act::GeluTanh)?,
+            input_norm: norm(w, &format!("{p}.input_layernorm.weight"), d)?,
+            post_attn_norm: norm(w, &format!("{p}.post_attention_layernorm.weight"), d)?,
+            pre_ff_norm: norm(w, &format!("{p}.pre_feedforward_layernorm.weight"), d)?,
+            post_ff_norm: norm(w, &format!("{p}.post_feedforward_layernorm.weight"), d)?,
+
+        });
+    }
+    let norm = norm(w, "model.norm.weight", d)?;
+    let head = Head::load(w, "lm_head", None, d, cfg.vocab_size)?;
+    info.architecture = "gemma3_text".into();
+    info.vocab_size = cfg.vocab_size;
+    info.num_layers = cfg.num_hidden_layers;
+    info.hidden_size = d;
+    info.context_length = cfg.max_position_embeddings;
+    info.kv_bytes_per_token = cfg.num_hidden_layers as usize * bytes_per_position(cfg.num_key_value_heads, hd, Dtype::F32);
+    Ok(Gemma3 { embed, embed_scale: round_bf16((d as f32).sqrt()), blocks, norm, head, window: cfg.sliding_window, info })
+}
+
+impl LanguageModel for Gemma3 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self, rows: usize) -> Vec<LayerCache> {
+        (0..self.blocks.len()).map(|_| LayerCache::Kv(KvCache::new(rows))).collect()
+    }
+
+    fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
+        if cache.len() != self.blocks.len() {
+            return Err(Error::internal("cache has the wrong number of layers"));
+        }
+        let pos = cache[0].positions()?;
+        let masks = Masks::new(cache[0].kv()?, tokens.dim(1), Some(self.window))?;
+        let mut h = self.embed.forward(tokens)?;
+        h = h.multiply(&h.scalar_like(self.embed_scale)?)?;
+        for (b, c) in self.blocks.iter().zip(cache.iter_mut()) {
+            let r = b.attn.forward(&b.input_norm.forward(&h)?, c.kv_mut()?, &pos, &masks)?;
+            h = residual(&h, &b.post_attn_norm.forward(&r)?)?;
+            let r = b.mlp.forward(&b.pre_ff_norm.forward(&h)?)?;
+            h = residual(&h, &b.post_ff_norm.forward(&r)?)?;
+        }
+        let Some(h) = output_positions(h, out)? else { return Ok(None) };
+        let h = self.norm.forward(&h)?;
+        Ok(Some(self.head.forward(&h, &self.embed)?))
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        let mut v = self.embed.arrays();
+        for b in &self.blocks {
+            v.extend(b.attn.arrays());
+            v.extend(b.mlp.arrays());
+            for n in [&b.input_norm, &b.post_attn_norm, &b.pre_ff_norm, &b.post_ff_norm] {
+                v.push(&n.w);
+            }
+        }
+        v.push(&self.norm.w);
+        v.extend(self.head.arrays());
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bf16_rounding() {
+        assert_eq!(super::round_bf16(1.0), 1.0);
+        // √64 = 8 is exact; √1152 = 33.941… → 34.0 in bf16 (8 significant bits).
+        assert_eq!(super::round_bf16(64f32.sqrt()), 8.0);
+        assert_eq!(super::round_bf16(1152f32.sqrt()), 34.0);
+    }
+}

@@ -1,0 +1,505 @@
+//! Gemma 4 (text), as mlx-lm's gemma4_text:
+//! - sliding-window and full attention layers (`layer_types`, or every
+//!   `sliding_window_pattern`-th layer full), full layers with their own head
+//!   size (`global_head_dim`), KV heads and "proportional" RoPE over part of
+//!   each head; attention scale 1 (queries and keys are RMS-normalized, values
+//!   too, without a learned scale);
+//! - K = V on full layers where configured (no `v_proj`: the key projection,
+//!   before its norm, is also the value);
+//! - the last `num_kv_shared_layers` layers compute no keys and values: each
+//!   reuses those of the last earlier layer of its type (and has no cache);
+//! - per-layer input embeddings where present: a second embedding table
+//!   gives every layer its own small input, mixed with a projection of the
+//!   token embedding and gated into the residual stream after the MLP;
+//! - optional MoE block beside the MLP (router with its own norm and
+//!   per-expert scales, GeGLU experts); a learned scalar per layer;
+//! - final logits soft-capped: `tanh(x / cap) * cap`.
+//!
+//! Sliding layers keep a full-length KV cache with a window mask, as in
+//! gemma3.rs.
+
+use super::attention::Masks;
+use super::layers::{gelu_tanh, output_positions, Act, Either, Embedding, FusedLinear, Head, Linear, Mlp, RmsNorm, Rope};
+use super::moe::SwitchGlu;
+use super::weights::Weights;
+use super::{LanguageModel, ModelInfo, Output};
+use crate::cache::kv::bytes_per_position;
+use crate::cache::{AttnMask, KvCache, LayerCache, Positions};
+use crate::error::{Error, Result};
+use crate::mlx::{fast, Array, Dtype};
+use serde::Deserialize;
+use serde_json::Value;
+
+#[derive(Debug, Clone, Deserialize)]
+struct Config {
+    hidden_size: i32,
+    num_hidden_layers: i32,
+    intermediate_size: i32,
+    num_attention_heads: i32,
+    #[serde(default = "d_head_dim")]
+    head_dim: i32,
+    #[serde(default)]
+    global_head_dim: Option<i32>,
+    #[serde(default = "d_eps")]
+    rms_norm_eps: f32,
+    vocab_size: i32,
+    #[serde(default)]
+    vocab_size_per_layer_input: Option<i32>,
+    #[serde(default = "d_one")]
+    num_key_value_heads: i32,
+    #[serde(default)]
+    num_global_key_value_heads: Option<i32>,
+    #[serde(default)]
+    num_kv_shared_layers: i32,
+    #[serde(default)]
+    hidden_size_per_layer_input: i32,
+    #[serde(default)]
+    rope_traditional: bool,
+    #[serde(default)]
+    rope_parameters: Option<Value>,
+    #[serde(default = "d_window")]
+    sliding_window: i32,
+    #[serde(default = "d_pattern")]
+    sliding_window_pattern: i32,
+    #[serde(default)]
+    max_position_embeddings: Option<i64>,
+    #[serde(default)]
+    attention_k_eq_v: bool,
+    #[serde(default = "d_softcap")]
+    final_logit_softcapping: Option<f32>,
+    #[serde(default = "d_true")]
+    use_double_wide_mlp: bool,
+    #[serde(default)]
+    enable_moe_block: bool,
+    #[serde(default)]
+    num_experts: Option<i32>,
+    #[serde(default)]
+    top_k_experts: Option<i32>,
+    #[serde(default)]
+    moe_intermediate_size: Option<i32>,
+    #[serde(default)]
+    layer_types: Option<Vec<String>>,
+    #[serde(default = "d_true")]
+    tie_word_embeddings: bool,
+}
+
+fn d_head_dim() -> i32 {
+    256
+}
+fn d_eps() -> f32 {
+    1e-6
+}
+fn d_one() -> i32 {
+    1
+}
+fn d_window() -> i32 {
+    512
+}
+fn d_pattern() -> i32 {
+    5
+}
+fn d_true() -> bool {
+    true
+}
+fn d_softcap() -> Option<f32> {
+    Some(30.0)
+}
+
+struct Attn {
+    /// q, then k and v (or k alone when K = V) unless keys are shared.
+    proj: Either,
+    has_kv: bool,
+    k_eq_v: bool,
+    o: Linear,
+    q_norm: RmsNorm,
+    k_norm: Option<RmsNorm>,
+    eps: f32,
+    rope: Rope,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    sliding: bool,
+}
+
+impl Attn {
+    /// Returns the output and the keys/values it attended to (for the layers
+    /// that share them).
+    fn forward(
+        &self,
+        x: &Array,
+        cache: Option<&mut KvCache>,
+        shared: Option<&(Array, Array)>,
+        pos: &Positions,
+        (start, mask): (i32, &AttnMask),
+    ) -> Result<(Array, (Array, Array))> {
+        let s = x.shape();
+        let (b, l, hd) = (s[0], s[1], self.head_dim);
+        let parts = self.proj.forward(x)?;
+        let q = self.q_norm.forward(&parts[0].reshape(&[b, l, self.heads, hd])?)?;
+        let q = self.rope.forward(&q.transpose(&[0, 2, 1, 3])?, pos)?;
+        let (k, v) = match (shared, self.has_kv) {
+            (Some(kv), _) => (kv.0.share(), kv.1.share()),
+            (None, false) => return Err(Error::internal("a KV-shared layer got no keys")),
+            (None, true) => {
+                let k = parts[1].reshape(&[b, l, self.kv_heads, hd])?;
+                let v = if self.k_eq_v { k.share() } else { parts[2].reshape(&[b, l, self.kv_heads, hd])? };
+                let k = self.k_norm.as_ref().expect("layers with keys have k_norm").forward(&k)?;
+                let k = self.rope.forward(&k.transpose(&[0, 2, 1, 3])?, pos)?;
+                let v = fast::rms_norm_plain(&v, self.eps)?.transpose(&[0, 2, 1, 3])?;
+                let cache = cache.ok_or_else(|| Error::internal("a layer with keys got no cache"))?;
+                let (k, v) = cache.update_and_fetch(&k, &v)?;
+                // Keys before `start` are outside every new query's window;
+                // the layers sharing these keys see the same cut.
+                if start > 0 {
+                    let end = k.dim(2);
+                    (k.slice_axis(2, start, end)?, v.slice_axis(2, start, end)?)
+                } else {
+                    (k, v)
+                }
+            }
+        };
+        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, mask.as_mask())?;
+        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * hd])?;
+        Ok((self.o.forward(&o)?, (k, v)))
+    }
+}
+
+struct Moe {
+    proj: Linear,
+    /// `scale * hidden^-½`, the router norm's weight.
+    norm_w: Array,
+    per_expert_scale: Array,
+    experts: SwitchGlu,
+    top_k: i32,
+    num_experts: i32,
+    pre_norm: RmsNorm,
+    post_norm_1: RmsNorm,
+    post_norm_2: RmsNorm,
+}
+
+struct PerLayerInput {
+    gate: Linear,
+    projection: Linear,
+    norm: RmsNorm,
+}
+
+struct Block {
+    attn: Attn,
+    mlp: Mlp,
+    moe: Option<Moe>,
+    per_layer: Option<PerLayerInput>,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ff_norm: RmsNorm,
+    post_ff_norm: RmsNorm,
+    layer_scalar: Array,
+    /// The layer whose keys and values this one uses (itself unless shared).
+    kv_from: usize,
+    eps: f32,
+}
+
+/// Per-layer input embeddings: a table of `layers × size` per token.
+struct PerLayerEmbed {
+    table: Embedding,
+    model_projection: Linear,
+    projection_norm: RmsNorm,
+    size: i32,
+}
+
+pub struct Gemma4 {
+    embed: Embedding,
+    embed_scale: f32,
+    per_layer: Option<PerLayerEmbed>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    head: Head,
+    softcap: Option<f32>,
+    window: i32,
+    /// Layers with a cache of their own (the first ones; the rest share).
+    cached_layers: usize,
+    info: ModelInfo,
+}
+
+pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Box<dyn LanguageModel>> {
+    let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::model(format!("config.json for gemma4_text: {e}")))?;
+    let n = cfg.num_hidden_layers;
+    let types: Vec<String> = match &cfg.layer_types {
+        Some(t) if t.len() as i32 == n => t.clone(),
+        Some(t) => return Err(Error::model(format!("config.json: {} layer_types for {n} layers", t.len()))),
+        None => {
+            let p = cfg.sliding_window_pattern.max(1);
+            (0..n).map(|i| if (i + 1) % p == 0 { "full_attention" } else { "sliding_attention" }.to_string()).collect()
+        }
+    };
+    if let Some(bad) = types.iter().find(|t| !matches!(t.as_str(), "full_attention" | "sliding_attention")) {
+        return Err(Error::unsupported(format!("gemma4_text layer type `{bad}` is not supported")));
+    }
+    let first_shared = n - cfg.num_kv_shared_layers;
+    if first_shared <= 0 && cfg.num_kv_shared_layers > 0 {
+        return Err(Error::model("config.json: every layer shares its keys; none computes them"));
+    }
+    let (d, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+    let norm = |w: &mut Weights, name: &str, n: i32| -> Result<RmsNorm> { Ok(RmsNorm { w: w.take_shaped(name, &[n])?, eps }) };
+    let rope_params = |kind: &str| -> Value {
+        match cfg.rope_parameters.as_ref().and_then(|r| r.get(kind)) {
+            Some(v) => v.clone(),
+            None if kind == "full_attention" => {
+                serde_json::json!({"partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0, "rope_type": "proportional"})
+            }
+            None => serde_json::json!({"partial_rotary_factor": 1.0, "rope_theta": 10_000.0, "rope_type": "default"}),
+        }
+    };
+    let embed = w.embedding("model.embed_tokens", cfg.vocab_size, d)?;
+    let hpl = cfg.hidden_size_per_layer_input;
+    let per_layer = if hpl > 0 {
+        Some(PerLayerEmbed {
+            table: w.embedding("model.embed_tokens_per_layer", cfg.vocab_size_per_layer_input.unwrap_or(cfg.vocab_size), n * hpl)?,
+            model_projection: w.linear("model.per_layer_model_projection", d, n * hpl, false)?,
+            projection_norm: norm(w, "model.per_layer_projection_norm.weight", hpl)?,
+            size: hpl,
+        })
+    } else {
+        None
+    };
+    let mut blocks: Vec<Block> = vec![];
+    let mut last_of_type = std::collections::HashMap::new();
+    let mut kv_bytes = 0;
+    for i in 0..n {
+        let p = format!("model.layers.{i}");
+        let sliding = types[i as usize] == "sliding_attention";
+        let hd = match cfg.global_head_dim {
+            Some(g) if !sliding && g > 0 => g,
+            _ => cfg.head_dim,
+        };
+        let k_eq_v = cfg.attention_k_eq_v && !sliding;
+        let kv_heads = match cfg.num_global_key_value_heads {
+            Some(h) if k_eq_v => h,
+            _ => cfg.num_key_value_heads,
+        };
+        let has_kv = i < first_shared;
+        let nh = cfg.num_attention_heads;
+        let a = format!("{p}.self_attn");
+        let mut parts = vec![(w.linear(&format!("{a}.q_proj"), d, nh * hd, false)?, nh * hd)];
+        if has_kv {
+            parts.push((w.linear(&format!("{a}.k_proj"), d, kv_heads * hd, false)?, kv_heads * hd));
+            if !k_eq_v {
+                parts.push((w.linear(&format!("{a}.v_proj"), d, kv_heads * hd, false)?, kv_heads * hd));
+            }
+            kv_bytes += bytes_per_position(kv_heads, hd, Dtype::F32);
+        }
+        let rp = rope_params(&types[i as usize]);
+        let theta = rp.get("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0) as f32;
+        let rope = match rp.get("rope_type").or_else(|| rp.get("type")).and_then(Value::as_str).unwrap_or("default") {
+            "proportional" => {
+                let partial = rp.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0);
+                let factor = rp.get("factor").and_then(Value::as_f64).unwrap_or(1.0) as f32;
+                Rope::proportional(hd, (hd as f64 * partial) as i32, theta, factor, cfg.rope_traditional)?
+            }
+            _ => Rope::new(hd, theta, cfg.rope_traditional, Some(&rp), cfg.max_position_embeddings)?,
+        };
+        let attn = Attn {
+            proj: FusedLinear::new(parts)?,
+            has_kv,
+            k_eq_v,
+            o: w.linear(&format!("{a}.o_proj"), nh * hd, d, false)?,
+            q_norm: norm(w, &format!("{a}.q_norm.weight"), hd)?,
+            k_norm: if has_kv { Some(norm(w, &format!("{a}.k_norm.weight"), hd)?) } else { None },
+            eps,
+            rope,
+            heads: nh,
+            kv_heads,
+            head_dim: hd,
+            sliding,
+        };
+        let kv_from = if has_kv {
+            last_of_type.insert(sliding, i as usize);
+            i as usize
+        } else {
+            *last_of_type.get(&sliding).ok_or_else(|| Error::model(format!("layer {i} shares keys with no earlier layer of its type")))?
+        };
+        let wide = cfg.use_double_wide_mlp && !has_kv && first_shared > 0;
+        let inter = cfg.intermediate_size * if wide { 2 } else { 1 };
+        let moe = if cfg.enable_moe_block {
+            let (e, k, mi) = match (cfg.num_experts, cfg.top_k_experts, cfg.moe_intermediate_size) {
+                (Some(e), Some(k), Some(mi)) if k > 0 && k <= e => (e, k, mi),
+                _ => return Err(Error::model("config.json: the MoE block needs num_experts, top_k_experts, moe_intermediate_size")),
+            };
+            let scale = w.take_shaped(&format!("{p}.router.scale"), &[d])?;
+            let root = scale.scalar_like((d as f64).powf(-0.5) as f32)?;
+            Some(Moe {
+                proj: w.linear(&format!("{p}.router.proj"), d, e, false)?,
+                norm_w: scale.multiply(&root)?,
+                per_expert_scale: w.take_shaped(&format!("{p}.router.per_expert_scale"), &[e])?,
+                experts: SwitchGlu::load(w, &format!("{p}.experts.switch_glu"), e, d, mi, Act::GeluTanh)?,
+                top_k: k,
+                num_experts: e,
+                pre_norm: norm(w, &format!("{p}.pre_feedforward_layernorm_2.weight"), d)?,
+                post_norm_1: norm(w, &format!("{p}.post_feedforward_layernorm_1.weight"), d)?,
+                post_norm_2: norm(w, &format!("{p}.post_feedforward_layernorm_2.weight"), d)?,
+            })
+        } else {
+            None
+        };
+        let per_layer_input = if hpl > 0 {
+            Some(PerLayerInput {
+                gate: w.linear(&format!("{p}.per_layer_input_gate"), d, hpl, false)?,
+                projection: w.linear(&format!("{p}.per_layer_projection"), hpl, d, false)?,
+                norm: norm(w, &format!("{p}.post_per_layer_input_norm.weight"), d)?,
+            })
+        } else {
+            None
+        };
+        blocks.push(Block {
+            attn,
+            mlp: Mlp::load(w, &format!("{p}.mlp"), d, inter, Act::GeluTanh)?,
+            moe,
+            per_layer: per_layer_input,
+            input_norm: norm(w, &format!("{p}.input_layernorm.weight"), d)?,
+            post_attn_norm: norm(w, &format!("{p}.post_attention_layernorm.weight"), d)?,
+            pre_ff_norm: norm(w, &format!("{p}.pre_feedforward_layernorm.weight"), d)?,
+            post_ff_norm: norm(w, &format!("{p}.post_feedforward_layernorm.weight"), d)?,
+            layer_scalar: w.take_shaped(&format!("{p}.layer_scalar"), &[1])?,
+            kv_from,
+            eps,
+        });
+    }
+    let norm = norm(w, "model.norm.weight", d)?;
+    let head = Head::load(w, "lm_head", Some(cfg.tie_word_embeddings), d, cfg.vocab_size)?;
+    info.architecture = "gemma4_text".into();
+    info.vocab_size = cfg.vocab_size;
+    info.num_layers = n;
+    info.hidden_size = d;
+    info.context_length = cfg.max_position_embeddings.unwrap_or(0);
+    info.kv_bytes_per_token = kv_bytes;
+    Ok(Box::new(Gemma4 {
+        embed,
+        embed_scale: (d as f64).sqrt() as f32,
+        per_layer,
+        blocks,
+        norm,
+        head,
+        softcap: cfg.final_logit_softcapping.filter(|&c| c > 0.0),
+        window: cfg.sliding_window,
+        cached_layers: first_shared.min(n) as usize,
+        info,
+    }))
+}
+
+impl Gemma4 {
+    /// Each layer's extra input `[B, L, layers, size]` from the per-layer
+    /// table and a projection of the scaled token embedding `h`.
+    fn per_layer_inputs(&self, tokens: &Array, h: &Array) -> Result<Option<Array>> {
+        let Some(p) = &self.per_layer else { return Ok(None) };
+        let s = h.shape();
+        let shape = [s[0], s[1], self.blocks.len() as i32, p.size];
+        let e = p.table.forward(tokens)?;
+        let e = e.multiply(&e.scalar_like((p.size as f64).sqrt() as f32)?)?.reshape(&shape)?;
+        let proj = p.model_projection.forward(h)?;
+        let proj = proj.multiply(&proj.scalar_like((s[2] as f64).powf(-0.5) as f32)?)?.reshape(&shape)?;
+        let proj = p.projection_norm.forward(&proj)?;
+        let mixed = proj.add(&e)?;
+        Ok(Some(mixed.multiply(&mixed.scalar_like(0.5f64.sqrt() as f32)?)?))
+    }
+}
+
+impl Block {
+    fn ffn(&self, h: &Array) -> Result<Array> {
+        let Some(m) = &self.moe else {
+            return self.mlp.forward(&self.pre_ff_norm.forward(h)?);
+        };
+        let h1 = m.post_norm_1.forward(&self.mlp.forward(&self.pre_ff_norm.forward(h)?)?)?;
+        // Router: its own norm, top-k of the raw scores, softmax over the k,
+        // times each chosen expert's scale.
+        let scores = m.proj.forward(&fast::rms_norm(h, &m.norm_w, self.eps)?)?;
+        let part = scores.argpartition(m.num_experts - m.top_k, -1)?;
+        let e = part.dim(-1);
+        let idx = part.slice_axis(-1, e - m.top_k, e)?;
+        let weights = scores.take_along_axis(&idx, -1)?.softmax(-1, false)?;
+        let weights = weights.multiply(&m.per_expert_scale.take(&idx, 0)?)?;
+        let y = m.experts.forward(&m.pre_norm.forward(h)?, &idx)?;
+        let h2 = m.post_norm_2.forward(&weights.expand_dims(-1)?.multiply(&y)?.sum(-2, false)?)?;
+        Ok(h1.add(&h2)?)
+    }
+}
+
+impl LanguageModel for Gemma4 {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn new_cache(&self, rows: usize) -> Vec<LayerCache> {
+        (0..self.cached_layers).map(|_| LayerCache::Kv(KvCache::new(rows))).collect()
+    }
+
+    fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
+        if cache.len() != self.cached_layers {
+            return Err(Error::internal("cache has the wrong number of layers"));
+        }
+        let pos = cache[0].positions()?;
+        let masks = Masks::new(cache[0].kv()?, tokens.dim(1), Some(self.window))?;
+        let h0 = self.embed.forward(tokens)?;
+        let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
+        let per_layer = self.per_layer_inputs(tokens, &h)?;
+        let mut kvs: Vec<Option<(Array, Array)>> = Vec::with_capacity(self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            let mask = match (&masks.window, b.attn.sliding) {
+                (Some((s, m)), true) => (*s, m),
+                _ => (0, &masks.full),
+            };
+            let own = b.kv_from == i;
+            let shared = if own { None } else { kvs[b.kv_from].as_ref() };
+            let c = if own { Some(cache[i].kv_mut()?) } else { None };
+            let (r, kv) = b.attn.forward(&b.input_norm.forward(&h)?, c, shared, &pos, mask)?;
+            h = h.add(&b.post_attn_norm.forward(&r)?)?;
+            h = h.add(&b.post_ff_norm.forward(&b.ffn(&h)?)?)?;
+            if let (Some(p), Some(inputs)) = (&b.per_layer, &per_layer) {
+                let x = inputs.slice_axis(2, i as i32, i as i32 + 1)?.squeeze(2)?;
+                let g = gelu_tanh(&p.gate.forward(&h)?)?.multiply(&x)?;
+                h = h.add(&p.norm.forward(&p.projection.forward(&g)?)?)?;
+            }
+            h = h.multiply(&b.layer_scalar)?;
+            kvs.push(own.then_some(kv));
+        }
+        let Some(h) = output_positions(h, out)? else { return Ok(None) };
+        let h = self.norm.forward(&h)?;
+        let logits = self.head.forward(&h, &self.embed)?;
+        Ok(Some(match self.softcap {
+            Some(c) => {
+                let cap = logits.scalar_like(c)?;
+                logits.divide(&cap)?.tanh()?.multiply(&cap)?
+            }
+            None => logits,
+        }))
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
+        let mut v = self.embed.arrays();
+        if let Some(p) = &self.per_layer {
+            v.extend(p.table.arrays());
+            v.extend(p.model_projection.arrays());
+            v.push(&p.projection_norm.w);
+        }
+        for b in &self.blocks {
+            v.extend(b.attn.proj.arrays());
+            v.extend(b.attn.o.arrays());
+            v.push(&b.attn.q_norm.w);
+            v.extend(b.attn.k_norm.iter().map(|n| &n.w));
+            v.extend(b.mlp.arrays());
+            if let Some(m) = &b.moe {
+                v.extend(m.proj.arrays());
+                v.extend([&m.norm_w, &m.per_expert_scale]);
+                v.extend(m.experts.arrays());
+                v.extend([&m.pre_norm.w, &m.post_norm_1.w, &m.post_norm_2.w]);
+            }
+            if let Some(p) = &b.per_layer {
+                v.extend(p.gate.arrays());
+                v.extend(p.projection.arrays());
+                v.push(&p.norm.w);
+            }
+            v.extend([&b.input_norm.w, &b.post_attn_norm.w, &b.pre_ff_norm.w, &b.post_ff_norm.w, &b.layer_scalar]);
+        }
+        v.push(&self.norm.w);
+        v.extend(self.head.arrays());
+        v
+    }
+}

@@ -1,0 +1,382 @@
+//! Model families against Python mlx-lm: for each family a tiny random-weight
+//! model built with mlx-lm's own model class (tests/oracle/make_tiny.py),
+//! dense and 4-bit quantized, must give mlx-lm's greedy tokens and
+//! last-position logits (f32, max |Δ| ≤ 1e-3) at prefill and decode steps,
+//! through the model API and through the engine with rows of different
+//! lengths batched together. Hybrid (recurrent) models must also give the
+//! same tokens whatever the prefill chunk, and from a prompt-cache hit.
+
+mod common;
+
+use common::*;
+use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
+use mlxrt::mlx::io::TensorFile;
+use mlxrt::mlx::{self, Array};
+use mlxrt::model::{load, LoadOptions, LoadedModel, Output};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+
+const STEPS: usize = 32;
+const LOGIT_STEPS: &str = "0,1,8,31";
+/// Max |Δ| between mlxrt's and mlx-lm's last-position logits (f32 weights).
+const LOGIT_TOL: f32 = 1e-3;
+/// The same for bf16 weights and activations (one bf16 rounding step of a
+/// logit of magnitude ~8 is 0.03; summation orders differ between the two
+/// sides' BLAS and kernels, and differences propagate through the layers).
+const BF16_TOL: f32 = 1e-2;
+
+fn py(args: &[&str]) {
+    let out = Command::new(python()).args(args).output().expect("run python");
+    assert!(out.status.success(), "python {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Builds the tiny model of `family` in `variant` ("f32", "q4": 4-bit
+/// quantized, "bf16") and records mlx-lm's outputs for
+/// tests/oracle/family_prompts.json, once per change of the scripts (cached
+/// under target/oracle/families).
+fn oracle(family: &str, variant: &str) -> (PathBuf, PathBuf) {
+    let name = format!("tiny-{family}-{variant}");
+    let dir = repo_root().join("target/oracle/families");
+    let folder = dir.join(&name);
+    let reference = dir.join(format!("{name}.reference.safetensors"));
+    let scripts = repo_root().join("tests/oracle");
+    // Rebuilt when a script or the prompts changed since.
+    let newest_input = ["make_tiny.py", "mlxlm_reference.py", "family_prompts.json"]
+        .iter()
+        .filter_map(|f| std::fs::metadata(scripts.join(f)).and_then(|m| m.modified()).ok())
+        .max();
+    let fresh = std::fs::metadata(&reference).and_then(|m| m.modified()).ok().zip(newest_input).is_some_and(|(r, i)| r > i);
+    if !fresh {
+        let _ = std::fs::remove_dir_all(&folder);
+        let gguf = model_path();
+        let mut args = vec![
+            scripts.join("make_tiny.py").to_string_lossy().into_owned(),
+            "--family".into(),
+            family.into(),
+            "--out".into(),
+            folder.to_string_lossy().into_owned(),
+            "--gguf".into(),
+            gguf.to_string_lossy().into_owned(),
+        ];
+        match variant {
+            "q4" => args.extend(["--quantize".into(), "4".into()]),
+            "bf16" => args.extend(["--dtype".into(), "bfloat16".into()]),
+            _ => {}
+        }
+        py(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        py(&[
+            scripts.join("mlxlm_reference.py").to_str().unwrap(),
+            "--model",
+            folder.to_str().unwrap(),
+            "--prompts",
+            scripts.join("family_prompts.json").to_str().unwrap(),
+            "--steps",
+            &STEPS.to_string(),
+            "--logit-steps",
+            LOGIT_STEPS,
+            "--out",
+            reference.to_str().unwrap(),
+        ]);
+    }
+    (folder, reference)
+}
+
+struct Case {
+    name: String,
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    logit_steps: Vec<usize>,
+    logits: Vec<Vec<f32>>,
+}
+
+fn cases(reference: &Path) -> Vec<Case> {
+    let mut f = TensorFile::load_safetensors(reference.to_str().unwrap()).unwrap();
+    let mut names: Vec<String> =
+        f.names().unwrap().iter().filter_map(|n| n.strip_suffix(".prompt_ids").map(str::to_owned)).collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let ids = |f: &mut TensorFile, k: &str| -> Vec<u32> {
+                f.take(&format!("{name}.{k}")).unwrap().to_vec_i32().unwrap().iter().map(|&x| x as u32).collect()
+            };
+            let prompt = ids(&mut f, "prompt_ids");
+            let tokens = ids(&mut f, "tokens");
+            let logit_steps = ids(&mut f, "logit_steps").iter().map(|&s| s as usize).collect();
+            let l = f.take(&format!("{name}.logits")).unwrap();
+            let vocab = l.dim(-1) as usize;
+            let logits = l.to_vec_f32().unwrap().chunks(vocab).map(<[f32]>::to_vec).collect();
+            Case { name, prompt, tokens, logit_steps, logits }
+        })
+        .collect()
+}
+
+/// Greedy decoding through the model API, prefilling as the engine does (all
+/// but the last token in chunks of `chunk`, then the last one alone).
+fn greedy(m: &LoadedModel, prompt: &[u32], chunk: usize, keep: &[usize]) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut cache = m.model.new_cache(1);
+    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let n = ids.len();
+    for part in ids[..n - 1].chunks(chunk) {
+        let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
+        m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
+        let state: Vec<&Array> = cache.iter().flat_map(|c| c.state()).collect();
+        mlx::eval(&state).unwrap();
+    }
+    let mut next = ids[n - 1];
+    let (mut tokens, mut kept) = (vec![], vec![]);
+    for step in 0..STEPS {
+        let x = Array::from_i32(&[next], &[1, 1]).unwrap();
+        let logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
+        next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
+        if keep.contains(&step) {
+            kept.push(logits.to_vec_f32().unwrap());
+        }
+        tokens.push(next as u32);
+    }
+    (tokens, kept)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Model API: tokens and logits against mlx-lm; returns the worst |Δ|.
+fn check_model(label: &str, folder: &Path, cases: &[Case], chunk: usize) -> f32 {
+    check_model_tol(label, folder, cases, chunk, LOGIT_TOL)
+}
+
+fn check_model_tol(label: &str, folder: &Path, cases: &[Case], chunk: usize, tol: f32) -> f32 {
+    let m = load(folder, &LoadOptions::default()).unwrap_or_else(|e| panic!("{label}: {e}"));
+    let mut worst = 0f32;
+    for c in cases {
+        let (tokens, logits) = greedy(&m, &c.prompt, chunk, &c.logit_steps);
+        assert_eq!(tokens, c.tokens, "{label}/{}: greedy tokens differ from mlx-lm", c.name);
+        for (i, step) in c.logit_steps.iter().enumerate() {
+            let d = max_abs_diff(&logits[i], &c.logits[i]);
+            assert!(d <= tol, "{label}/{} step {step}: max |Δ logits| {d} > {tol}", c.name);
+            worst = worst.max(d);
+        }
+    }
+    eprintln!("{label}: {} prompts × {STEPS} tokens identical to mlx-lm; max |Δ logits| = {worst:.2e}", cases.len());
+    worst
+}
+
+fn request(prompt: &[u32], chunk: Option<usize>) -> RequestOptions {
+    let mut o = RequestOptions::new(Input::Tokens(prompt.to_vec()));
+    o.max_tokens = STEPS as u32;
+    o.stop_at_eos = false;
+    o.prefill_chunk = chunk;
+    o
+}
+
+/// Submits every case at once (rows of different lengths decode together)
+/// and returns each one's tokens.
+fn batched(e: &Engine, cases: &[Case], chunk: Option<usize>) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = cases
+        .iter()
+        .map(|c| {
+            let (tx, rx) = mpsc::channel();
+            e.submit(request(&c.prompt, chunk), Box::new(move |ev: &Event| {
+                let _ = tx.send(ev.clone());
+            }))
+            .unwrap();
+            rx
+        })
+        .collect();
+    rxs.iter().map(|rx| tokens_of(&collect(rx))).collect()
+}
+
+/// The engine, all prompts in one batch: mlx-lm's tokens for each.
+fn check_engine(label: &str, folder: &Path, cases: &[Case], chunks: &[Option<usize>]) {
+    let mut cfg = EngineConfig::new(folder);
+    cfg.max_rows = 8;
+    let e = Engine::new(cfg).unwrap();
+    for &chunk in chunks {
+        for (c, got) in cases.iter().zip(batched(&e, cases, chunk)) {
+            assert_eq!(got, c.tokens, "{label}/{}: engine tokens (batched, chunk {chunk:?}) differ from mlx-lm", c.name);
+        }
+    }
+    eprintln!("{label}: engine, {} rows batched, chunks {chunks:?}: tokens identical to mlx-lm", cases.len());
+}
+
+fn family(name: &str, chunks: &[Option<usize>]) {
+    for variant in ["f32", "q4"] {
+        let label = format!("{name}-{variant}");
+        let (folder, reference) = oracle(name, variant);
+        let cases = cases(&reference);
+        assert!(cases.len() >= 4);
+        check_model(&label, &folder, &cases, 2048);
+        check_engine(&label, &folder, &cases, chunks);
+        mlx::memory::clear_cache();
+    }
+}
+
+/// bf16 weights: mlx-lm's tokens, logits within BF16_TOL.
+fn family_bf16(name: &str) {
+    let label = format!("{name}-bf16");
+    let (folder, reference) = oracle(name, "bf16");
+    let cases = cases(&reference);
+    check_model_tol(&label, &folder, &cases, 2048, BF16_TOL);
+    check_engine(&label, &folder, &cases, &[None]);
+}
+
+#[test]
+fn qwen2() {
+    family("qwen2", &[None]);
+    family_bf16("qwen2");
+}
+
+#[test]
+fn qwen3() {
+    family("qwen3", &[None]);
+    family_bf16("qwen3");
+}
+
+#[test]
+fn qwen3_moe() {
+    family("qwen3_moe", &[None]);
+}
+
+#[test]
+fn gemma3_text() {
+    // Chunks shorter than the window (8) and longer.
+    family("gemma3_text", &[None, Some(5)]);
+    family_bf16("gemma3_text");
+}
+
+#[test]
+fn gemma4_text() {
+    family("gemma4_text", &[None, Some(5)]);
+}
+
+#[test]
+fn qwen3_5_hybrid() {
+    family("qwen3_5", &[Some(16), Some(64), Some(2048)]);
+    // The model API with small chunks too (the recurrent state carried across).
+    let (folder, reference) = oracle("qwen3_5", "f32");
+    check_model("qwen3_5 chunk 16", &folder, &cases(&reference), 16);
+    family_bf16("qwen3_5");
+}
+
+#[test]
+fn qwen3_next_hybrid() {
+    family("qwen3_next", &[Some(16), Some(64), Some(2048)]);
+}
+
+fn chat(messages: serde_json::Value, cache: bool) -> RequestOptions {
+    let mut o = RequestOptions::new(Input::Messages(messages));
+    o.max_tokens = STEPS as u32;
+    o.stop_at_eos = false;
+    o.prompt_cache = cache;
+    o.prefill_chunk = Some(16);
+    o
+}
+
+/// (tokens, cached prompt tokens)
+fn go(e: &Engine, o: RequestOptions) -> (Vec<u32>, u32) {
+    let ev = run(e, o);
+    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{ev:?}") };
+    (tokens_of(&ev), usage.cached_tokens)
+}
+
+#[test]
+fn hybrid_prompt_cache_hit_gives_the_cold_result() {
+    let (folder, _) = oracle("qwen3_5", "f32");
+    let system = "You are the assistant of a small bakery. It opens at seven, closes at six, and sells bread, \
+                  pastries and cakes; orders above twenty euros are delivered for free.";
+    let ask = |sys: &str, user: &str| serde_json::json!([{"role": "system", "content": sys}, {"role": "user", "content": user}]);
+    let cold = Engine::new(EngineConfig::new(&folder)).unwrap();
+    let mut cfg = EngineConfig::new(&folder);
+    cfg.prompt_cache_bytes = 64 << 20;
+    cfg.prompt_cache_min_tokens = 8;
+    let warm = Engine::new(cfg).unwrap();
+
+    // The first request snapshots its prompt at the boundary (the system
+    // message), stopping a prefill chunk there: the recurrent state is only
+    // valid at exactly that length.
+    let first = ask(system, "When do you open?");
+    let (t1, c1) = go(&warm, chat(first.clone(), true));
+    assert_eq!(c1, 0);
+    assert_eq!(t1, go(&cold, chat(first.clone(), false)).0, "prefill stopping at the boundary changed the result");
+    // Another question after the same system message: a whole-entry hit.
+    let second = ask(system, "Do you deliver cakes?");
+    let (t2, c2) = go(&warm, chat(second.clone(), true));
+    assert!(c2 > 0, "the boundary snapshot was not used");
+    assert_eq!(t2, go(&cold, chat(second, false)).0, "a prompt-cache hit changed the result");
+    // The same first request again: a hit on the boundary entry, not on the
+    // longer end-of-request entry (a state cannot be cut back).
+    let (t1b, c1b) = go(&warm, chat(first, true));
+    assert_eq!((t1b, c1b), (t1, c2));
+    // A system message that only shares a partial prefix with the cached one:
+    // a KV cache could reuse it, a recurrent state cannot; a miss.
+    let other = ask(&format!("{system} Cash only."), "Do you deliver cakes?");
+    let (t3, c3) = go(&warm, chat(other.clone(), true));
+    assert_eq!(c3, 0, "a partial prefix of a recurrent state was used");
+    assert_eq!(t3, go(&cold, chat(other, false)).0);
+}
+
+/// A copy of `folder` whose config and tensors are changed by `edit`.
+fn broken_copy(folder: &Path, name: &str, edit: impl Fn(&mut serde_json::Value, &mut Vec<(String, Array)>)) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mlxrt-families-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(folder.join(f), dir.join(f)).unwrap();
+    }
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
+    let mut src = TensorFile::load_safetensors(folder.join("model.safetensors").to_str().unwrap()).unwrap();
+    let mut tensors: Vec<(String, Array)> = src.names().unwrap().into_iter().map(|n| (n.clone(), src.take(&n).unwrap())).collect();
+    edit(&mut config, &mut tensors);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut out = TensorFile::new().unwrap();
+    for (n, a) in &tensors {
+        out.insert(n, a).unwrap();
+    }
+    out.save_safetensors(dir.join("model.safetensors").to_str().unwrap()).unwrap();
+    dir
+}
+
+fn load_error(dir: &Path) -> mlxrt::Error {
+    let e = match load(dir, &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e,
+    };
+    let _ = std::fs::remove_dir_all(dir);
+    e
+}
+
+#[test]
+fn bad_checkpoints_fail_at_load_naming_the_problem() {
+    let (qwen3, _) = oracle("qwen3", "f32");
+    let (hybrid, _) = oracle("qwen3_5", "q4");
+
+    let dir = broken_copy(&qwen3, "arch", |c, _| c["model_type"] = "mamba2".into());
+    let e = load_error(&dir);
+    assert_eq!(e.kind, mlxrt::ErrorKind::Unsupported, "{e}");
+    assert!(e.message.contains("`mamba2` is not supported"), "{e}");
+
+    let cases: [(&Path, &str, &str); 4] = [
+        (&qwen3, "model.layers.1.self_attn.k_norm.weight", "missing"),
+        (&qwen3, "model.layers.0.mlp.up_proj.weight", "shape"),
+        (&hybrid, "language_model.model.layers.0.linear_attn.A_log", "missing"),
+        (&hybrid, "language_model.model.layers.2.linear_attn.in_proj_qkv.scales", "shape"),
+    ];
+    for (folder, tensor, how) in cases {
+        let dir = broken_copy(folder, how, |_, t| match how {
+            "missing" => t.retain(|(n, _)| n != tensor),
+            _ => {
+                let (_, a) = t.iter_mut().find(|(n, _)| n == tensor).expect("tensor exists");
+                let s = a.shape();
+                *a = a.slice_axis(0, 0, s[0] - 1).unwrap();
+            }
+        });
+        let e = load_error(&dir);
+        assert_eq!(e.kind, mlxrt::ErrorKind::ModelLoad, "{e}");
+        assert!(e.message.contains(&format!("`{tensor}`")), "{how} {tensor}: {e}");
+        if how == "shape" {
+            assert!(e.message.contains("expected"), "{e}");
+        }
+    }
+}
