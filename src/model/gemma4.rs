@@ -38,20 +38,20 @@ struct Config {
     num_attention_heads: i32,
     #[serde(default = "d_head_dim")]
     head_dim: i32,
-    #[serde(default)]
+    #[serde(default = "d_global_head_dim")]
     global_head_dim: Option<i32>,
     #[serde(default = "d_eps")]
     rms_norm_eps: f32,
     vocab_size: i32,
-    #[serde(default)]
+    #[serde(default = "d_vocab_per_layer")]
     vocab_size_per_layer_input: Option<i32>,
     #[serde(default = "d_one")]
     num_key_value_heads: i32,
     #[serde(default)]
     num_global_key_value_heads: Option<i32>,
-    #[serde(default)]
+    #[serde(default = "d_kv_shared")]
     num_kv_shared_layers: i32,
-    #[serde(default)]
+    #[serde(default = "d_per_layer")]
     hidden_size_per_layer_input: i32,
     #[serde(default)]
     rope_traditional: bool,
@@ -103,6 +103,19 @@ fn d_true() -> bool {
 }
 fn d_softcap() -> Option<f32> {
     Some(30.0)
+}
+// mlx-lm's defaults (those of the smallest Gemma 4), for configs that omit them.
+fn d_global_head_dim() -> Option<i32> {
+    Some(512)
+}
+fn d_vocab_per_layer() -> Option<i32> {
+    Some(262_144)
+}
+fn d_kv_shared() -> i32 {
+    20
+}
+fn d_per_layer() -> i32 {
+    256
 }
 
 struct Attn {

@@ -170,10 +170,12 @@ const FOLDER_ARCHITECTURES: &[&str] = &[
     "qwen3",
     "qwen3_moe",
     "gemma3_text",
+    "gemma3",
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
     "gemma4_text",
+    "gemma4",
 ];
 
 /// Fails early, before reading weights, for a `model_type` we cannot build.
@@ -199,8 +201,29 @@ fn build(model_type: &str, config: &Value, w: &mut Weights, info: ModelInfo) -> 
         "gemma3_text" => Box::new(gemma3::load(config, w, info)?),
         "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => qwen3_5::load(model_type, config, w, info)?,
         "gemma4_text" => gemma4::load(config, w, info)?,
+        // Multimodal Gemma checkpoints: their text model alone (mlx-lm's
+        // gemma3.py / gemma4.py defaults), towers left unread.
+        "gemma3" => {
+            w.strip_prefix("language_model.");
+            Box::new(gemma3::load(&text_config(config, 262_208, 8, 4), w, info)?)
+        }
+        "gemma4" => {
+            w.strip_prefix("language_model.");
+            gemma4::load(&text_config(config, 262_144, 8, 1), w, info)?
+        }
         other => return check_supported(other).and(Err(Error::internal(format!("no builder for `{other}`")))),
     })
+}
+
+/// The `text_config` of a multimodal config with the top-level vocabulary
+/// size and default head counts filled in.
+fn text_config(config: &Value, vocab: i64, heads: i64, kv_heads: i64) -> Value {
+    let mut t = config.get("text_config").cloned().filter(Value::is_object).unwrap_or_else(|| serde_json::json!({}));
+    let o = t.as_object_mut().expect("an object");
+    o.insert("vocab_size".into(), config.get("vocab_size").cloned().unwrap_or(vocab.into()));
+    o.entry("num_attention_heads").or_insert(heads.into());
+    o.entry("num_key_value_heads").or_insert(kv_heads.into());
+    t
 }
 
 /// Reads a family's config struct from config.json. Newer Hugging Face

@@ -87,3 +87,18 @@ pub fn bounded_chunk(rows: usize, heads: usize, done: usize, requested: usize) -
     }
     c.max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn bounded_chunk_keeps_scores_under_a_gib() {
+        use super::bounded_chunk;
+        assert_eq!(bounded_chunk(1, 8, 0, 2048), 2048, "short context: as requested");
+        assert_eq!(bounded_chunk(1, 8, 0, 100_000), 2048, "never above 2048");
+        assert_eq!(bounded_chunk(1, 8, 0, 16), 16, "never above the request");
+        // 8 heads at 100k cached positions: 256 × 100256 × 8 × 4 B = 0.77 GiB.
+        assert_eq!(bounded_chunk(1, 8, 100_000, 2048), 256);
+        assert_eq!(bounded_chunk(4, 8, 100_000, 2048), 64);
+        assert_eq!(bounded_chunk(64, 64, 1_000_000, 2048), 8, "floor of 8");
+    }
+}

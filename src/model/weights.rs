@@ -40,6 +40,20 @@ impl Weights {
         self.kernels
     }
 
+    /// Renames every tensor (and quantization override) under `prefix` to
+    /// its name without it: the text model of a multimodal checkpoint
+    /// (`language_model.model.…`) read as a text-only one. Other tensors stay
+    /// as they are (and are left over).
+    pub fn strip_prefix(&mut self, prefix: &str) {
+        let names: Vec<String> = self.tensors.keys().filter(|k| k.starts_with(prefix)).cloned().collect();
+        for n in names {
+            let a = self.tensors.remove(&n).expect("listed above");
+            self.tensors.insert(n[prefix.len()..].to_string(), a);
+        }
+        let ov = std::mem::take(&mut self.quant.overrides);
+        self.quant.overrides = ov.into_iter().map(|(k, v)| (k.strip_prefix(prefix).map(str::to_owned).unwrap_or(k), v)).collect();
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

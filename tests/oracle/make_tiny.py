@@ -81,6 +81,13 @@ PRESETS = {
         decoder_sparse_step=1, mlp_only_layers=[0], moe_intermediate_size=32,
         shared_expert_intermediate_size=64, norm_topk_prob=False,
     ),
+    # A multimodal Gemma 3 checkpoint (text model under `language_model.`).
+    "gemma3": dict(
+        model_type="gemma3", vocab_size=VOCAB, text_config=dict(
+            model_type="gemma3_text", hidden_size=64, num_hidden_layers=2,
+            intermediate_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+            rms_norm_eps=1e-6, query_pre_attn_scalar=16, sliding_window=8,
+            sliding_window_pattern=2, max_position_embeddings=8192)),
     # Every Gemma 4 feature at once: wider global heads with K = V and
     # proportional partial RoPE, KV shared by the last two layers (double-wide
     # MLPs there), per-layer input embeddings, an MoE block beside each MLP.
