@@ -72,3 +72,11 @@ fn cancel_c() {
     let (stdout, _) = run(build("cancel.c", &cc(), "c11"), &["3"]);
     assert!(stdout.contains("[cancelled after"), "{stdout}");
 }
+
+#[test]
+fn chat_cpp() {
+    let (stdout, _) = run(build("chat.cpp", &cxx(), "c++17"), &["What is the capital of France?"]);
+    assert!(stdout.contains("Paris"), "no answer: {stdout}");
+    assert!(stdout.contains("one word:"), "{stdout}");
+    assert!(stdout.contains("bad options: invalid JSON"), "{stdout}");
+}
