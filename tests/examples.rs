@@ -80,3 +80,12 @@ fn chat_cpp() {
     assert!(stdout.contains("one word:"), "{stdout}");
     assert!(stdout.contains("bad options: invalid JSON"), "{stdout}");
 }
+
+#[test]
+fn pull_stream_c() {
+    let bin = build("pull_stream.c", &cc(), "c11");
+    let (stdout, _) = run(bin.clone(), &["What is the capital of France?"]);
+    assert!(stdout.contains("Paris") && stdout.contains("[done:"), "{stdout}");
+    let (stdout, _) = run(bin, &["Tell me a long story about a dragon.", "3"]);
+    assert!(stdout.contains("[cancelled:"), "{stdout}");
+}

@@ -17,6 +17,9 @@
 #ifndef MLXRT_HPP
 #define MLXRT_HPP
 
+#include <chrono>
+#include <climits>
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -130,6 +133,8 @@ class RequestParams {
   RequestParams &options_json(std::string json) { options_ = std::move(json); return *this; }
   RequestParams &cache_namespace(std::string ns) { namespace_ = std::move(ns); return *this; }
   RequestParams &prompt_cache(bool on) { c_.no_prompt_cache = on ? 0 : 1; return *this; }
+  /// Per-token log-probabilities in deltas, with `top` alternatives (0..=20).
+  RequestParams &logprobs(uint32_t top = 0) { c_.logprobs = 1; c_.top_logprobs = top; return *this; }
   mlxrt_request_params &raw() { return c_; }
 
   /// Calls f(const mlxrt_request_params &) with a C struct pointing into
@@ -190,16 +195,21 @@ class RequestParams {
   std::vector<std::string> stop_;
 };
 
-/// Token ids of a delta (a view, valid during the callback).
-struct TokenSpan {
-  const uint32_t *ptr = nullptr;
+/// A view of an array inside an event (valid as long as the event).
+template <class T>
+struct Span {
+  const T *ptr = nullptr;
   size_t count = 0;
-  const uint32_t *begin() const { return ptr; }
-  const uint32_t *end() const { return ptr + count; }
+  const T *begin() const { return ptr; }
+  const T *end() const { return ptr + count; }
   size_t size() const { return count; }
+  bool empty() const { return count == 0; }
+  const T &operator[](size_t i) const { return ptr[i]; }
 };
+using TokenSpan = Span<uint32_t>;
 
-/// One event, viewed during the callback: copy what you keep.
+/// One event, viewed during the callback (or, from a Stream, until the next
+/// call on it): copy what you keep.
 class Event {
  public:
   explicit Event(const mlxrt_event &e) : e_(e) {}
@@ -213,6 +223,9 @@ class Event {
   /// DELTA: complete UTF-8 text (may be empty when only ids are reported).
   std::string_view text() const { return {e_.text, e_.text_len}; }
   TokenSpan tokens() const { return {e_.tokens, e_.n_tokens}; }
+  /// DELTA of a request with logprobs(): one entry per token (each with
+  /// `top`/`n_top` alternatives).
+  Span<mlxrt_token_logprob> logprobs() const { return {e_.logprobs, e_.n_logprobs}; }
   mlxrt_finish_reason finish_reason() const { return e_.finish_reason; }
   /// DONE by a stop string: its index in the request's stop list.
   std::optional<size_t> stop_index() const {
@@ -260,6 +273,56 @@ class Request {
   mlxrt_request *r_ = nullptr;
 };
 
+/// A request read by pulling its events (no callbacks, no threads). Use it
+/// from one thread at a time; move-only. Destroying it cancels a request that
+/// is still running.
+class Stream {
+ public:
+  explicit Stream(mlxrt_stream *s) : s_(s) {}
+  Stream(Stream &&o) noexcept : s_(std::exchange(o.s_, nullptr)), ended_(o.ended_) {}
+  Stream &operator=(Stream &&o) noexcept {
+    if (this != &o) {
+      mlxrt_stream_free(s_);
+      s_ = std::exchange(o.s_, nullptr);
+      ended_ = o.ended_;
+    }
+    return *this;
+  }
+  Stream(const Stream &) = delete;
+  Stream &operator=(const Stream &) = delete;
+  ~Stream() { mlxrt_stream_free(s_); }
+
+  /// Waits up to `timeout` (negative: no limit) for the next event. Returns
+  /// nullopt when none came in time, or once the terminal event has been
+  /// read (then ended() is true). The event is valid until the next call.
+  std::optional<Event> next(std::chrono::milliseconds timeout = std::chrono::milliseconds(-1)) {
+    if (ended_) return std::nullopt;
+    auto ms = timeout.count() < 0 ? -1 : static_cast<int32_t>(std::min<long long>(timeout.count(), INT32_MAX));
+    const mlxrt_event *ev = nullptr;
+    mlxrt_error *e = nullptr;
+    mlxrt_status st = mlxrt_stream_next(s_, ms, &ev, &e);
+    if (st == MLXRT_STATUS_TIMEOUT || st == MLXRT_STATUS_END_OF_STREAM) {
+      mlxrt_error_free(e);
+      ended_ = st == MLXRT_STATUS_END_OF_STREAM;
+      return std::nullopt;
+    }
+    detail::check(st, e);
+    if (ev->kind != MLXRT_EVENT_KIND_DELTA) ended_ = true;  // the terminal event
+    return Event(*ev);
+  }
+  /// The terminal event (DONE or ERROR) has been read.
+  bool ended() const { return ended_; }
+  /// Stops the request; its terminal event still comes through next().
+  void cancel() const {
+    detail::call([&](mlxrt_error **e) { return mlxrt_stream_cancel(s_, e); });
+  }
+  uint64_t id() const { return mlxrt_stream_request_id(s_); }
+
+ private:
+  mlxrt_stream *s_ = nullptr;
+  bool ended_ = false;
+};
+
 /// What Engine::generate returns.
 struct Completion {
   std::string text;
@@ -303,6 +366,15 @@ class Engine {
     });
     handler.release();  // now owned by the request; free_handler deletes it
     return Request(r);
+  }
+
+  /// Submits a request whose events are pulled with Stream::next.
+  Stream submit_stream(const RequestParams &params) const {
+    mlxrt_stream *st = nullptr;
+    params.with_c_params([&](const mlxrt_request_params &c) {
+      detail::call([&](mlxrt_error **e) { return mlxrt_request_submit_stream(e_, &c, &st, e); });
+    });
+    return Stream(st);
   }
 
   /// Submits and waits for the end: the whole text, ids and usage. An ERROR

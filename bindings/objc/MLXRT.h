@@ -59,6 +59,9 @@ typedef NS_ERROR_ENUM(MLXRTErrorDomain, MLXRTErrorCode){
     MLXRTErrorEnginePoisoned = 8,   // the engine failed earlier and takes no work
     MLXRTErrorIO = 9,
     MLXRTErrorInternal = 10,        // a bug in mlxrt
+    MLXRTErrorTimeout = 11,         // nothing arrived in time (pull streams)
+    MLXRTErrorAborted = 12,         // a callback asked to stop (model loading)
+    MLXRTErrorEndOfStream = 13,     // a pull stream had already ended
 };
 
 /// `MLXRTEngineConfiguration.device`.

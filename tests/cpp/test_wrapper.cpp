@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -134,6 +135,39 @@ int main(int argc, char **argv) {
     moved.cancel();
   }
 
+  {  // pull stream: events in order, cancel, log-probabilities
+    mlxrt::Stream st = engine.submit_stream(
+        mlxrt::RequestParams().user("Tell a long story.").max_tokens(200).logprobs(2).options_json(
+            "{\"ignore_eos\": true}"));
+    CHECK(st.id() != 0);
+    int deltas = 0, terminals = 0, timeouts = 0;
+    bool logprobs_ok = true;
+    while (!st.ended()) {
+      std::optional<mlxrt::Event> ev = st.next(std::chrono::milliseconds(50));
+      if (!ev) {
+        timeouts++;
+        continue;
+      }
+      if (ev->is_delta()) {
+        logprobs_ok &= ev->logprobs().size() == ev->tokens().size();
+        for (const mlxrt_token_logprob &lp : ev->logprobs()) logprobs_ok &= lp.logprob <= 0 && lp.n_top == 2;
+        if (++deltas == 3) st.cancel();
+      } else {
+        terminals++;
+        CHECK(ev->finish_reason() == MLXRT_FINISH_REASON_CANCELLED);
+      }
+    }
+    CHECK(deltas >= 3 && deltas < 100 && terminals == 1 && logprobs_ok);
+    CHECK(!st.next(std::chrono::milliseconds(0)));  // ended: nothing more
+    mlxrt::Stream moved = std::move(st);
+    CHECK(moved.ended());
+    (void)timeouts;  // how many depends on the machine
+  }
+  {  // a stream freed while its request runs cancels it
+    mlxrt::Stream st = engine.submit_stream(mlxrt::RequestParams().user("x").max_tokens(300));
+    (void)st.next();
+  }
+
   // Failed submits throw, and the handler is destroyed at once.
   CHECK(status_of([&] { engine.submit(mlxrt::RequestParams().user("x").options_json("{"), Log().handler()); }) ==
         MLXRT_STATUS_INVALID_JSON);
@@ -149,6 +183,8 @@ int main(int argc, char **argv) {
         MLXRT_STATUS_INVALID_UTF8);
   CHECK(status_of([&] { engine.submit(mlxrt::RequestParams(), nullptr); }) == MLXRT_STATUS_INVALID_ARGUMENT);
   CHECK(live.load() == 0);
+  CHECK(status_of([&] { engine.submit_stream(mlxrt::RequestParams().user("x").options_json("[")); }) ==
+        MLXRT_STATUS_INVALID_JSON);
 
   // Token input, an empty handler, stats, prompt cache calls.
   engine.submit(mlxrt::RequestParams().prompt_tokens({1, 9690, 198}).max_tokens(2), nullptr);

@@ -14,6 +14,9 @@ public struct MLXRTError: Error, Sendable, Equatable, CustomStringConvertible {
         case enginePoisoned = 8
         case io = 9
         case `internal` = 10
+        case timeout = 11
+        case aborted = 12
+        case endOfStream = 13
     }
 
     /// The status as the library returned it (a newer library may add codes).
