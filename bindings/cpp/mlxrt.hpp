@@ -135,6 +135,8 @@ class RequestParams {
   RequestParams &prompt_cache(bool on) { c_.no_prompt_cache = on ? 0 : 1; return *this; }
   /// Per-token log-probabilities in deltas, with `top` alternatives (0..=20).
   RequestParams &logprobs(uint32_t top = 0) { c_.logprobs = 1; c_.top_logprobs = top; return *this; }
+  /// For models with a thinking mode: think or not (default: the template's).
+  RequestParams &thinking(bool on) { c_.thinking = on ? 1 : 0; return *this; }
   mlxrt_request_params &raw() { return c_; }
 
   /// Calls f(const mlxrt_request_params &) with a C struct pointing into
@@ -217,12 +219,21 @@ class Event {
   bool is_delta() const { return e_.kind == MLXRT_EVENT_KIND_DELTA; }
   bool is_done() const { return e_.kind == MLXRT_EVENT_KIND_DONE; }
   bool is_error() const { return e_.kind == MLXRT_EVENT_KIND_ERROR; }
+  bool is_tool_call() const { return e_.kind == MLXRT_EVENT_KIND_TOOL_CALL; }
   /// DONE or ERROR: the request's last event.
-  bool is_terminal() const { return !is_delta(); }
+  bool is_terminal() const { return is_done() || is_error(); }
   uint64_t request_id() const { return e_.request_id; }
   /// DELTA: complete UTF-8 text (may be empty when only ids are reported).
   std::string_view text() const { return {e_.text, e_.text_len}; }
   TokenSpan tokens() const { return {e_.tokens, e_.n_tokens}; }
+  /// DELTA: MLXRT_CHANNEL_CONTENT, or MLXRT_CHANNEL_REASONING for thinking.
+  int32_t channel() const { return e_.channel; }
+  bool is_reasoning() const { return e_.channel == MLXRT_CHANNEL_REASONING; }
+  /// TOOL_CALL: an id unique in the engine, the tool's name, its arguments
+  /// as a JSON object.
+  std::string_view tool_call_id() const { return e_.tool_call_id ? e_.tool_call_id : ""; }
+  std::string_view tool_name() const { return e_.tool_name ? e_.tool_name : ""; }
+  std::string_view tool_arguments() const { return e_.tool_arguments ? e_.tool_arguments : ""; }
   /// DELTA of a request with logprobs(): one entry per token (each with
   /// `top`/`n_top` alternatives).
   Span<mlxrt_token_logprob> logprobs() const { return {e_.logprobs, e_.n_logprobs}; }
@@ -307,7 +318,7 @@ class Stream {
       return std::nullopt;
     }
     detail::check(st, e);
-    if (ev->kind != MLXRT_EVENT_KIND_DELTA) ended_ = true;  // the terminal event
+    if (ev->kind == MLXRT_EVENT_KIND_DONE || ev->kind == MLXRT_EVENT_KIND_ERROR) ended_ = true;
     return Event(*ev);
   }
   /// The terminal event (DONE or ERROR) has been read.
@@ -323,9 +334,16 @@ class Stream {
   bool ended_ = false;
 };
 
+/// A tool call the model made (a TOOL_CALL event, copied).
+struct ToolCall {
+  std::string id, name, arguments_json;
+};
+
 /// What Engine::generate returns.
 struct Completion {
-  std::string text;
+  std::string text;       // the answer (content channel)
+  std::string reasoning;  // thinking text, for models that think
+  std::vector<ToolCall> tool_calls;
   std::vector<uint32_t> tokens;
   mlxrt_finish_reason finish_reason = MLXRT_FINISH_REASON_NONE;
   mlxrt_usage usage{};
@@ -391,10 +409,16 @@ class Engine {
     submit(params, [s](const Event &ev) {
       std::lock_guard<std::mutex> lock(s->mu);
       if (ev.is_delta()) {
-        s->out.text += ev.text();
+        (ev.is_reasoning() ? s->out.reasoning : s->out.text) += ev.text();
         s->out.tokens.insert(s->out.tokens.end(), ev.tokens().begin(), ev.tokens().end());
         return;
       }
+      if (ev.is_tool_call()) {
+        s->out.tool_calls.push_back(
+            {std::string(ev.tool_call_id()), std::string(ev.tool_name()), std::string(ev.tool_arguments())});
+        return;
+      }
+      if (!ev.is_terminal()) return;  // a kind this header does not know
       if (ev.is_error()) s->error = ev.error();
       s->out.finish_reason = ev.finish_reason();
       s->out.usage = ev.usage();

@@ -75,6 +75,13 @@ typedef NS_ENUM(NSInteger, MLXRTEventKind) {
     MLXRTEventKindText = 1,   // new text (complete UTF-8) and its token ids
     MLXRTEventKindDone = 2,   // the request finished (last event)
     MLXRTEventKindError = 3,  // the request failed (last event)
+    MLXRTEventKindToolCall = 4,  // the model called a tool (not last)
+};
+
+/// Which part of the output a text event belongs to.
+typedef NS_ENUM(NSInteger, MLXRTChannel) {
+    MLXRTChannelContent = 0,
+    MLXRTChannelReasoning = 1,  // thinking, for models that think
 };
 
 typedef NS_ENUM(NSInteger, MLXRTFinishReason) {
@@ -82,6 +89,7 @@ typedef NS_ENUM(NSInteger, MLXRTFinishReason) {
     MLXRTFinishReasonStop = 1,       // end-of-sequence token or stop string
     MLXRTFinishReasonLength = 2,     // maxTokens or the context length
     MLXRTFinishReasonCancelled = 3,  // -[MLXRTRequestTask cancel] or engine teardown
+    MLXRTFinishReasonToolCalls = 4,  // the model ended its turn after calling tools
 };
 
 /// Engine settings. Like NSURLSessionConfiguration it is mutable, and the
@@ -152,6 +160,7 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
     NSInteger _topK;
     float _temperature, _topP, _minP, _repetitionPenalty;
     BOOL _usesPromptCache;
+    NSInteger _thinking;
 }
 #endif
 - (instancetype)init NS_DESIGNATED_INITIALIZER;
@@ -178,6 +187,9 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
 @property (nonatomic, copy, nullable) NSString *cacheNamespace;
 /// NO: this request neither uses nor fills the prompt cache.
 @property (nonatomic) BOOL usesPromptCache;
+/// For models with a thinking mode: 1 = think, 0 = do not, -1 = the
+/// template's default (default).
+@property (nonatomic) NSInteger thinking;
 @end
 
 /// Token counts and timings of a finished request. Immutable.
@@ -221,6 +233,8 @@ NS_SWIFT_SENDABLE
     NSInteger _stopIndex;
     MLXRTUsage *_usage;
     NSError *_error;
+    MLXRTChannel _channel;
+    NSString *_toolCallID, *_toolName, *_toolArguments;
 }
 #endif
 - (instancetype)init MLXRT_UNAVAILABLE;
@@ -238,6 +252,13 @@ NS_SWIFT_SENDABLE
 @property (nonatomic, readonly, nullable) MLXRTUsage *usage;
 /// Error events: the failure (MLXRTErrorDomain).
 @property (nonatomic, readonly, nullable) NSError *error;
+/// Text events: content or reasoning.
+@property (nonatomic, readonly) MLXRTChannel channel;
+/// Tool-call events: an id unique in the engine, the tool's name, and its
+/// arguments as a JSON object.
+@property (nonatomic, readonly, copy, nullable) NSString *toolCallID;
+@property (nonatomic, readonly, copy, nullable) NSString *toolName;
+@property (nonatomic, readonly, copy, nullable) NSString *toolArguments;
 /// YES for done and error events.
 @property (nonatomic, readonly, getter=isFinal) BOOL final;
 @end

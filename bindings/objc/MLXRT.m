@@ -133,7 +133,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 @synthesize messages = _messages, prompt = _prompt, promptTokens = _promptTokens, maxTokens = _maxTokens,
             temperature = _temperature, topP = _topP, topK = _topK, minP = _minP,
             repetitionPenalty = _repetitionPenalty, seed = _seed, stopStrings = _stopStrings,
-            optionsJSON = _optionsJSON, cacheNamespace = _cacheNamespace, usesPromptCache = _usesPromptCache;
+            optionsJSON = _optionsJSON, cacheNamespace = _cacheNamespace, usesPromptCache = _usesPromptCache,
+            thinking = _thinking;
 
 - (instancetype)init {
     if ((self = [super init])) {
@@ -147,6 +148,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
         _repetitionPenalty = p.repetition_penalty;
         _stopStrings = [[NSArray alloc] init];  // owned: direct ivar access under MRC
         _usesPromptCache = p.no_prompt_cache == 0;
+        _thinking = p.thinking;
     }
     return self;
 }
@@ -173,6 +175,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     p.optionsJSON = _optionsJSON;
     p.cacheNamespace = _cacheNamespace;
     p.usesPromptCache = _usesPromptCache;
+    p.thinking = _thinking;
     return p;
 }
 
@@ -221,7 +224,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 
 @implementation MLXRTEvent
 @synthesize kind = _kind, requestID = _requestID, text = _text, tokenIDs = _tokenIDs,
-            finishReason = _finishReason, stopIndex = _stopIndex, usage = _usage, error = _error;
+            finishReason = _finishReason, stopIndex = _stopIndex, usage = _usage, error = _error,
+            channel = _channel, toolCallID = _toolCallID, toolName = _toolName, toolArguments = _toolArguments;
 /// Copies everything: the C event is only valid during the callback.
 - (instancetype)initWithEvent:(const mlxrt_event *)ev {
     if ((self = [super init])) {
@@ -234,6 +238,12 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
         _tokenIDs = [ids copy];
         _finishReason = (MLXRTFinishReason)ev->finish_reason;
         _stopIndex = ev->stop_index >= 0 ? (NSInteger)ev->stop_index : NSNotFound;
+        _channel = (MLXRTChannel)ev->channel;
+        if (ev->kind == MLXRT_EVENT_KIND_TOOL_CALL) {
+            _toolCallID = [string_from_c(ev->tool_call_id) copy];
+            _toolName = [string_from_c(ev->tool_name) copy];
+            _toolArguments = [string_from_c(ev->tool_arguments) copy];
+        }
         if (ev->kind == MLXRT_EVENT_KIND_DONE) _usage = [[MLXRTUsage alloc] initWithUsage:&ev->usage];
         if (ev->kind == MLXRT_EVENT_KIND_ERROR) {
 #if __has_feature(objc_arc)
@@ -247,7 +257,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 }
 
 - (BOOL)isFinal {
-    return _kind != MLXRTEventKindText;
+    return _kind == MLXRTEventKindDone || _kind == MLXRTEventKindError;
 }
 
 - (NSString *)description {
@@ -261,6 +271,9 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     [_tokenIDs release];
     [_usage release];
     [_error release];
+    [_toolCallID release];
+    [_toolName release];
+    [_toolArguments release];
     [super dealloc];
 }
 #endif
@@ -442,6 +455,7 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
     c.options_json = p.optionsJSON ? [p.optionsJSON UTF8String] : NULL;
     c.cache_namespace = p.cacheNamespace ? [p.cacheNamespace UTF8String] : NULL;
     c.no_prompt_cache = p.usesPromptCache ? 0 : 1;
+    c.thinking = (int32_t)p.thinking;
 
     // Arrays the C call copies; freed right after it.
     size_t n_tokens = p.promptTokens.count, n_stop = p.stopStrings.count;

@@ -116,6 +116,7 @@ public final class Engine: @unchecked Sendable {
         p.options_json = strings.add(parameters.optionsJSON)
         p.cache_namespace = strings.add(parameters.cacheNamespace)
         p.no_prompt_cache = parameters.usesPromptCache ? 0 : 1
+        p.thinking = parameters.thinking.map { $0 ? 1 : 0 } ?? -1
         let stops: [UnsafePointer<CChar>?] = parameters.stop.map { strings.add($0) }
 
         var request: OpaquePointer?
@@ -139,13 +140,21 @@ private let onEvent: mlxrt_event_fn = { userData, event in
     switch ev.kind {
     case 1:  // MLXRT_EVENT_KIND_DELTA
         let bytes = UnsafeRawBufferPointer(start: UnsafeRawPointer(ev.text), count: ev.text_len)
+        let text = String(decoding: bytes, as: UTF8.self)
         let tokens = Array(UnsafeBufferPointer(start: ev.tokens, count: ev.n_tokens))
-        continuation.yield(.text(String(decoding: bytes, as: UTF8.self), tokens: tokens))
+        let reasoning = ev.channel == 1  // MLXRT_CHANNEL_REASONING
+        continuation.yield(reasoning ? .reasoning(text, tokens: tokens) : .text(text, tokens: tokens))
+    case 4:  // MLXRT_EVENT_KIND_TOOL_CALL
+        let call = ToolCall(id: String(cString: ev.tool_call_id), name: String(cString: ev.tool_name),
+                            arguments: String(cString: ev.tool_arguments))
+        continuation.yield(.toolCall(call))
     case 2:  // MLXRT_EVENT_KIND_DONE
         continuation.yield(.done(FinishReason(rawValue: ev.finish_reason) ?? .stop, Usage(ev.usage)))
         continuation.finish()
-    default:  // MLXRT_EVENT_KIND_ERROR
+    case 3:  // MLXRT_EVENT_KIND_ERROR
         continuation.finish(throwing: MLXRTError(status: ev.error_status, message: String(cString: ev.error_message)))
+    default:
+        break  // a kind added after this package; not terminal
     }
 }
 

@@ -79,6 +79,8 @@ public struct GenerateParameters: Sendable {
     public var cacheNamespace: String?
     /// false: this request neither uses nor fills the prompt cache.
     public var usesPromptCache: Bool
+    /// For models with a thinking mode: think or not; nil = the template's default.
+    public var thinking: Bool?
 
     public init() {
         var p = mlxrt_request_params()
@@ -94,6 +96,7 @@ public struct GenerateParameters: Sendable {
         optionsJSON = nil
         cacheNamespace = nil
         usesPromptCache = p.no_prompt_cache == 0
+        thinking = nil
     }
 }
 
@@ -105,6 +108,8 @@ public enum FinishReason: Int32, Sendable {
     case length = 2
     /// The stream was terminated (or its task cancelled) before the end.
     case cancelled = 3
+    /// The model ended its turn after calling tools (`.toolCall` events).
+    case toolCalls = 4
 }
 
 /// Token counts and timings of a finished request.
@@ -128,10 +133,20 @@ public struct Usage: Sendable, Equatable {
     }
 }
 
-/// What a generation stream yields: any number of `.text`, then one `.done`
-/// (or the stream throws an `MLXRTError`).
+/// A tool call the model made; `arguments` is a JSON object.
+public struct ToolCall: Sendable, Equatable {
+    public var id: String
+    public var name: String
+    public var arguments: String
+}
+
+/// What a generation stream yields: any number of `.text`, `.reasoning` and
+/// `.toolCall`, then one `.done` (or the stream throws an `MLXRTError`).
 public enum Event: Sendable, Equatable {
-    /// New text (complete UTF-8) and the ids of the tokens it came from.
+    /// New answer text (complete UTF-8) and the ids of the tokens it came from.
     case text(String, tokens: [UInt32])
+    /// New thinking text, for models that think.
+    case reasoning(String, tokens: [UInt32])
+    case toolCall(ToolCall)
     case done(FinishReason, Usage)
 }

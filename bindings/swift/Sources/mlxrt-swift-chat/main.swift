@@ -18,6 +18,8 @@ do {
         switch event {
         case .text(let text, _):
             print(text, terminator: "")
+        case .reasoning, .toolCall:
+            break
         case .done(let reason, let usage):
             print("\n[\(reason), \(usage.completionTokens) tokens, \(usage.decodeTokensPerSecond) tok/s]")
         }
