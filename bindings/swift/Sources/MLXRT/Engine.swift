@@ -32,7 +32,8 @@ public final class Engine: @unchecked Sendable {
         c.prompt_cache_dir = strings.add(configuration.promptCacheDirectory)
         var engine: OpaquePointer?
         var error: OpaquePointer?
-        try MLXRTError.check(mlxrt_engine_create(&c, &engine, &error), error)
+        let status = mlxrt_engine_create(&c, &engine, &error)
+        try MLXRTError.check(status, error)
         handle = engine!
     }
 
@@ -116,7 +117,7 @@ public final class Engine: @unchecked Sendable {
         p.options_json = strings.add(parameters.optionsJSON)
         p.cache_namespace = strings.add(parameters.cacheNamespace)
         p.no_prompt_cache = parameters.usesPromptCache ? 0 : 1
-        p.thinking = parameters.thinking.map { $0 ? 1 : 0 } ?? -1
+        p.thinking = parameters.thinking.map { $0 ? Int32(1) : Int32(0) } ?? -1  // -1: the template's default
         let stops: [UnsafePointer<CChar>?] = parameters.stop.map { strings.add($0) }
 
         var request: OpaquePointer?
