@@ -121,6 +121,38 @@ fn link_openblas() {
     println!("cargo:rustc-env=MLXRT_BUILD_OPENBLAS={}", path.display());
 }
 
+/// Exports only the `mlxrt_` C API from the cdylib. rustc exports every
+/// `#[no_mangle]` symbol of every crate, which includes cxx's runtime
+/// (`cxxbridge1$...`, from the cxx rlib), and hands the linker its own version
+/// script listing them by name, which a wildcard `local: *` in a second
+/// script cannot override. So on ELF `--exclude-libs,ALL` makes everything
+/// that comes from an archive (every dependency rlib, the C++ shim) local,
+/// and the version script does the same for anything else that is not
+/// `mlxrt_*`; the API itself lives in this crate's own objects.
+/// tests/symbols.rs checks the result with `nm -D`.
+///
+/// ld64 (macOS) takes an exported-symbols list, but it unions several lists,
+/// so ours does not remove what rustc's own list names (unverified here:
+/// there is no macOS machine in CI).
+fn limit_exports(root: &Path) {
+    let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    let file = match os.as_str() {
+        "macos" | "ios" => {
+            let f = root.join("link/mlxrt.exported_symbols");
+            println!("cargo:rustc-cdylib-link-arg=-Wl,-exported_symbols_list,{}", f.display());
+            f
+        }
+        "windows" => return,
+        _ => {
+            let f = root.join("link/mlxrt.map");
+            println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", f.display());
+            println!("cargo:rustc-cdylib-link-arg=-Wl,--exclude-libs,ALL");
+            f
+        }
+    };
+    println!("cargo:rerun-if-changed={}", file.display());
+}
+
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
@@ -148,6 +180,7 @@ fn main() {
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-env=MLXRT_MLX_DIR={}", mlx.display());
     link_openblas();
+    limit_exports(&root);
 
     // The header is generated into OUT_DIR; tests/header.rs compares it with the
     // committed include/mlxrt.h, which `MLXRT_UPDATE_HEADER=1 cargo build`

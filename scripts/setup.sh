@@ -17,6 +17,12 @@ command -v cc >/dev/null || need_apt+=(gcc)
 command -v c++ >/dev/null || need_apt+=(g++)
 command -v valgrind >/dev/null || need_apt+=(valgrind)
 command -v unzip >/dev/null || need_apt+=(unzip)
+# Objective-C wrapper tests (tests/objc.rs): clang, GNUstep Base with its
+# gnustep-config, and the blocks runtime.
+command -v clang >/dev/null || need_apt+=(clang)
+command -v gnustep-config >/dev/null || need_apt+=(gnustep-make)
+[ -e /usr/include/GNUstep/Foundation/Foundation.h ] || need_apt+=(libgnustep-base-dev)
+[ -e /usr/include/Block.h ] || need_apt+=(libblocksruntime-dev)
 # OpenBLAS: build.rs links it so MLX's dense CPU matmul does not use the
 # wheel's reference BLAS (docs/cpu-kernels.md). Only the runtime is needed.
 has_openblas() {

@@ -1,0 +1,319 @@
+// MLXRT.h — Objective-C wrapper over the mlxrt C API (mlxrt.h).
+//
+// MLXRTEngine loads a model; -submitRequestWithParameters:queue:eventHandler:error:
+// starts a request and returns an MLXRTRequestTask (cancel it with -cancel).
+// Events (MLXRTEvent: text deltas, then one done or error event) are
+// delivered by dispatch_async to the queue the caller names, never on the
+// main thread implicitly. Failures are NSErrors in MLXRTErrorDomain whose
+// codes are the C library's mlxrt_status values.
+//
+// Builds with ARC or manual reference counting, on Apple platforms and with
+// GNUstep (clang -fblocks, a libdispatch).
+#import <Foundation/Foundation.h>
+#include <dispatch/dispatch.h>
+#include <stdint.h>
+
+// Apple's Swift annotations; GNUstep's Foundation lacks some of them.
+#ifndef NS_SWIFT_NAME
+#define NS_SWIFT_NAME(name)
+#endif
+#ifndef NS_SWIFT_SENDABLE
+#if defined(__has_attribute) && __has_attribute(swift_attr)
+#define NS_SWIFT_SENDABLE __attribute__((swift_attr("@Sendable")))
+#else
+#define NS_SWIFT_SENDABLE
+#endif
+#endif
+#ifndef NS_ERROR_ENUM
+#define NS_ERROR_ENUM(domain, name) NS_ENUM(NSInteger, name)
+#endif
+// GNUstep defines NS_UNAVAILABLE as nothing; make -init really unavailable.
+#if defined(__APPLE__) || !__has_attribute(unavailable)
+#define MLXRT_UNAVAILABLE NS_UNAVAILABLE
+#else
+#define MLXRT_UNAVAILABLE __attribute__((unavailable))
+#endif
+
+// The GNU runtime's fragile ABI (GNUstep with GCC's libobjc) cannot make
+// instance variables for properties, nor take them in class extensions or
+// @implementation blocks: there the classes declare them below. Apple's
+// runtime (and libobjc2) make them; its clients never see these blocks.
+#if !__has_feature(objc_nonfragile_abi)
+#define MLXRT_FRAGILE_IVARS 1
+#endif
+
+NS_ASSUME_NONNULL_BEGIN
+
+/// The domain of every NSError this wrapper makes.
+FOUNDATION_EXPORT NSErrorDomain const MLXRTErrorDomain;
+
+/// Error codes: the C library's `mlxrt_status` values, never renumbered.
+typedef NS_ERROR_ENUM(MLXRTErrorDomain, MLXRTErrorCode){
+    MLXRTErrorInvalidArgument = 1,  // NULL/out-of-range value, wrong struct size
+    MLXRTErrorInvalidUTF8 = 2,
+    MLXRTErrorInvalidJSON = 3,      // a JSON argument did not parse
+    MLXRTErrorModelLoad = 4,        // missing file, bad config, bad tensor
+    MLXRTErrorUnsupported = 5,
+    MLXRTErrorMLX = 6,              // MLX raised an error
+    MLXRTErrorBusy = 7,             // too many requests in flight; retry later
+    MLXRTErrorEnginePoisoned = 8,   // the engine failed earlier and takes no work
+    MLXRTErrorIO = 9,
+    MLXRTErrorInternal = 10,        // a bug in mlxrt
+    MLXRTErrorTimeout = 11,         // nothing arrived in time (pull streams)
+    MLXRTErrorAborted = 12,         // a callback asked to stop (model loading)
+    MLXRTErrorEndOfStream = 13,     // a pull stream had already ended
+};
+
+/// `MLXRTEngineConfiguration.device`.
+typedef NS_ENUM(NSInteger, MLXRTDevice) {
+    MLXRTDeviceAutomatic = 0,  // the GPU where present
+    MLXRTDeviceCPU = 1,
+    MLXRTDeviceGPU = 2,
+};
+
+typedef NS_ENUM(NSInteger, MLXRTEventKind) {
+    MLXRTEventKindText = 1,   // new text (complete UTF-8) and its token ids
+    MLXRTEventKindDone = 2,   // the request finished (last event)
+    MLXRTEventKindError = 3,  // the request failed (last event)
+    MLXRTEventKindToolCall = 4,  // the model called a tool (not last)
+};
+
+/// Which part of the output a text event belongs to.
+typedef NS_ENUM(NSInteger, MLXRTChannel) {
+    MLXRTChannelContent = 0,
+    MLXRTChannelReasoning = 1,  // thinking, for models that think
+};
+
+typedef NS_ENUM(NSInteger, MLXRTFinishReason) {
+    MLXRTFinishReasonNone = 0,       // not a done event
+    MLXRTFinishReasonStop = 1,       // end-of-sequence token or stop string
+    MLXRTFinishReasonLength = 2,     // maxTokens or the context length
+    MLXRTFinishReasonCancelled = 3,  // -[MLXRTRequestTask cancel] or engine teardown
+    MLXRTFinishReasonToolCalls = 4,  // the model ended its turn after calling tools
+};
+
+/// Engine settings. Like NSURLSessionConfiguration it is mutable, and the
+/// engine copies it, so later changes do not affect an engine. Defaults are
+/// the C library's (`mlxrt_engine_config_init`).
+NS_SWIFT_NAME(MLXRTEngine.Configuration)
+@interface MLXRTEngineConfiguration : NSObject <NSCopying>
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSString *_modelPath, *_promptCacheDirectory;
+    MLXRTDevice _device;
+    NSUInteger _maxInFlight, _maxRows, _prefillChunk;
+    uint64_t _kvBudget, _seed, _promptCacheBytes;
+}
+#endif
+- (instancetype)initWithModelPath:(NSString *)modelPath NS_DESIGNATED_INITIALIZER;
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+/// A .gguf file or a Hugging Face MLX-format folder.
+@property (nonatomic, copy) NSString *modelPath;
+@property (nonatomic) MLXRTDevice device;
+/// Requests accepted but not finished before submit fails with Busy.
+@property (nonatomic) NSUInteger maxInFlight;
+/// Requests batched together; the rest wait in FIFO order.
+@property (nonatomic) NSUInteger maxRows;
+@property (nonatomic) NSUInteger prefillChunk;
+@property (nonatomic) uint64_t kvBudget;
+/// Base seed for requests without their own.
+@property (nonatomic) uint64_t seed;
+/// Bytes of prompt-cache snapshots kept in memory; 0 turns the cache off.
+@property (nonatomic) uint64_t promptCacheBytes;
+/// Where the prompt cache persists across restarts; nil = memory only.
+@property (nonatomic, copy, nullable) NSString *promptCacheDirectory;
+@end
+
+/// One chat message. Immutable.
+NS_SWIFT_SENDABLE
+@interface MLXRTMessage : NSObject <NSCopying>
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSString *_role, *_content;
+}
+#endif
++ (instancetype)messageWithRole:(NSString *)role content:(NSString *)content;
++ (instancetype)systemMessage:(NSString *)content;
++ (instancetype)userMessage:(NSString *)content;
++ (instancetype)assistantMessage:(NSString *)content;
+- (instancetype)initWithRole:(NSString *)role content:(NSString *)content NS_DESIGNATED_INITIALIZER;
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+@property (nonatomic, readonly, copy) NSString *role;
+@property (nonatomic, readonly, copy) NSString *content;
+@end
+
+/// Request settings: give `messages`, `prompt` or `promptTokens`. Mutable and
+/// copied at submit; defaults are the C library's (`mlxrt_request_params_init`).
+NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
+@interface MLXRTRequestParameters : NSObject <NSCopying>
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSArray *_messages, *_promptTokens, *_stopStrings;
+    NSString *_prompt, *_optionsJSON, *_cacheNamespace;
+    NSNumber *_seed;
+    NSUInteger _maxTokens;
+    NSInteger _topK;
+    float _temperature, _topP, _minP, _repetitionPenalty;
+    BOOL _usesPromptCache;
+    NSInteger _thinking;
+}
+#endif
+- (instancetype)init NS_DESIGNATED_INITIALIZER;
++ (instancetype)parametersWithMessages:(NSArray<MLXRTMessage *> *)messages;
+/// Chat messages, rendered with the model's chat template.
+@property (nonatomic, copy, nullable) NSArray<MLXRTMessage *> *messages;
+/// Raw prompt text (special-token text is parsed).
+@property (nonatomic, copy, nullable) NSString *prompt;
+/// Prompt token ids (NSNumber, unsigned 32-bit), used as they are.
+@property (nonatomic, copy, nullable) NSArray<NSNumber *> *promptTokens;
+@property (nonatomic) NSUInteger maxTokens;  // default 256
+@property (nonatomic) float temperature;     // 0 = greedy (default)
+@property (nonatomic) float topP;            // 0 = off
+@property (nonatomic) NSInteger topK;        // 0 = off
+@property (nonatomic) float minP;            // 0 = off
+@property (nonatomic) float repetitionPenalty;  // 1 = off
+/// Makes sampling reproducible; nil = the engine's seed sequence.
+@property (nonatomic, copy, nullable) NSNumber *seed;
+/// Generation stops when one appears in the text, which ends before it.
+@property (nonatomic, copy) NSArray<NSString *> *stopStrings;
+/// OpenAI-style fields as a JSON object, applied after the fields above.
+@property (nonatomic, copy, nullable) NSString *optionsJSON;
+/// Prompt-cache namespace: cached state is shared only within one.
+@property (nonatomic, copy, nullable) NSString *cacheNamespace;
+/// NO: this request neither uses nor fills the prompt cache.
+@property (nonatomic) BOOL usesPromptCache;
+/// For models with a thinking mode: 1 = think, 0 = do not, -1 = the
+/// template's default (default).
+@property (nonatomic) NSInteger thinking;
+@end
+
+/// Token counts and timings of a finished request. Immutable.
+NS_SWIFT_SENDABLE
+@interface MLXRTUsage : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSUInteger _promptTokens, _cachedTokens, _completionTokens;
+    NSTimeInterval _timeToFirstToken, _prefillTime, _decodeTime;
+    double _prefillTokensPerSecond, _decodeTokensPerSecond;
+}
+#endif
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+@property (nonatomic, readonly) NSUInteger promptTokens;
+/// Prompt tokens served from the prompt cache.
+@property (nonatomic, readonly) NSUInteger cachedTokens;
+@property (nonatomic, readonly) NSUInteger completionTokens;
+/// Submission to first generated token, prompt processing, and first to
+/// last token, in seconds.
+@property (nonatomic, readonly) NSTimeInterval timeToFirstToken;
+@property (nonatomic, readonly) NSTimeInterval prefillTime;
+@property (nonatomic, readonly) NSTimeInterval decodeTime;
+@property (nonatomic, readonly) double prefillTokensPerSecond;
+@property (nonatomic, readonly) double decodeTokensPerSecond;
+@end
+
+/// One event of a request. Immutable. A request yields any number of text
+/// events, then exactly one done or error event, and nothing after it.
+NS_SWIFT_SENDABLE
+@interface MLXRTEvent : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    MLXRTEventKind _kind;
+    uint64_t _requestID;
+    NSString *_text;
+    NSArray *_tokenIDs;
+    MLXRTFinishReason _finishReason;
+    NSInteger _stopIndex;
+    MLXRTUsage *_usage;
+    NSError *_error;
+    MLXRTChannel _channel;
+    NSString *_toolCallID, *_toolName, *_toolArguments;
+}
+#endif
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+@property (nonatomic, readonly) MLXRTEventKind kind;
+@property (nonatomic, readonly) uint64_t requestID;
+/// Text events: the new text ("" when only ids of text-less tokens come).
+@property (nonatomic, readonly, copy) NSString *text;
+/// Text events: ids of the tokens the text came from; else empty.
+@property (nonatomic, readonly, copy) NSArray<NSNumber *> *tokenIDs;
+@property (nonatomic, readonly) MLXRTFinishReason finishReason;
+/// Done by a stop string: its index in stopStrings; else NSNotFound.
+@property (nonatomic, readonly) NSInteger stopIndex;
+/// Done events: counts and timings.
+@property (nonatomic, readonly, nullable) MLXRTUsage *usage;
+/// Error events: the failure (MLXRTErrorDomain).
+@property (nonatomic, readonly, nullable) NSError *error;
+/// Text events: content or reasoning.
+@property (nonatomic, readonly) MLXRTChannel channel;
+/// Tool-call events: an id unique in the engine, the tool's name, and its
+/// arguments as a JSON object.
+@property (nonatomic, readonly, copy, nullable) NSString *toolCallID;
+@property (nonatomic, readonly, copy, nullable) NSString *toolName;
+@property (nonatomic, readonly, copy, nullable) NSString *toolArguments;
+/// YES for done and error events.
+@property (nonatomic, readonly, getter=isFinal) BOOL final;
+@end
+
+typedef void (^MLXRTEventHandler)(MLXRTEvent *event) NS_SWIFT_SENDABLE;
+
+/// A submitted request. Releasing it does not cancel the request.
+NS_SWIFT_SENDABLE
+@interface MLXRTRequestTask : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    struct mlxrt_request *_request;
+    uint64_t _requestID;
+}
+#endif
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+/// The requestID of its events.
+@property (nonatomic, readonly) uint64_t requestID;
+/// Stops the request while queued, between prefill chunks or between decode
+/// steps; it then ends with a done event whose reason is Cancelled (unless it
+/// had already ended). Idempotent; harmless after the engine is gone.
+- (void)cancel;
+@end
+
+/// A loaded model and its threads. Thread-safe: any method may be called from
+/// any thread. Deallocation cancels the requests in flight, delivers their
+/// last events, and waits for the engine's threads to stop.
+NS_SWIFT_SENDABLE
+@interface MLXRTEngine : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    struct mlxrt_engine *_engine;
+}
+#endif
+/// Loads the model (blocks until it is ready; call it off the main thread).
+- (nullable instancetype)initWithConfiguration:(MLXRTEngineConfiguration *)configuration
+                                         error:(NSError **)error NS_DESIGNATED_INITIALIZER;
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+
+/// Submits a request. Validation, templating and tokenization happen here;
+/// generation never blocks this call. `handler` receives the events by
+/// dispatch_async on `queue` (a serial queue sees them in order). On failure
+/// it returns nil, sets `error`, and `handler` is never called.
+- (nullable MLXRTRequestTask *)submitRequestWithParameters:(MLXRTRequestParameters *)parameters
+                                                     queue:(dispatch_queue_t)queue
+                                              eventHandler:(MLXRTEventHandler)handler
+                                                     error:(NSError **)error
+    NS_SWIFT_NAME(submit(_:queue:eventHandler:));
+
+/// The library's version ("0.1.0").
+@property (class, nonatomic, readonly) NSString *libraryVersion;
+@end
+
+NS_ASSUME_NONNULL_END

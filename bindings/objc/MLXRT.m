@@ -1,0 +1,492 @@
+// MLXRT.m — see MLXRT.h. Compiles with ARC (Apple's default) and with manual
+// reference counting (GNUstep on the GNU runtime, which has no ARC); the few
+// differences are the macros below.
+#import "MLXRT.h"
+
+#include <Block.h>
+#include <stdlib.h>
+
+#include "mlxrt.h"
+
+#if __has_feature(objc_arc)
+#define MLXRT_RELEASE(x) ((void)0)
+#define MLXRT_AUTORELEASE(x) (x)
+#define MLXRT_BLOCK_COPY(b) [(b) copy]
+#define MLXRT_BLOCK_RELEASE(b) ((void)0)
+#define MLXRT_DISPATCH_RETAIN(q) ((void)0)
+#define MLXRT_DISPATCH_RELEASE(q) ((void)0)
+#define MLXRT_SUPER_DEALLOC() ((void)0)
+#else
+#define MLXRT_RELEASE(x) [(x) release]
+#define MLXRT_AUTORELEASE(x) [(x) autorelease]
+#define MLXRT_BLOCK_COPY(b) Block_copy(b)
+#define MLXRT_BLOCK_RELEASE(b) Block_release(b)
+#define MLXRT_DISPATCH_RETAIN(q) dispatch_retain(q)
+#define MLXRT_DISPATCH_RELEASE(q) dispatch_release(q)
+#define MLXRT_SUPER_DEALLOC() [super dealloc]
+#endif
+
+NSErrorDomain const MLXRTErrorDomain = @"MLXRTErrorDomain";
+
+static NSString *string_from_c(const char *s) {
+    NSString *out = s ? [NSString stringWithUTF8String:s] : nil;
+    return out ? out : @"";
+}
+
+static NSError *error_with(mlxrt_status status, NSString *message) {
+    NSDictionary *info = @{NSLocalizedDescriptionKey: message};
+    return [NSError errorWithDomain:MLXRTErrorDomain code:(NSInteger)status userInfo:info];
+}
+
+/// Moves a C error object into `*out` (when the caller asked) and frees it.
+static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
+    if (out) {
+        NSString *message = error ? string_from_c(mlxrt_error_message(error)) : string_from_c(mlxrt_status_name(status));
+        *out = error_with(status, message);
+    }
+    mlxrt_error_free(error);
+}
+
+// ---- configuration and parameters ----
+
+// Explicit @synthesize: the fragile ABI has no automatic synthesis.
+@implementation MLXRTEngineConfiguration
+@synthesize modelPath = _modelPath, device = _device, maxInFlight = _maxInFlight, maxRows = _maxRows,
+            prefillChunk = _prefillChunk, kvBudget = _kvBudget, seed = _seed,
+            promptCacheBytes = _promptCacheBytes, promptCacheDirectory = _promptCacheDirectory;
+
+- (instancetype)initWithModelPath:(NSString *)modelPath {
+    if ((self = [super init])) {
+        mlxrt_engine_config c;
+        mlxrt_engine_config_init(&c);  // the defaults live in the library
+        _modelPath = [modelPath copy];
+        _device = (MLXRTDevice)c.device;
+        _maxInFlight = c.max_in_flight;
+        _maxRows = c.max_rows;
+        _prefillChunk = c.prefill_chunk;
+        _kvBudget = c.kv_budget;
+        _seed = c.seed;
+        _promptCacheBytes = c.prompt_cache_bytes;
+    }
+    return self;
+}
+
+- (id)copyWithZone:(NSZone *)zone {
+    MLXRTEngineConfiguration *c = [[[self class] allocWithZone:zone] initWithModelPath:_modelPath];
+    c.device = _device;
+    c.maxInFlight = _maxInFlight;
+    c.maxRows = _maxRows;
+    c.prefillChunk = _prefillChunk;
+    c.kvBudget = _kvBudget;
+    c.seed = _seed;
+    c.promptCacheBytes = _promptCacheBytes;
+    c.promptCacheDirectory = _promptCacheDirectory;
+    return c;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_modelPath release];
+    [_promptCacheDirectory release];
+    [super dealloc];
+}
+#endif
+@end
+
+@implementation MLXRTMessage
+@synthesize role = _role, content = _content;
+
++ (instancetype)messageWithRole:(NSString *)role content:(NSString *)content {
+    return MLXRT_AUTORELEASE([[self alloc] initWithRole:role content:content]);
+}
++ (instancetype)systemMessage:(NSString *)content { return [self messageWithRole:@"system" content:content]; }
++ (instancetype)userMessage:(NSString *)content { return [self messageWithRole:@"user" content:content]; }
++ (instancetype)assistantMessage:(NSString *)content { return [self messageWithRole:@"assistant" content:content]; }
+
+- (instancetype)initWithRole:(NSString *)role content:(NSString *)content {
+    if ((self = [super init])) {
+        _role = [role copy];
+        _content = [content copy];
+    }
+    return self;
+}
+
+- (id)copyWithZone:(NSZone *)zone {
+    (void)zone;
+#if __has_feature(objc_arc)
+    return self;  // immutable
+#else
+    return [self retain];
+#endif
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_role release];
+    [_content release];
+    [super dealloc];
+}
+#endif
+@end
+
+@implementation MLXRTRequestParameters
+@synthesize messages = _messages, prompt = _prompt, promptTokens = _promptTokens, maxTokens = _maxTokens,
+            temperature = _temperature, topP = _topP, topK = _topK, minP = _minP,
+            repetitionPenalty = _repetitionPenalty, seed = _seed, stopStrings = _stopStrings,
+            optionsJSON = _optionsJSON, cacheNamespace = _cacheNamespace, usesPromptCache = _usesPromptCache,
+            thinking = _thinking;
+
+- (instancetype)init {
+    if ((self = [super init])) {
+        mlxrt_request_params p;
+        mlxrt_request_params_init(&p);
+        _maxTokens = p.max_tokens;
+        _temperature = p.temperature;
+        _topP = p.top_p;
+        _topK = p.top_k;
+        _minP = p.min_p;
+        _repetitionPenalty = p.repetition_penalty;
+        _stopStrings = [[NSArray alloc] init];  // owned: direct ivar access under MRC
+        _usesPromptCache = p.no_prompt_cache == 0;
+        _thinking = p.thinking;
+    }
+    return self;
+}
+
++ (instancetype)parametersWithMessages:(NSArray<MLXRTMessage *> *)messages {
+    MLXRTRequestParameters *p = MLXRT_AUTORELEASE([[self alloc] init]);
+    p.messages = messages;
+    return p;
+}
+
+- (id)copyWithZone:(NSZone *)zone {
+    MLXRTRequestParameters *p = [[[self class] allocWithZone:zone] init];
+    p.messages = _messages;
+    p.prompt = _prompt;
+    p.promptTokens = _promptTokens;
+    p.maxTokens = _maxTokens;
+    p.temperature = _temperature;
+    p.topP = _topP;
+    p.topK = _topK;
+    p.minP = _minP;
+    p.repetitionPenalty = _repetitionPenalty;
+    p.seed = _seed;
+    p.stopStrings = _stopStrings;
+    p.optionsJSON = _optionsJSON;
+    p.cacheNamespace = _cacheNamespace;
+    p.usesPromptCache = _usesPromptCache;
+    p.thinking = _thinking;
+    return p;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_messages release];
+    [_prompt release];
+    [_promptTokens release];
+    [_seed release];
+    [_stopStrings release];
+    [_optionsJSON release];
+    [_cacheNamespace release];
+    [super dealloc];
+}
+#endif
+@end
+
+// ---- events ----
+
+@interface MLXRTUsage ()
+- (instancetype)initWithUsage:(const mlxrt_usage *)u;
+@end
+
+@implementation MLXRTUsage
+@synthesize promptTokens = _promptTokens, cachedTokens = _cachedTokens, completionTokens = _completionTokens,
+            timeToFirstToken = _timeToFirstToken, prefillTime = _prefillTime, decodeTime = _decodeTime,
+            prefillTokensPerSecond = _prefillTokensPerSecond, decodeTokensPerSecond = _decodeTokensPerSecond;
+- (instancetype)initWithUsage:(const mlxrt_usage *)u {
+    if ((self = [super init])) {
+        _promptTokens = u->prompt_tokens;
+        _cachedTokens = u->cached_tokens;
+        _completionTokens = u->completion_tokens;
+        _timeToFirstToken = u->ttft_ms / 1000.0;
+        _prefillTime = u->prefill_ms / 1000.0;
+        _decodeTime = u->decode_ms / 1000.0;
+        _prefillTokensPerSecond = u->prefill_tokens_per_s;
+        _decodeTokensPerSecond = u->decode_tokens_per_s;
+    }
+    return self;
+}
+@end
+
+@interface MLXRTEvent ()
+- (instancetype)initWithEvent:(const mlxrt_event *)ev;
+@end
+
+@implementation MLXRTEvent
+@synthesize kind = _kind, requestID = _requestID, text = _text, tokenIDs = _tokenIDs,
+            finishReason = _finishReason, stopIndex = _stopIndex, usage = _usage, error = _error,
+            channel = _channel, toolCallID = _toolCallID, toolName = _toolName, toolArguments = _toolArguments;
+/// Copies everything: the C event is only valid during the callback.
+- (instancetype)initWithEvent:(const mlxrt_event *)ev {
+    if ((self = [super init])) {
+        _kind = (MLXRTEventKind)ev->kind;
+        _requestID = ev->request_id;
+        _text = [[NSString alloc] initWithBytes:ev->text length:ev->text_len encoding:NSUTF8StringEncoding];
+        if (!_text) _text = @"";  // never happens: deltas are complete UTF-8
+        NSMutableArray<NSNumber *> *ids = [NSMutableArray arrayWithCapacity:ev->n_tokens];
+        for (size_t i = 0; i < ev->n_tokens; i++) [ids addObject:@(ev->tokens[i])];
+        _tokenIDs = [ids copy];
+        _finishReason = (MLXRTFinishReason)ev->finish_reason;
+        _stopIndex = ev->stop_index >= 0 ? (NSInteger)ev->stop_index : NSNotFound;
+        _channel = (MLXRTChannel)ev->channel;
+        if (ev->kind == MLXRT_EVENT_KIND_TOOL_CALL) {
+            _toolCallID = [string_from_c(ev->tool_call_id) copy];
+            _toolName = [string_from_c(ev->tool_name) copy];
+            _toolArguments = [string_from_c(ev->tool_arguments) copy];
+        }
+        if (ev->kind == MLXRT_EVENT_KIND_DONE) _usage = [[MLXRTUsage alloc] initWithUsage:&ev->usage];
+        if (ev->kind == MLXRT_EVENT_KIND_ERROR) {
+#if __has_feature(objc_arc)
+            _error = error_with(ev->error_status, string_from_c(ev->error_message));
+#else
+            _error = [error_with(ev->error_status, string_from_c(ev->error_message)) retain];
+#endif
+        }
+    }
+    return self;
+}
+
+- (BOOL)isFinal {
+    return _kind == MLXRTEventKindDone || _kind == MLXRTEventKindError;
+}
+
+- (NSString *)description {
+    return [NSString stringWithFormat:@"<MLXRTEvent %llu kind=%ld text=%@ finish=%ld error=%@>",
+                                      (unsigned long long)_requestID, (long)_kind, _text, (long)_finishReason, _error];
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_text release];
+    [_tokenIDs release];
+    [_usage release];
+    [_error release];
+    [_toolCallID release];
+    [_toolName release];
+    [_toolArguments release];
+    [super dealloc];
+}
+#endif
+@end
+
+// ---- delivery: from the engine's delivery thread to the caller's queue ----
+
+/// A request's user_data: the handler and its queue. Owned by the C library
+/// from a successful submit until user_data_free (after the last event).
+@interface MLXRTDelivery : NSObject {
+  @public
+    MLXRTEventHandler _handler;
+    dispatch_queue_t _queue;
+}
+@end
+
+@implementation MLXRTDelivery
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    Block_release(_handler);
+    dispatch_release(_queue);
+    [super dealloc];
+}
+#endif
+@end
+
+/// Runs on the engine's delivery thread (a thread Foundation did not make):
+/// copies the event into an object and hands it to the caller's queue.
+static void deliver(void *user_data, const mlxrt_event *ev) {
+#ifdef GNUSTEP
+    GSRegisterCurrentThread();  // Foundation on a foreign thread; a no-op after the first time
+#endif
+    @autoreleasepool {
+#if __has_feature(objc_arc)
+        MLXRTDelivery *d = (__bridge MLXRTDelivery *)user_data;
+#else
+        MLXRTDelivery *d = (MLXRTDelivery *)user_data;
+#endif
+        MLXRTEvent *event = [[MLXRTEvent alloc] initWithEvent:ev];
+        // The block owns its own references to the event and the handler:
+        // user_data may be freed before it runs, and the GNU runtime's blocks
+        // do not retain captured objects, so under MRC it releases them itself.
+        MLXRTEventHandler handler = MLXRT_BLOCK_COPY(d->_handler);
+        dispatch_async(d->_queue, ^{
+#ifdef GNUSTEP
+            GSRegisterCurrentThread();  // a queue's thread may be foreign too
+#endif
+            @autoreleasepool {
+                handler(event);
+            }
+            MLXRT_RELEASE(event);
+            MLXRT_BLOCK_RELEASE(handler);
+        });
+    }
+}
+
+static void free_delivery(void *user_data) {
+#if __has_feature(objc_arc)
+    MLXRTDelivery *d = (__bridge_transfer MLXRTDelivery *)user_data;
+    (void)d;  // released here
+#else
+    [(MLXRTDelivery *)user_data release];
+#endif
+}
+
+// ---- requests and the engine ----
+
+#if !MLXRT_FRAGILE_IVARS
+@interface MLXRTRequestTask () {
+    mlxrt_request *_request;
+}
+@end
+#endif
+
+@interface MLXRTRequestTask ()
+- (instancetype)initWithRequest:(mlxrt_request *)request;
+@end
+
+@implementation MLXRTRequestTask
+@synthesize requestID = _requestID;
+- (instancetype)initWithRequest:(mlxrt_request *)request {
+    if ((self = [super init])) {
+        _request = request;
+        _requestID = mlxrt_request_id(request);
+    }
+    return self;
+}
+
+- (void)cancel {
+    mlxrt_request_cancel(_request, NULL);  // only fails for NULL
+}
+
+- (void)dealloc {
+    mlxrt_request_free(_request);  // the handle only; does not cancel
+    MLXRT_SUPER_DEALLOC();
+}
+@end
+
+#if MLXRT_FRAGILE_IVARS
+@implementation MLXRTEngine
+#else
+@implementation MLXRTEngine {
+    mlxrt_engine *_engine;
+}
+#endif
+
++ (NSString *)libraryVersion {
+    return string_from_c(mlxrt_version_string());
+}
+
+- (instancetype)initWithConfiguration:(MLXRTEngineConfiguration *)configuration error:(NSError **)error {
+    if (!(self = [super init])) return nil;
+    if (mlxrt_abi_version() != MLXRT_ABI_VERSION) {
+        if (error) *error = error_with(MLXRT_STATUS_UNSUPPORTED, @"MLXRT.h was built against another libmlxrt ABI");
+        MLXRT_RELEASE(self);
+        return nil;
+    }
+    MLXRTEngineConfiguration *cfg = MLXRT_AUTORELEASE([configuration copy]);
+    mlxrt_engine_config c;
+    mlxrt_engine_config_init(&c);
+    c.model_path = [cfg.modelPath UTF8String];
+    c.device = (int32_t)cfg.device;
+    c.max_in_flight = (uint32_t)cfg.maxInFlight;
+    c.max_rows = (uint32_t)cfg.maxRows;
+    c.prefill_chunk = (uint32_t)cfg.prefillChunk;
+    c.kv_budget = cfg.kvBudget;
+    c.seed = cfg.seed;
+    c.prompt_cache_bytes = cfg.promptCacheBytes;
+    c.prompt_cache_dir = cfg.promptCacheDirectory ? [cfg.promptCacheDirectory UTF8String] : NULL;
+    mlxrt_error *err = NULL;
+    mlxrt_status status = mlxrt_engine_create(&c, &_engine, &err);
+    if (status != MLXRT_STATUS_OK) {
+        take_error(error, status, err);
+        MLXRT_RELEASE(self);
+        return nil;
+    }
+    return self;
+}
+
+- (void)dealloc {
+    mlxrt_engine_destroy(_engine);  // cancels, delivers last events, joins
+    MLXRT_SUPER_DEALLOC();
+}
+
+/// The messages as the JSON array the C API takes.
+static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **error) {
+    NSMutableArray *list = [NSMutableArray arrayWithCapacity:messages.count];
+    for (MLXRTMessage *m in messages) [list addObject:@{@"role": m.role, @"content": m.content}];
+    NSError *why = nil;
+    NSData *data = [NSJSONSerialization dataWithJSONObject:list options:0 error:&why];
+    if (!data) {
+        if (error) *error = error_with(MLXRT_STATUS_INVALID_ARGUMENT, [NSString stringWithFormat:@"messages: %@", why]);
+        return nil;
+    }
+    return MLXRT_AUTORELEASE([[NSString alloc] initWithData:data encoding:NSUTF8StringEncoding]);
+}
+
+- (MLXRTRequestTask *)submitRequestWithParameters:(MLXRTRequestParameters *)parameters
+                                            queue:(dispatch_queue_t)queue
+                                     eventHandler:(MLXRTEventHandler)handler
+                                            error:(NSError **)error {
+    MLXRTRequestParameters *p = MLXRT_AUTORELEASE([parameters copy]);
+    mlxrt_request_params c;
+    mlxrt_request_params_init(&c);
+    if (p.messages) {
+        NSString *json = messages_json(p.messages, error);
+        if (!json) return nil;
+        c.messages_json = [json UTF8String];
+    }
+    c.prompt = p.prompt ? [p.prompt UTF8String] : NULL;
+    c.max_tokens = (uint32_t)p.maxTokens;
+    c.temperature = p.temperature;
+    c.top_p = p.topP;
+    c.top_k = (int32_t)p.topK;
+    c.min_p = p.minP;
+    c.repetition_penalty = p.repetitionPenalty;
+    c.use_seed = p.seed != nil;
+    c.seed = p.seed ? p.seed.unsignedLongLongValue : 0;
+    c.options_json = p.optionsJSON ? [p.optionsJSON UTF8String] : NULL;
+    c.cache_namespace = p.cacheNamespace ? [p.cacheNamespace UTF8String] : NULL;
+    c.no_prompt_cache = p.usesPromptCache ? 0 : 1;
+    c.thinking = (int32_t)p.thinking;
+
+    // Arrays the C call copies; freed right after it.
+    size_t n_tokens = p.promptTokens.count, n_stop = p.stopStrings.count;
+    uint32_t *tokens = p.promptTokens ? calloc(n_tokens ? n_tokens : 1, sizeof *tokens) : NULL;
+    const char **stops = calloc(n_stop ? n_stop : 1, sizeof *stops);
+    for (size_t i = 0; i < n_tokens; i++) tokens[i] = [[p.promptTokens objectAtIndex:i] unsignedIntValue];
+    for (size_t i = 0; i < n_stop; i++) stops[i] = [[p.stopStrings objectAtIndex:i] UTF8String];
+    c.prompt_tokens = tokens;
+    c.n_prompt_tokens = n_tokens;
+    c.stop = n_stop ? stops : NULL;
+    c.n_stop = n_stop;
+
+    MLXRTDelivery *d = [[MLXRTDelivery alloc] init];
+    d->_handler = MLXRT_BLOCK_COPY(handler);
+    d->_queue = queue;
+    MLXRT_DISPATCH_RETAIN(queue);
+#if __has_feature(objc_arc)
+    void *user_data = (__bridge_retained void *)d;  // +1 for the C library
+#else
+    void *user_data = d;  // the +1 from alloc goes to the C library
+#endif
+    mlxrt_request *request = NULL;
+    mlxrt_error *err = NULL;
+    mlxrt_status status = mlxrt_request_submit(_engine, &c, deliver, user_data, free_delivery, &request, &err);
+    free(tokens);
+    free(stops);
+    if (status != MLXRT_STATUS_OK) {
+        free_delivery(user_data);  // on failure the C library keeps nothing
+        take_error(error, status, err);
+        return nil;
+    }
+    return MLXRT_AUTORELEASE([[MLXRTRequestTask alloc] initWithRequest:request]);
+}
+@end

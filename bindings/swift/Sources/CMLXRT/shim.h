@@ -1,0 +1,2 @@
+/* The generated header, in the repository's include/ (one copy, never stale). */
+#include "../../../../include/mlxrt.h"

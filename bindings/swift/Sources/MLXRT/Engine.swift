@@ -1,0 +1,185 @@
+import CMLXRT
+import Foundation
+
+/// A loaded model and its threads. Thread-safe: the C library allows every
+/// call from any thread, and the handle never changes. Deinit cancels the
+/// requests in flight (their streams end with `.done(.cancelled, _)`) and
+/// joins the engine's threads.
+public final class Engine: @unchecked Sendable {
+    private let handle: OpaquePointer
+
+    /// The library's version ("0.1.0").
+    public static var version: String { String(cString: mlxrt_version_string()) }
+
+    /// Loads the model; blocks until it is ready (call it off the main thread).
+    public init(_ configuration: EngineConfiguration) throws {
+        guard mlxrt_abi_version() == UInt32(MLXRT_ABI_VERSION) else {
+            throw MLXRTError(status: MLXRTError.Code.unsupported.rawValue,
+                             message: "mlxrt.h and the loaded libmlxrt differ in ABI version")
+        }
+        var strings = CStrings()
+        defer { strings.release() }
+        var c = mlxrt_engine_config()
+        mlxrt_engine_config_init(&c)
+        c.model_path = strings.add(configuration.modelPath)
+        c.device = configuration.device.rawValue
+        c.max_in_flight = configuration.maxInFlight
+        c.max_rows = configuration.maxRows
+        c.prefill_chunk = configuration.prefillChunk
+        c.kv_budget = configuration.kvBudget
+        c.seed = configuration.seed
+        c.prompt_cache_bytes = configuration.promptCacheBytes
+        c.prompt_cache_dir = strings.add(configuration.promptCacheDirectory)
+        var engine: OpaquePointer?
+        var error: OpaquePointer?
+        let status = mlxrt_engine_create(&c, &engine, &error)
+        try MLXRTError.check(status, error)
+        handle = engine!
+    }
+
+    deinit {
+        mlxrt_engine_destroy(handle)
+    }
+
+    /// Streams the answer to a conversation, rendered with the model's chat
+    /// template. Ending the stream early (leaving the `for try await` loop,
+    /// or cancelling its task) cancels the request.
+    public func generate(messages: [Message], parameters: GenerateParameters = GenerateParameters())
+        -> AsyncThrowingStream<Event, Error>
+    {
+        stream(parameters) { strings, p in
+            let json = try JSONEncoder().encode(messages)
+            p.messages_json = strings.add(String(decoding: json, as: UTF8.self))
+        }
+    }
+
+    /// Streams the continuation of raw prompt text (special-token text is parsed).
+    public func generate(prompt: String, parameters: GenerateParameters = GenerateParameters())
+        -> AsyncThrowingStream<Event, Error>
+    {
+        stream(parameters) { strings, p in p.prompt = strings.add(prompt) }
+    }
+
+    // MARK: - submission
+
+    /// The request's context, handed to C as user_data: retained by
+    /// `Unmanaged` at submit and released by `user_data_free`, which the C
+    /// library calls exactly once, after the last event.
+    fileprivate final class Context: @unchecked Sendable {
+        let continuation: AsyncThrowingStream<Event, Error>.Continuation
+        init(_ continuation: AsyncThrowingStream<Event, Error>.Continuation) { self.continuation = continuation }
+    }
+
+    /// A request handle; freeing it does not cancel the request.
+    private final class Request: @unchecked Sendable {
+        let handle: OpaquePointer
+        init(_ handle: OpaquePointer) { self.handle = handle }
+        func cancel() { mlxrt_request_cancel(handle, nil) }
+        deinit { mlxrt_request_free(handle) }
+    }
+
+    /// `input` sets the request's input fields; it runs before this returns.
+    private func stream(
+        _ parameters: GenerateParameters,
+        input: (inout CStrings, inout mlxrt_request_params) throws -> Void
+    ) -> AsyncThrowingStream<Event, Error> {
+        AsyncThrowingStream { continuation in
+            let context = Unmanaged.passRetained(Context(continuation))
+            do {
+                let request = try submit(parameters, context.toOpaque(), input)
+                // Leaving the loop or cancelling the task terminates the stream.
+                continuation.onTermination = { @Sendable _ in request.cancel() }
+            } catch {
+                context.release()  // a failed submit keeps nothing and calls nothing
+                continuation.finish(throwing: error)
+            }
+        }
+    }
+
+    private func submit(
+        _ parameters: GenerateParameters,
+        _ context: UnsafeMutableRawPointer,
+        _ input: (inout CStrings, inout mlxrt_request_params) throws -> Void
+    ) throws -> Request {
+        var strings = CStrings()
+        defer { strings.release() }  // mlxrt copies every input during the call
+        var p = mlxrt_request_params()
+        mlxrt_request_params_init(&p)
+        try input(&strings, &p)
+        p.max_tokens = parameters.maxTokens
+        p.temperature = parameters.temperature
+        p.top_p = parameters.topP
+        p.top_k = parameters.topK
+        p.min_p = parameters.minP
+        p.repetition_penalty = parameters.repetitionPenalty
+        p.use_seed = parameters.seed == nil ? 0 : 1
+        p.seed = parameters.seed ?? 0
+        p.options_json = strings.add(parameters.optionsJSON)
+        p.cache_namespace = strings.add(parameters.cacheNamespace)
+        p.no_prompt_cache = parameters.usesPromptCache ? 0 : 1
+        p.thinking = parameters.thinking.map { $0 ? Int32(1) : Int32(0) } ?? -1  // -1: the template's default
+        let stops: [UnsafePointer<CChar>?] = parameters.stop.map { strings.add($0) }
+
+        var request: OpaquePointer?
+        var error: OpaquePointer?
+        let status = stops.withUnsafeBufferPointer { stopList -> Int32 in
+            p.stop = stops.isEmpty ? nil : stopList.baseAddress
+            p.n_stop = stops.count
+            return mlxrt_request_submit(handle, &p, onEvent, context, releaseContext, &request, &error)
+        }
+        try MLXRTError.check(status, error)
+        return Request(request!)
+    }
+}
+
+/// Runs on the engine's delivery thread; copies the event (valid only during
+/// the call) into the stream.
+private let onEvent: mlxrt_event_fn = { userData, event in
+    guard let userData, let event else { return }
+    let continuation = Unmanaged<Engine.Context>.fromOpaque(userData).takeUnretainedValue().continuation
+    let ev = event.pointee
+    switch ev.kind {
+    case 1:  // MLXRT_EVENT_KIND_DELTA
+        let bytes = UnsafeRawBufferPointer(start: UnsafeRawPointer(ev.text), count: ev.text_len)
+        let text = String(decoding: bytes, as: UTF8.self)
+        let tokens = Array(UnsafeBufferPointer(start: ev.tokens, count: ev.n_tokens))
+        let reasoning = ev.channel == 1  // MLXRT_CHANNEL_REASONING
+        continuation.yield(reasoning ? .reasoning(text, tokens: tokens) : .text(text, tokens: tokens))
+    case 4:  // MLXRT_EVENT_KIND_TOOL_CALL
+        let call = ToolCall(id: String(cString: ev.tool_call_id), name: String(cString: ev.tool_name),
+                            arguments: String(cString: ev.tool_arguments))
+        continuation.yield(.toolCall(call))
+    case 2:  // MLXRT_EVENT_KIND_DONE
+        continuation.yield(.done(FinishReason(rawValue: ev.finish_reason) ?? .stop, Usage(ev.usage)))
+        continuation.finish()
+    case 3:  // MLXRT_EVENT_KIND_ERROR
+        continuation.finish(throwing: MLXRTError(status: ev.error_status, message: String(cString: ev.error_message)))
+    default:
+        break  // a kind added after this package; not terminal
+    }
+}
+
+/// user_data_free: balances the `passRetained` of submit.
+private let releaseContext: mlxrt_free_fn = { userData in
+    guard let userData else { return }
+    Unmanaged<Engine.Context>.fromOpaque(userData).release()
+}
+
+/// C copies of strings, alive until `release()`.
+struct CStrings {
+    private var owned: [UnsafeMutablePointer<CChar>] = []
+
+    mutating func add(_ string: String) -> UnsafePointer<CChar> {
+        let copy = strdup(string)!
+        owned.append(copy)
+        return UnsafePointer(copy)
+    }
+
+    mutating func add(_ string: String?) -> UnsafePointer<CChar>? {
+        string.map { add($0) }
+    }
+
+    func release() {
+        owned.forEach { free($0) }
+    }
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Fuzzes the request parser (options JSON + chat-message JSON through the chat
+# template; fuzz/fuzz_targets/request.rs) for a bounded time:
+#
+#   scripts/fuzz.sh [SECONDS]      (default 600)
+#
+# Uses cargo-fuzz (libFuzzer + AddressSanitizer) on a nightly toolchain and
+# installs both when missing. New inputs go to fuzz/target/corpus/request
+# (ignored by git); the seeds in fuzz/corpus/request are only read. A crash
+# leaves its input under fuzz/artifacts/request/ and makes this exit non-zero.
+# Not part of scripts/test.sh / CI: it is slow by design.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+SECS="${1:-600}"
+bash scripts/setup.sh
+source scripts/env.sh
+
+log() { printf '[fuzz] %s\n' "$*" >&2; }
+rustup toolchain list | grep -q '^nightly' || {
+  log "installing a nightly toolchain (cargo-fuzz needs -Z sanitizer flags)"
+  rustup toolchain install nightly --profile minimal
+}
+command -v cargo-fuzz >/dev/null || {
+  log "installing cargo-fuzz"
+  cargo install cargo-fuzz --locked
+}
+
+# The fuzz binary links libmlx.so (through mlxrt), but link args with its rpath
+# apply only to mlxrt's own targets; point the loader at it.
+export LD_LIBRARY_PATH="$MLX_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+mkdir -p fuzz/target/corpus/request
+log "running the request target for ${SECS}s"
+cargo +nightly fuzz run request fuzz/target/corpus/request fuzz/corpus/request -- \
+  -max_total_time="$SECS" -timeout=10 -rss_limit_mb=4096 -print_final_stats=1
+log "no crash in ${SECS}s"

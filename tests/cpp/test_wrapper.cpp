@@ -1,0 +1,217 @@
+// Tests of bindings/cpp/mlxrt.hpp against the real default model. Built and
+// run by tests/cpp_wrapper.rs, plainly and under AddressSanitizer.
+//
+//   test_wrapper MODEL_PATH
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "mlxrt.hpp"
+
+static int failures = 0;
+#define CHECK(cond)                                                  \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      failures++;                                                    \
+      std::fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond); \
+    }                                                                \
+  } while (0)
+
+// Counts live handler copies: the wrapper must destroy its function object
+// exactly once, after the terminal event (or at once when submit fails).
+static std::atomic<int> live{0};
+struct Probe {
+  Probe() { live++; }
+  Probe(const Probe &) { live++; }
+  ~Probe() { live--; }
+};
+
+// Events of one request, gathered under a lock.
+struct Log {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string text;
+  int deltas = 0, terminals = 0, after_terminal = 0;
+  mlxrt_event_kind last = MLXRT_EVENT_KIND_DELTA;
+  mlxrt_finish_reason finish = MLXRT_FINISH_REASON_NONE;
+  mlxrt_status error = MLXRT_STATUS_OK;
+
+  mlxrt::EventHandler handler() {
+    Probe probe;
+    return [this, probe](const mlxrt::Event &ev) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (terminals) after_terminal++;
+      last = ev.kind();
+      if (ev.is_delta()) {
+        deltas++;
+        text += ev.text();
+      } else {
+        terminals++;
+        finish = ev.finish_reason();
+        if (ev.is_error()) error = ev.error().status();
+      }
+      cv.notify_all();
+    };
+  }
+  void wait_end() {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::minutes(10), [&] { return terminals > 0; });
+  }
+  void wait_deltas(int n) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::minutes(10), [&] { return deltas >= n || terminals > 0; });
+  }
+};
+
+// user_data_free runs right after the terminal event; give it a moment.
+static bool handlers_released() {
+  for (int i = 0; i < 200 && live.load() != 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return live.load() == 0;
+}
+
+template <class F>
+static mlxrt_status status_of(F &&f) {
+  try {
+    f();
+  } catch (const mlxrt::Error &e) {
+    CHECK(std::string(e.what()).size() > 0);
+    return e.status();
+  }
+  return MLXRT_STATUS_OK;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) return 2;
+  CHECK(mlxrt::abi_version() == MLXRT_ABI_VERSION);
+  CHECK(mlxrt::version() == MLXRT_VERSION);
+
+  // A missing model is an exception with the MODEL_LOAD status and a message.
+  CHECK(status_of([] { mlxrt::Engine e{mlxrt::EngineConfig("/nonexistent/model.gguf")}; }) ==
+        MLXRT_STATUS_MODEL_LOAD);
+
+  mlxrt::Engine engine{mlxrt::EngineConfig(argv[1]).max_rows(4)};
+
+  {  // streaming; the handler is released once
+    Log log;
+    mlxrt::Request r = engine.submit(mlxrt::RequestParams().user("What is the capital of France?").max_tokens(16),
+                                     log.handler());
+    CHECK(r.id() != 0);
+    log.wait_end();
+    CHECK(log.deltas > 0 && log.terminals == 1 && log.after_terminal == 0);
+    CHECK(log.last == MLXRT_EVENT_KIND_DONE);
+    CHECK(log.text.find("Paris") != std::string::npos);
+    CHECK(handlers_released());
+  }
+
+  {  // blocking helper, JSON escaping of message text, stop strings
+    mlxrt::Completion c = engine.generate(mlxrt::RequestParams()
+                                              .system("Quote: \"\\\n\t\" é 😀")
+                                              .user("Count from 1 to 20, separated by commas.")
+                                              .max_tokens(40)
+                                              .stop("5"));
+    CHECK(c.finish_reason == MLXRT_FINISH_REASON_STOP);
+    CHECK(c.text.find('5') == std::string::npos);
+    CHECK(!c.tokens.empty() && c.usage.completion_tokens >= 1);
+  }
+
+  {  // cancel mid-generation; cancel is idempotent
+    Log log;
+    mlxrt::Request r = engine.submit(
+        mlxrt::RequestParams().user("Tell a long story.").max_tokens(500).options_json("{\"ignore_eos\": true}"),
+        log.handler());
+    log.wait_deltas(2);
+    r.cancel();
+    r.cancel();
+    log.wait_end();
+    CHECK(log.finish == MLXRT_FINISH_REASON_CANCELLED);
+    CHECK(handlers_released());
+    mlxrt::Request moved = std::move(r);  // move leaves the source empty
+    CHECK(!r && moved && moved.id() != 0);
+    moved.cancel();
+  }
+
+  {  // pull stream: events in order, cancel, log-probabilities
+    mlxrt::Stream st = engine.submit_stream(
+        mlxrt::RequestParams().user("Tell a long story.").max_tokens(200).logprobs(2).options_json(
+            "{\"ignore_eos\": true}"));
+    CHECK(st.id() != 0);
+    int deltas = 0, terminals = 0, timeouts = 0;
+    bool logprobs_ok = true;
+    while (!st.ended()) {
+      std::optional<mlxrt::Event> ev = st.next(std::chrono::milliseconds(50));
+      if (!ev) {
+        timeouts++;
+        continue;
+      }
+      if (ev->is_delta()) {
+        logprobs_ok &= ev->logprobs().size() == ev->tokens().size();
+        for (const mlxrt_token_logprob &lp : ev->logprobs()) logprobs_ok &= lp.logprob <= 0 && lp.n_top == 2;
+        if (++deltas == 3) st.cancel();
+      } else {
+        terminals++;
+        CHECK(ev->finish_reason() == MLXRT_FINISH_REASON_CANCELLED);
+      }
+    }
+    CHECK(deltas >= 3 && deltas < 100 && terminals == 1 && logprobs_ok);
+    CHECK(!st.next(std::chrono::milliseconds(0)));  // ended: nothing more
+    mlxrt::Stream moved = std::move(st);
+    CHECK(moved.ended());
+    (void)timeouts;  // how many depends on the machine
+  }
+  {  // a stream freed while its request runs cancels it
+    mlxrt::Stream st = engine.submit_stream(mlxrt::RequestParams().user("x").max_tokens(300));
+    (void)st.next();
+  }
+
+  // Failed submits throw, and the handler is destroyed at once.
+  CHECK(status_of([&] { engine.submit(mlxrt::RequestParams().user("x").options_json("{"), Log().handler()); }) ==
+        MLXRT_STATUS_INVALID_JSON);
+  CHECK(status_of([&] { engine.submit(mlxrt::RequestParams().messages_json("[{\"role\": "), nullptr); }) ==
+        MLXRT_STATUS_INVALID_JSON);
+  // Well-formed JSON of the wrong shape is refused too (the status is the
+  // library's choice; see the C tests).
+  CHECK(status_of([&] { engine.submit(mlxrt::RequestParams().messages_json("{\"role\": 1}"), nullptr); }) !=
+        MLXRT_STATUS_OK);
+  CHECK(status_of([&] { engine.submit(mlxrt::RequestParams().user("x").temperature(-1), nullptr); }) ==
+        MLXRT_STATUS_INVALID_ARGUMENT);
+  CHECK(status_of([&] { engine.submit(mlxrt::RequestParams().prompt("\xff\xfe"), nullptr); }) ==
+        MLXRT_STATUS_INVALID_UTF8);
+  CHECK(status_of([&] { engine.submit(mlxrt::RequestParams(), nullptr); }) == MLXRT_STATUS_INVALID_ARGUMENT);
+  CHECK(live.load() == 0);
+  CHECK(status_of([&] { engine.submit_stream(mlxrt::RequestParams().user("x").options_json("[")); }) ==
+        MLXRT_STATUS_INVALID_JSON);
+
+  // Token input, an empty handler, stats, prompt cache calls.
+  engine.submit(mlxrt::RequestParams().prompt_tokens({1, 9690, 198}).max_tokens(2), nullptr);
+  mlxrt_engine_stats s = engine.stats();
+  CHECK(s.struct_size == sizeof s);
+  engine.flush_prompt_cache();
+  engine.clear_prompt_cache(true);
+
+  {  // the engine moves; destroying it with a request in flight ends it
+    Log log;
+    mlxrt::Engine other{mlxrt::EngineConfig(argv[1])};
+    mlxrt::Engine moved = std::move(other);
+    CHECK(other.get() == nullptr);
+    mlxrt::Request r = moved.submit(
+        mlxrt::RequestParams().user("Tell a long story.").max_tokens(500).options_json("{\"ignore_eos\": true}"),
+        log.handler());
+    log.wait_deltas(1);
+    moved = mlxrt::Engine{mlxrt::EngineConfig(argv[1])};  // destroys the first engine
+    CHECK(log.terminals == 1 && log.finish == MLXRT_FINISH_REASON_CANCELLED);
+    r.cancel();  // harmless after the engine is gone
+  }
+  CHECK(handlers_released());
+
+  if (failures) {
+    std::fprintf(stderr, "%d C++ wrapper checks failed\n", failures);
+    return 1;
+  }
+  std::fprintf(stderr, "all C++ wrapper checks passed\n");
+  return 0;
+}

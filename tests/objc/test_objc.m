@@ -1,0 +1,373 @@
+// Tests of the Objective-C wrapper (bindings/objc) against the real default
+// model. Built with clang + GNUstep and run by tests/objc.rs.
+//
+//   test_objc MODEL_PATH
+#import "MLXRT.h"
+
+#include <Block.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mlxrt.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                  \
+    do {                                                                  \
+        if (!(cond)) {                                                    \
+            failures++;                                                   \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                 \
+            fprintf(stderr, "\n");                                        \
+        }                                                                 \
+    } while (0)
+
+#if __has_feature(objc_arc)
+#define MRC_RELEASE(x) ((void)0)
+#else
+#define MRC_RELEASE(x) [(x) release]
+#endif
+
+/// Tags the test's queue: a handler finds it with dispatch_get_specific.
+static const char QUEUE_KEY = 0;
+static char QUEUE_TAG[] = "test-queue";
+
+/// Everything one request's handler saw. Written only on the serial queue,
+/// read by the main thread after `done` is signalled.
+@interface Recorder : NSObject {
+  @public
+    NSMutableString *text;
+    NSUInteger textEvents, tokenCount, finals, afterFinal, offQueue;
+    uint64_t requestID;
+    BOOL mixedIDs;
+    MLXRTEvent *last;
+    dispatch_semaphore_t done;
+    dispatch_semaphore_t firstText;
+    MLXRTRequestTask *cancelOnText;  // cancel from inside the handler
+    MLXRTEventHandler heldHandler;   // MRC: the heap copy handed out
+}
+- (MLXRTEventHandler)handler;
+- (BOOL)wait;
+@end
+
+@implementation Recorder
+- (instancetype)init {
+    if ((self = [super init])) {
+        text = [[NSMutableString alloc] init];
+        done = dispatch_semaphore_create(0);
+        firstText = dispatch_semaphore_create(0);
+    }
+    return self;
+}
+
+- (MLXRTEventHandler)handler {
+    Recorder *r = self;  // outlives the request: main waits on `done`
+    MLXRTEventHandler handler = ^(MLXRTEvent *ev) {
+        if (dispatch_get_specific(&QUEUE_KEY) != QUEUE_TAG) r->offQueue++;
+        if (r->finals) r->afterFinal++;
+        if (r->requestID == 0) r->requestID = ev.requestID;
+        if (ev.requestID != r->requestID) r->mixedIDs = YES;
+        if (ev.kind == MLXRTEventKindText) {
+            [r->text appendString:ev.text];
+            r->tokenCount += ev.tokenIDs.count;
+            if (r->textEvents++ == 0) dispatch_semaphore_signal(r->firstText);
+            if (r->cancelOnText) [r->cancelOnText cancel];
+            return;
+        }
+        r->finals++;
+#if !__has_feature(objc_arc)
+        [ev retain];
+        [r->last release];
+#endif
+        r->last = ev;
+        dispatch_semaphore_signal(r->done);
+    };
+#if __has_feature(objc_arc)
+    return handler;
+#else
+    // A block literal lives on the stack; hand out a heap copy (blocks are
+    // not objects on the GNU runtime, so no -autorelease).
+    if (!heldHandler) heldHandler = Block_copy(handler);
+    return heldHandler;
+#endif
+}
+
+- (BOOL)wait {
+    return dispatch_semaphore_wait(done, dispatch_time(DISPATCH_TIME_NOW, 600 * NSEC_PER_SEC)) == 0;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [text release];
+    [last release];
+    if (heldHandler) Block_release(heldHandler);
+    dispatch_release(done);
+    dispatch_release(firstText);
+    [super dealloc];
+}
+#endif
+@end
+
+static MLXRTRequestParameters *chat(NSString *question, NSUInteger maxTokens) {
+    MLXRTRequestParameters *p = [MLXRTRequestParameters parametersWithMessages:@[ [MLXRTMessage userMessage:question] ]];
+    p.maxTokens = maxTokens;
+    return p;
+}
+
+static void test_configuration(void) {
+    mlxrt_engine_config c;
+    mlxrt_engine_config_init(&c);
+    MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:@"/m.gguf"];
+    CHECK(cfg.maxRows == c.max_rows && cfg.maxInFlight == c.max_in_flight && cfg.kvBudget == c.kv_budget,
+          "engine defaults come from mlxrt_engine_config_init");
+    CHECK(cfg.device == MLXRTDeviceAutomatic && cfg.promptCacheDirectory == nil, "device/cache defaults");
+    MLXRTEngineConfiguration *copy = [cfg copy];
+    cfg.maxRows = 3;
+    cfg.modelPath = @"/other";
+    CHECK(copy.maxRows == c.max_rows && [copy.modelPath isEqualToString:@"/m.gguf"], "a copy is independent");
+    MRC_RELEASE(copy);
+    MRC_RELEASE(cfg);
+
+    mlxrt_request_params rp;
+    mlxrt_request_params_init(&rp);
+    MLXRTRequestParameters *p = [[MLXRTRequestParameters alloc] init];
+    CHECK(p.maxTokens == rp.max_tokens && p.repetitionPenalty == rp.repetition_penalty && p.usesPromptCache,
+          "request defaults come from mlxrt_request_params_init");
+    CHECK(p.messages == nil && p.seed == nil && p.stopStrings.count == 0, "no input by default");
+    MRC_RELEASE(p);
+    CHECK([MLXRTEngine.libraryVersion isEqualToString:@MLXRT_VERSION], "version %s",
+          MLXRTEngine.libraryVersion.UTF8String);
+}
+
+static void test_bad_model(void) {
+    MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:@"/nonexistent/model.gguf"];
+    NSError *error = nil;
+    MLXRTEngine *engine = [[MLXRTEngine alloc] initWithConfiguration:cfg error:&error];
+    CHECK(engine == nil, "no engine for a missing model");
+    CHECK([error.domain isEqualToString:MLXRTErrorDomain], "domain %s", error.domain.UTF8String);
+    CHECK(error.code == MLXRTErrorModelLoad, "code %ld", (long)error.code);
+    CHECK([error.localizedDescription rangeOfString:@"/nonexistent/model.gguf"].location != NSNotFound,
+          "message names the path: %s", error.localizedDescription.UTF8String);
+    CHECK([[MLXRTEngine alloc] initWithConfiguration:cfg error:NULL] == nil, "error:NULL is allowed");
+    MRC_RELEASE(cfg);
+}
+
+static void test_streaming(MLXRTEngine *engine, dispatch_queue_t queue) {
+    Recorder *r = [[Recorder alloc] init];
+    NSError *error = nil;
+    MLXRTRequestTask *task = [engine submitRequestWithParameters:chat(@"What is the capital of France?", 24)
+                                                           queue:queue
+                                                    eventHandler:[r handler]
+                                                           error:&error];
+    CHECK(task != nil && error == nil, "submit: %s", error.localizedDescription.UTF8String);
+    CHECK([r wait], "the request ends");
+    CHECK(r->offQueue == 0, "%lu events off the given queue", (unsigned long)r->offQueue);
+    CHECK(r->textEvents > 0 && r->finals == 1 && r->afterFinal == 0 && !r->mixedIDs, "event order");
+    CHECK(r->requestID == task.requestID, "request id");
+    CHECK([r->text rangeOfString:@"Paris"].location != NSNotFound, "answer: %s", r->text.UTF8String);
+    MLXRTEvent *last = r->last;
+    CHECK(last.kind == MLXRTEventKindDone && last.isFinal && last.error == nil, "done event");
+    CHECK(last.finishReason == MLXRTFinishReasonStop || last.finishReason == MLXRTFinishReasonLength, "reason");
+    // The end-of-sequence token is counted but not reported in a delta.
+    NSUInteger counted = last.usage.completionTokens;
+    CHECK((counted == r->tokenCount || counted == r->tokenCount + 1) && last.usage.promptTokens > 0,
+          "usage %lu vs %lu token ids", (unsigned long)counted, (unsigned long)r->tokenCount);
+    CHECK(last.usage.timeToFirstToken > 0 && last.stopIndex == NSNotFound, "timings, stop index");
+    [task cancel];  // after the end: harmless
+    MRC_RELEASE(r);
+}
+
+static void test_stop_and_seed(MLXRTEngine *engine, dispatch_queue_t queue) {
+    MLXRTRequestParameters *p = chat(@"Count from 1 to 20, separated by commas.", 48);
+    p.stopStrings = @[ @"zzz", @"5" ];
+    Recorder *r = [[Recorder alloc] init];
+    [engine submitRequestWithParameters:p queue:queue eventHandler:[r handler] error:NULL];
+    CHECK([r wait], "ends");
+    CHECK(r->last.finishReason == MLXRTFinishReasonStop && r->last.stopIndex == 1, "stop string 1: %ld",
+          (long)r->last.stopIndex);
+    CHECK([r->text rangeOfString:@"5"].location == NSNotFound, "stop text withheld: %s", r->text.UTF8String);
+    MRC_RELEASE(r);
+
+    // Sampling with a seed is reproducible; prompt tokens work as input.
+    NSString *texts[2];
+    for (int i = 0; i < 2; i++) {
+        MLXRTRequestParameters *q = [[MLXRTRequestParameters alloc] init];
+        q.promptTokens = @[ @1, @9690, @198, @19556, @314, @260, @3758, @30, @2, @198, @1, @520, @9531, @198 ];
+        q.temperature = 0.9f;
+        q.seed = @42;
+        q.maxTokens = 12;
+        Recorder *s = [[Recorder alloc] init];
+        [engine submitRequestWithParameters:q queue:queue eventHandler:[s handler] error:NULL];
+        CHECK([s wait] && s->last.kind == MLXRTEventKindDone, "seeded run %d", i);
+        texts[i] = [s->text copy];
+        MRC_RELEASE(s);
+        MRC_RELEASE(q);
+    }
+    CHECK([texts[0] isEqualToString:texts[1]] && texts[0].length > 0, "seeded runs differ: '%s' vs '%s'",
+          texts[0].UTF8String, texts[1].UTF8String);
+    MRC_RELEASE(texts[0]);
+    MRC_RELEASE(texts[1]);
+}
+
+static void test_cancel(MLXRTEngine *engine, dispatch_queue_t queue) {
+    MLXRTRequestParameters *p = chat(@"Tell me a very long story about a dragon.", 500);
+    p.optionsJSON = @"{\"ignore_eos\": true}";
+
+    // From the caller's thread, after the first text.
+    Recorder *r = [[Recorder alloc] init];
+    MLXRTRequestTask *task = [engine submitRequestWithParameters:p queue:queue eventHandler:[r handler] error:NULL];
+    dispatch_semaphore_wait(r->firstText, DISPATCH_TIME_FOREVER);
+    [task cancel];
+    [task cancel];  // idempotent
+    CHECK([r wait], "cancelled request ends");
+    CHECK(r->last.kind == MLXRTEventKindDone && r->last.finishReason == MLXRTFinishReasonCancelled,
+          "finish reason %ld", (long)r->last.finishReason);
+    CHECK(r->last.usage.completionTokens < 500 && r->afterFinal == 0, "stopped early, nothing after");
+    MRC_RELEASE(r);
+
+    // From inside the handler.
+    Recorder *h = [[Recorder alloc] init];
+    __block MLXRTRequestTask *inner = nil;
+    dispatch_semaphore_t submitted = dispatch_semaphore_create(0);
+    // The handler must see the task: submit from the queue itself so the
+    // first event cannot run before the task is stored.
+    dispatch_async(queue, ^{
+        @autoreleasepool {
+            inner = [engine submitRequestWithParameters:p queue:queue eventHandler:[h handler] error:NULL];
+#if !__has_feature(objc_arc)
+            [inner retain];
+#endif
+            h->cancelOnText = inner;
+        }
+        dispatch_semaphore_signal(submitted);
+    });
+    dispatch_semaphore_wait(submitted, DISPATCH_TIME_FOREVER);
+    CHECK([h wait], "ends");
+    CHECK(h->last.finishReason == MLXRTFinishReasonCancelled && h->textEvents < 100, "cancel from the handler");
+    MRC_RELEASE(inner);
+    MRC_RELEASE(h);
+    dispatch_release(submitted);
+}
+
+static MLXRTRequestParameters *no_input(void) {
+    MLXRTRequestParameters *p = [[MLXRTRequestParameters alloc] init];
+#if !__has_feature(objc_arc)
+    [p autorelease];
+#endif
+    return p;
+}
+
+static void test_submit_errors(MLXRTEngine *engine, dispatch_queue_t queue) {
+    __block int called = 0;
+    MLXRTEventHandler never = ^(MLXRTEvent *ev) {
+        (void)ev;
+        called++;
+    };
+    struct {
+        const char *what;
+        MLXRTErrorCode code;
+        MLXRTRequestParameters *p;
+    } cases[4];
+    cases[0].what = "bad options JSON";
+    cases[0].code = MLXRTErrorInvalidJSON;
+    cases[0].p = chat(@"x", 4);
+    cases[0].p.optionsJSON = @"{\"temperature\": ";
+    cases[1].what = "negative temperature";
+    cases[1].code = MLXRTErrorInvalidArgument;
+    cases[1].p = chat(@"x", 4);
+    cases[1].p.temperature = -1;
+    cases[2].what = "no input";
+    cases[2].code = MLXRTErrorInvalidArgument;
+    cases[2].p = no_input();
+    cases[3].what = "unknown option";
+    cases[3].code = MLXRTErrorInvalidArgument;
+    cases[3].p = chat(@"x", 4);
+    cases[3].p.optionsJSON = @"{\"temprature\": 1}";
+    for (int i = 0; i < 4; i++) {
+        NSError *error = nil;
+        MLXRTRequestTask *t = [engine submitRequestWithParameters:cases[i].p queue:queue eventHandler:never error:&error];
+        CHECK(t == nil, "%s: no task", cases[i].what);
+        CHECK([error.domain isEqualToString:MLXRTErrorDomain] && error.code == cases[i].code, "%s: %s %ld (%s)",
+              cases[i].what, error.domain.UTF8String, (long)error.code, error.localizedDescription.UTF8String);
+    }
+    CHECK([engine submitRequestWithParameters:cases[0].p queue:queue eventHandler:never error:NULL] == nil,
+          "error:NULL is allowed");
+    // Give any stray event time to arrive: there must be none.
+    dispatch_semaphore_t s = dispatch_semaphore_create(0);
+    dispatch_semaphore_wait(s, dispatch_time(DISPATCH_TIME_NOW, 200 * NSEC_PER_MSEC));
+    dispatch_release(s);
+    CHECK(called == 0, "a failed submit calls nothing");
+}
+
+static void test_concurrent(MLXRTEngine *engine, dispatch_queue_t queue) {
+    enum { N = 3 };
+    Recorder *rs[N];
+    NSString *qs[N] = {@"Name a color.", @"What is 2+2?", @"Say hello."};
+    for (int i = 0; i < N; i++) {
+        rs[i] = [[Recorder alloc] init];
+        [engine submitRequestWithParameters:chat(qs[i], 16) queue:queue eventHandler:[rs[i] handler] error:NULL];
+    }
+    for (int i = 0; i < N; i++) {
+        CHECK([rs[i] wait] && rs[i]->last.kind == MLXRTEventKindDone && !rs[i]->mixedIDs && rs[i]->textEvents > 0,
+              "concurrent request %d", i);
+        MRC_RELEASE(rs[i]);
+    }
+}
+
+/// Releasing the engine with a request in flight ends it (CANCELLED).
+static void test_engine_teardown(NSString *model, dispatch_queue_t queue) {
+    MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:model];
+    MLXRTEngine *engine = [[MLXRTEngine alloc] initWithConfiguration:cfg error:NULL];
+    MRC_RELEASE(cfg);
+    CHECK(engine != nil, "second engine");
+    MLXRTRequestParameters *p = chat(@"Tell me a long story.", 500);
+    p.optionsJSON = @"{\"ignore_eos\": true}";
+    Recorder *r = [[Recorder alloc] init];
+    MLXRTRequestTask *task = [engine submitRequestWithParameters:p queue:queue eventHandler:[r handler] error:NULL];
+#if !__has_feature(objc_arc)
+    [task retain];  // the task outlives the engine
+#endif
+    dispatch_semaphore_wait(r->firstText, DISPATCH_TIME_FOREVER);
+#if __has_feature(objc_arc)
+    engine = nil;
+#else
+    [engine release];
+#endif
+    CHECK([r wait] && r->last.finishReason == MLXRTFinishReasonCancelled, "teardown cancels");
+    [task cancel];  // harmless after the engine is gone
+    MRC_RELEASE(task);
+    MRC_RELEASE(r);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return 2;
+    @autoreleasepool {
+        NSString *model = [NSString stringWithUTF8String:argv[1]];
+        dispatch_queue_t queue = dispatch_queue_create("mlxrt.test", DISPATCH_QUEUE_SERIAL);
+        dispatch_queue_set_specific(queue, &QUEUE_KEY, QUEUE_TAG, NULL);
+
+        test_configuration();
+        test_bad_model();
+        MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:model];
+        cfg.maxRows = 4;
+        NSError *error = nil;
+        MLXRTEngine *engine = [[MLXRTEngine alloc] initWithConfiguration:cfg error:&error];
+        MRC_RELEASE(cfg);
+        CHECK(engine != nil, "engine: %s", error.localizedDescription.UTF8String);
+        if (engine) {
+            test_streaming(engine, queue);
+            test_stop_and_seed(engine, queue);
+            test_cancel(engine, queue);
+            test_submit_errors(engine, queue);
+            test_concurrent(engine, queue);
+            MRC_RELEASE(engine);
+        }
+        test_engine_teardown(model, queue);
+        dispatch_release(queue);
+    }
+    if (failures) {
+        fprintf(stderr, "%d Objective-C checks failed\n", failures);
+        return 1;
+    }
+    fprintf(stderr, "all Objective-C checks passed\n");
+    return 0;
+}
