@@ -5,13 +5,7 @@
 mod common;
 
 use common::*;
-use std::path::PathBuf;
 use std::process::Command;
-
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
 
 fn build_and_run(name: &str, extra: &[&str], env: &[(&str, &str)]) {
     let root = repo_root();

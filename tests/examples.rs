@@ -7,12 +7,6 @@ use common::*;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// target/<profile>, where cargo put libmlxrt for this test run.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
-
 /// Compiles `examples/<file>` into target/<profile>/example-<stem>.
 fn build(file: &str, compiler: &str, std: &str) -> PathBuf {
     let root = repo_root();

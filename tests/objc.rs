@@ -13,11 +13,6 @@ use common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
-
 /// `gnustep-config ARG`, split into arguments.
 fn gnustep_config(arg: &str) -> Vec<String> {
     let out = Command::new("gnustep-config")

@@ -2,14 +2,10 @@
 //! bind to (or clash with) cxx's runtime, the C++ shim or Rust's std.
 //! build.rs (`limit_exports`) arranges it; this checks the built library.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
 
-/// target/<profile>, where cargo put libmlxrt for this test run.
-fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    exe.parent().and_then(|d| d.parent()).unwrap().to_path_buf()
-}
+use common::lib_dir;
+use std::process::Command;
 
 #[test]
 #[cfg(target_os = "linux")]
