@@ -4,6 +4,8 @@
 #   scripts/bench.sh single_stream [--rounds N]   -> single_stream.json
 #   scripts/bench.sh batching [options]           -> batching.json
 #   scripts/bench.sh cpu_kernels [--reps N]       -> cpu_kernels.json
+#   scripts/bench.sh prompt_cache [options]       -> prompt_cache.json
+#   scripts/bench.sh families [options]           -> families.json
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -25,5 +27,14 @@ case "$which" in
   cpu_kernels)
     cargo bench --bench cpu_kernels -- "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels)" >&2; exit 2 ;;
+  prompt_cache)
+    cargo build --release --quiet --example mlxrt_prompt_cache
+    "$VENV/bin/python" bench/prompt_cache.py --model "$MLXRT_MODEL" \
+      --mlxrt-cmd "target/release/examples/mlxrt_prompt_cache {model} {scenario}" "$@"
+    ;;
+  families)
+    cargo build --release --quiet --example mlxrt_single_stream
+    "$VENV/bin/python" bench/families.py --gguf "$MLXRT_MODEL" "$@"
+    ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families)" >&2; exit 2 ;;
 esac
