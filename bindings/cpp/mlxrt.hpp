@@ -444,9 +444,64 @@ class Engine {
     uint32_t flags = also_disk ? MLXRT_CLEAR_DISK : 0;
     detail::call([&](mlxrt_error **e) { return mlxrt_engine_clear_prompt_cache(e_, flags, e); });
   }
+  /// The model's facts. Its strings and id arrays stay valid while the
+  /// engine lives.
+  mlxrt_engine_info info() const {
+    mlxrt_engine_info out{};
+    out.struct_size = sizeof out;
+    detail::call([&](mlxrt_error **e) { return mlxrt_engine_get_info(e_, &out, e); });
+    return out;
+  }
+
+  /// The token ids of UTF-8 `text` (no BOS added); with `parse_special`,
+  /// special-token text such as `<|im_start|>` becomes its id.
+  std::vector<uint32_t> tokenize(const std::string &text, bool parse_special = false) const {
+    mlxrt_tokens *t = nullptr;
+    detail::call([&](mlxrt_error **e) { return mlxrt_tokenize(e_, text.c_str(), parse_special, &t, e); });
+    return take_tokens(t);
+  }
+
+  /// UTF-8 text of `ids` (invalid bytes become U+FFFD); with
+  /// `skip_special`, special tokens produce no text.
+  std::string detokenize(const std::vector<uint32_t> &ids, bool skip_special = false) const {
+    char *text = nullptr;
+    detail::call([&](mlxrt_error **e) { return mlxrt_detokenize(e_, ids.data(), ids.size(), skip_special, &text, e); });
+    return take_string(text);
+  }
+
+  /// The prompt a request with these messages (and options' tools and
+  /// chat_template_kwargs) would process: text and token ids.
+  struct Rendered {
+    std::string text;
+    std::vector<uint32_t> tokens;
+  };
+  Rendered render_chat(const RequestParams &params) const {
+    char *text = nullptr;
+    mlxrt_tokens *t = nullptr;
+    params.with_c_params([&](const mlxrt_request_params &c) {
+      detail::call([&](mlxrt_error **e) { return mlxrt_render_chat(e_, c.messages_json, c.options_json, &text, &t, e); });
+    });
+    Rendered r;
+    r.text = take_string(text);
+    r.tokens = take_tokens(t);
+    return r;
+  }
+
   mlxrt_engine *get() const { return e_; }
 
  private:
+  static std::vector<uint32_t> take_tokens(mlxrt_tokens *t) {
+    const uint32_t *d = mlxrt_tokens_data(t);
+    std::vector<uint32_t> out(d, d + mlxrt_tokens_len(t));
+    mlxrt_tokens_free(t);
+    return out;
+  }
+  static std::string take_string(char *s) {
+    std::string out = s ? s : "";
+    mlxrt_string_free(s);
+    return out;
+  }
+
   // Called by the engine's delivery thread; noexcept: see the file comment.
   static void trampoline(void *user_data, const mlxrt_event *event) noexcept {
     auto &handler = *static_cast<EventHandler *>(user_data);

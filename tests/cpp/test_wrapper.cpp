@@ -193,6 +193,22 @@ int main(int argc, char **argv) {
   engine.flush_prompt_cache();
   engine.clear_prompt_cache(true);
 
+  {  // model facts, tokenizer and chat template
+    mlxrt_engine_info info = engine.info();
+    CHECK(std::string(info.architecture) == "llama" && info.vocab_size > 1000 && info.n_eos_token_ids >= 1);
+    std::vector<uint32_t> ids = engine.tokenize("Hello world");
+    CHECK(ids.size() >= 2 && engine.detokenize(ids) == "Hello world");
+    CHECK(engine.tokenize("<|im_start|>", true).size() == 1);
+    CHECK(engine.tokenize("<|im_start|>").size() > 1);
+    CHECK(engine.detokenize({}).empty());
+    mlxrt::Engine::Rendered r = engine.render_chat(mlxrt::RequestParams().user("Hi!"));
+    CHECK(r.text.find("Hi!") != std::string::npos && r.tokens.size() > 3);
+    CHECK(engine.detokenize(r.tokens) == r.text);
+    CHECK(status_of([&] { engine.render_chat(mlxrt::RequestParams().messages_json("[")); }) ==
+          MLXRT_STATUS_INVALID_JSON);
+    CHECK(status_of([&] { engine.tokenize("\xff"); }) == MLXRT_STATUS_INVALID_UTF8);
+  }
+
   {  // the engine moves; destroying it with a request in flight ends it
     Log log;
     mlxrt::Engine other{mlxrt::EngineConfig(argv[1])};
