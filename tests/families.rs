@@ -83,36 +83,6 @@ fn oracle(family: &str, variant: &str) -> (PathBuf, PathBuf) {
     (folder, reference)
 }
 
-struct Case {
-    name: String,
-    prompt: Vec<u32>,
-    tokens: Vec<u32>,
-    logit_steps: Vec<usize>,
-    logits: Vec<Vec<f32>>,
-}
-
-fn cases(reference: &Path) -> Vec<Case> {
-    let mut f = TensorFile::load_safetensors(reference.to_str().unwrap()).unwrap();
-    let mut names: Vec<String> =
-        f.names().unwrap().iter().filter_map(|n| n.strip_suffix(".prompt_ids").map(str::to_owned)).collect();
-    names.sort();
-    names
-        .into_iter()
-        .map(|name| {
-            let ids = |f: &mut TensorFile, k: &str| -> Vec<u32> {
-                f.take(&format!("{name}.{k}")).unwrap().to_vec_i32().unwrap().iter().map(|&x| x as u32).collect()
-            };
-            let prompt = ids(&mut f, "prompt_ids");
-            let tokens = ids(&mut f, "tokens");
-            let logit_steps = ids(&mut f, "logit_steps").iter().map(|&s| s as usize).collect();
-            let l = f.take(&format!("{name}.logits")).unwrap();
-            let vocab = l.dim(-1) as usize;
-            let logits = l.to_vec_f32().unwrap().chunks(vocab).map(<[f32]>::to_vec).collect();
-            Case { name, prompt, tokens, logit_steps, logits }
-        })
-        .collect()
-}
-
 /// Greedy decoding through the model API, prefilling as the engine does (all
 /// but the last token in chunks of `chunk`, then the last one alone).
 fn greedy(m: &LoadedModel, prompt: &[u32], chunk: usize, keep: &[usize]) -> (Vec<u32>, Vec<Vec<f32>>) {
@@ -206,7 +176,7 @@ fn family(name: &str, chunks: &[Option<usize>]) {
     for variant in ["f32", "q4"] {
         let label = format!("{name}-{variant}");
         let (folder, reference) = oracle(name, variant);
-        let cases = cases(&reference);
+        let cases = reference_cases(&reference);
         assert!(cases.len() >= 4);
         check_model(&label, &folder, &cases, 2048);
         check_engine(&label, &folder, &cases, chunks);
@@ -218,7 +188,7 @@ fn family(name: &str, chunks: &[Option<usize>]) {
 fn family_bf16(name: &str) {
     let label = format!("{name}-bf16");
     let (folder, reference) = oracle(name, "bf16");
-    let cases = cases(&reference);
+    let cases = reference_cases(&reference);
     check_model_tol(&label, &folder, &cases, 2048, BF16_TOL);
     check_engine(&label, &folder, &cases, &[None]);
 }
@@ -262,7 +232,7 @@ fn qwen3_5_hybrid() {
     family("qwen3_5", &[Some(16), Some(64), Some(2048)]);
     // The model API with small chunks too (the recurrent state carried across).
     let (folder, reference) = oracle("qwen3_5", "f32");
-    check_model("qwen3_5 chunk 16", &folder, &cases(&reference), 16);
+    check_model("qwen3_5 chunk 16", &folder, &reference_cases(&reference), 16);
     family_bf16("qwen3_5");
 }
 

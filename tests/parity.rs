@@ -6,7 +6,6 @@ mod common;
 
 use common::*;
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
-use mlxrt::mlx::io::TensorFile;
 use mlxrt::mlx::{self, Array};
 use mlxrt::model::{load, Kernels, LoadOptions, LoadedModel, Output};
 use std::path::{Path, PathBuf};
@@ -59,41 +58,11 @@ fn oracle() -> &'static Oracle {
     })
 }
 
-struct Case {
-    name: String,
-    prompt: Vec<u32>,
-    tokens: Vec<u32>,
-    logit_steps: Vec<usize>,
-    /// `[n_logit_steps][vocab]`
-    logits: Vec<Vec<f32>>,
-}
-
+/// The parity prompts' mlx-lm references (at least 5).
 fn cases(reference: &Path) -> Vec<Case> {
-    let mut f = TensorFile::load_safetensors(reference.to_str().unwrap()).unwrap();
-    let mut names: Vec<String> = f
-        .names()
-        .unwrap()
-        .iter()
-        .filter_map(|n| n.strip_suffix(".prompt_ids").map(str::to_owned))
-        .collect();
-    names.sort();
-    assert!(names.len() >= 5, "need at least 5 parity prompts, got {names:?}");
-    names
-        .into_iter()
-        .map(|name| {
-            let ids = |f: &mut TensorFile, k: &str| -> Vec<u32> {
-                f.take(&format!("{name}.{k}")).unwrap().to_vec_i32().unwrap().iter().map(|&x| x as u32).collect()
-            };
-            let prompt = ids(&mut f, "prompt_ids");
-            let tokens = ids(&mut f, "tokens");
-            let logit_steps = ids(&mut f, "logit_steps").iter().map(|&s| s as usize).collect::<Vec<_>>();
-            let l = f.take(&format!("{name}.logits")).unwrap();
-            let vocab = l.dim(-1) as usize;
-            let flat = l.to_vec_f32().unwrap();
-            let logits = flat.chunks(vocab).map(<[f32]>::to_vec).collect();
-            Case { name, prompt, tokens, logit_steps, logits }
-        })
-        .collect()
+    let cases = reference_cases(reference);
+    assert!(cases.len() >= 5, "need at least 5 parity prompts, got {}", cases.len());
+    cases
 }
 
 /// Greedy decoding with the model API, the way the engine prefills (all but

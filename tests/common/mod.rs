@@ -2,7 +2,8 @@
 #![allow(dead_code)]
 
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
-use std::path::PathBuf;
+use mlxrt::mlx::io::TensorFile;
+use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -97,6 +98,40 @@ pub fn tokens_of(events: &[Event]) -> Vec<u32> {
         .flat_map(|e| match e {
             Event::Delta { tokens, .. } => tokens.clone(),
             _ => vec![],
+        })
+        .collect()
+}
+
+/// One prompt of an mlx-lm reference file (tests/oracle/*reference*.py):
+/// its ids, mlx-lm's greedy tokens and last-position logits at `logit_steps`.
+pub struct Case {
+    pub name: String,
+    pub prompt: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub logit_steps: Vec<usize>,
+    /// `[n_logit_steps][vocab]`
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// Every case of a reference file, sorted by name.
+pub fn reference_cases(reference: &Path) -> Vec<Case> {
+    let mut f = TensorFile::load_safetensors(reference.to_str().unwrap()).unwrap();
+    let mut names: Vec<String> =
+        f.names().unwrap().iter().filter_map(|n| n.strip_suffix(".prompt_ids").map(str::to_owned)).collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let ids = |f: &mut TensorFile, k: &str| -> Vec<u32> {
+                f.take(&format!("{name}.{k}")).unwrap().to_vec_i32().unwrap().iter().map(|&x| x as u32).collect()
+            };
+            let prompt = ids(&mut f, "prompt_ids");
+            let tokens = ids(&mut f, "tokens");
+            let logit_steps = ids(&mut f, "logit_steps").iter().map(|&s| s as usize).collect();
+            let l = f.take(&format!("{name}.logits")).unwrap();
+            let vocab = l.dim(-1) as usize;
+            let logits = l.to_vec_f32().unwrap().chunks(vocab).map(<[f32]>::to_vec).collect();
+            Case { name, prompt, tokens, logit_steps, logits }
         })
         .collect()
 }
