@@ -195,14 +195,15 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         info.architecture,
         info.num_layers,
     );
+    let caches = m.model.new_cache(1);
     let setup = CacheSetup {
         memory_bytes: config.prompt_cache_bytes,
         dir: config.prompt_cache_dir.clone(),
         dir_bytes: config.prompt_cache_dir_bytes,
         min_tokens: config.prompt_cache_min_tokens,
         compat,
-        layers: m.model.new_cache(1).len(),
-        trimmable: m.model.new_cache(1).iter().all(crate::cache::LayerCache::trimmable),
+        layers: caches.len(),
+        trimmable: caches.iter().all(crate::cache::LayerCache::trimmable),
     };
     PromptCache::new(setup, config.logger.clone(), commands).map(Some)
 }
