@@ -2,6 +2,7 @@
 
 use super::args::{opt_str, req_str, versioned};
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
+use super::out::{free_box, put, put_box, required};
 use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger};
 use crate::error::Error;
 use std::ffi::{c_char, c_void};
@@ -131,12 +132,7 @@ fn default_config() -> mlxrt_engine_config {
 /// Fills `config` with defaults (and its `struct_size`). NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn mlxrt_engine_config_init(config: *mut mlxrt_engine_config) {
-    guard_value((), || {
-        if !config.is_null() {
-            // SAFETY: the caller passes a writable `mlxrt_engine_config`.
-            unsafe { config.write(default_config()) };
-        }
-    })
+    guard_value((), || put(config, default_config()))
 }
 
 /// A host pointer passed back to host callbacks from engine threads, which
@@ -188,11 +184,7 @@ pub extern "C" fn mlxrt_engine_create(
     error: *mut *mut mlxrt_error,
 ) -> mlxrt_status {
     guard(error, || {
-        if out_engine.is_null() {
-            return Err(Error::invalid("out_engine is NULL"));
-        }
-        // SAFETY: checked non-NULL; the caller passes a writable pointer.
-        unsafe { *out_engine = std::ptr::null_mut() };
+        required(out_engine, "out_engine")?;
         let c = versioned(config, default_config(), CONFIG_V1_SIZE, "config")?;
         let path = req_str(c.model_path, "config.model_path")?;
         let device = match c.device {
@@ -230,9 +222,7 @@ pub extern "C" fn mlxrt_engine_create(
         cfg.step_token_budget = c.step_token_budget as usize;
         let engine = Engine::new(cfg)?;
         let info = super::info::InfoStore::new(&engine);
-        let handle = Box::into_raw(Box::new(mlxrt_engine { engine, info }));
-        // SAFETY: checked non-NULL above.
-        unsafe { *out_engine = handle };
+        put_box(out_engine, mlxrt_engine { engine, info });
         Ok(())
     })
 }
@@ -244,12 +234,7 @@ pub extern "C" fn mlxrt_engine_create(
 /// no-op.
 #[no_mangle]
 pub extern "C" fn mlxrt_engine_destroy(engine: *mut mlxrt_engine) {
-    guard_value((), || {
-        if !engine.is_null() {
-            // SAFETY: the pointer came from `mlxrt_engine_create`; destroyed once.
-            drop(unsafe { Box::from_raw(engine) });
-        }
-    })
+    guard_value((), || free_box(engine))
 }
 
 /// Engine counters, filled by `mlxrt_engine_get_stats`. Set `struct_size`

@@ -1,5 +1,6 @@
 //! Status codes, error objects and the panic boundary every entry point uses.
 
+use super::out::{clear, free_box, put_box};
 use crate::error::{Error, ErrorKind};
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -69,18 +70,9 @@ pub(crate) fn c_string(s: &str) -> CString {
     CString::new(s.replace('\0', "\u{FFFD}")).expect("no interior NUL left")
 }
 
-impl mlxrt_error {
-    pub(crate) fn boxed(e: &Error) -> *mut mlxrt_error {
-        Box::into_raw(Box::new(mlxrt_error { status: e.kind.into(), message: c_string(&e.message) }))
-    }
-}
-
 /// Stores `e` in `*out` when `out` is not NULL; returns its status.
 pub(crate) fn fail(out: *mut *mut mlxrt_error, e: &Error) -> mlxrt_status {
-    if !out.is_null() {
-        // SAFETY: the caller passes NULL or a valid `mlxrt_error **`.
-        unsafe { *out = mlxrt_error::boxed(e) };
-    }
+    put_box(out, mlxrt_error { status: e.kind.into(), message: c_string(&e.message) });
     e.kind.into()
 }
 
@@ -88,10 +80,7 @@ pub(crate) fn fail(out: *mut *mut mlxrt_error, e: &Error) -> mlxrt_status {
 /// error object, and turns a panic into `Internal` instead of unwinding
 /// into C.
 pub(crate) fn guard(err: *mut *mut mlxrt_error, f: impl FnOnce() -> crate::Result<()>) -> mlxrt_status {
-    if !err.is_null() {
-        // SAFETY: the caller passes NULL or a valid `mlxrt_error **`.
-        unsafe { *err = std::ptr::null_mut() };
-    }
+    clear(err);
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => mlxrt_status::Ok,
         Ok(Err(e)) => fail(err, &e),
@@ -134,12 +123,7 @@ pub extern "C" fn mlxrt_error_message(error: *const mlxrt_error) -> *const c_cha
 /// Frees an error. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn mlxrt_error_free(error: *mut mlxrt_error) {
-    guard_value((), || {
-        if !error.is_null() {
-            // SAFETY: the pointer came from `mlxrt_error::boxed` and is freed once.
-            drop(unsafe { Box::from_raw(error) });
-        }
-    })
+    guard_value((), || free_box(error))
 }
 
 /// A static, human-readable name for a status ("ok", "invalid argument", ...).

@@ -4,6 +4,7 @@
 use super::args::{opt_str, reference, req_str, slice, write_versioned};
 use super::engine::mlxrt_engine;
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
+use super::out::{clear, free_box, free_string, put_box, put_string, required};
 use crate::engine::{Input, RequestOptions};
 use crate::error::{Error, ErrorKind};
 use std::ffi::{c_char, CString};
@@ -136,45 +137,14 @@ pub extern "C" fn mlxrt_tokens_len(tokens: *const mlxrt_tokens) -> usize {
 /// Frees token ids. NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn mlxrt_tokens_free(tokens: *mut mlxrt_tokens) {
-    guard_value((), || {
-        if !tokens.is_null() {
-            // SAFETY: the pointer came from this library and is freed once.
-            drop(unsafe { Box::from_raw(tokens) });
-        }
-    })
+    guard_value((), || free_box(tokens))
 }
 
 /// Frees a string returned by the library (never with `free()`). NULL is a
 /// no-op.
 #[no_mangle]
 pub extern "C" fn mlxrt_string_free(s: *mut c_char) {
-    guard_value((), || {
-        if !s.is_null() {
-            // SAFETY: the pointer came from `CString::into_raw` here; freed once.
-            drop(unsafe { CString::from_raw(s) });
-        }
-    })
-}
-
-fn set_tokens(out: *mut *mut mlxrt_tokens, ids: Vec<u32>) {
-    if !out.is_null() {
-        // SAFETY: the caller passes NULL or a writable pointer.
-        unsafe { *out = Box::into_raw(Box::new(mlxrt_tokens { ids })) };
-    }
-}
-
-fn out_string(out: *mut *mut c_char, s: &str) {
-    if !out.is_null() {
-        // SAFETY: the caller passes NULL or a writable pointer.
-        unsafe { *out = c_string(s).into_raw() };
-    }
-}
-
-fn clear<T>(out: *mut *mut T) {
-    if !out.is_null() {
-        // SAFETY: the caller passes NULL or a writable pointer.
-        unsafe { *out = std::ptr::null_mut() };
-    }
+    guard_value((), || free_string(s))
 }
 
 /// Tokenizes UTF-8 `text` with the model's tokenizer. With `parse_special`
@@ -188,14 +158,11 @@ pub extern "C" fn mlxrt_tokenize(
     out_tokens: *mut *mut mlxrt_tokens,
     error: *mut *mut mlxrt_error,
 ) -> mlxrt_status {
-    clear(out_tokens);
     guard(error, || {
+        required(out_tokens, "out_tokens")?;
         let e = &reference(engine, "engine")?.engine;
         let text = req_str(text, "text")?;
-        if out_tokens.is_null() {
-            return Err(Error::invalid("out_tokens is NULL"));
-        }
-        set_tokens(out_tokens, e.text().tokenizer.encode(text, parse_special != 0)?);
+        put_box(out_tokens, mlxrt_tokens { ids: e.text().tokenizer.encode(text, parse_special != 0)? });
         Ok(())
     })
 }
@@ -212,14 +179,11 @@ pub extern "C" fn mlxrt_detokenize(
     out_text: *mut *mut c_char,
     error: *mut *mut mlxrt_error,
 ) -> mlxrt_status {
-    clear(out_text);
     guard(error, || {
+        required(out_text, "out_text")?;
         let e = &reference(engine, "engine")?.engine;
         let ids = slice(ids, n_ids, "ids")?;
-        if out_text.is_null() {
-            return Err(Error::invalid("out_text is NULL"));
-        }
-        out_string(out_text, &e.text().tokenizer.decode(ids, skip_special != 0)?);
+        put_string(out_text, &e.text().tokenizer.decode(ids, skip_special != 0)?);
         Ok(())
     })
 }
@@ -239,9 +203,9 @@ pub extern "C" fn mlxrt_render_chat(
     out_tokens: *mut *mut mlxrt_tokens,
     error: *mut *mut mlxrt_error,
 ) -> mlxrt_status {
-    clear(out_text);
-    clear(out_tokens);
     guard(error, || {
+        clear(out_text);
+        clear(out_tokens);
         let e = &reference(engine, "engine")?.engine;
         let messages: serde_json::Value = serde_json::from_str(req_str(messages_json, "messages_json")?)
             .map_err(|err| Error::new(ErrorKind::InvalidJson, format!("messages_json: {err}")))?;
@@ -261,9 +225,9 @@ pub extern "C" fn mlxrt_render_chat(
         let template = e.text().template.as_ref().ok_or_else(|| Error::invalid("the model has no chat template"))?;
         let text = template.render(&messages, o.tools.as_ref(), add_generation_prompt, o.template_kwargs.as_ref())?;
         if !out_tokens.is_null() {
-            set_tokens(out_tokens, e.text().tokenizer.encode(&text, true)?);
+            put_box(out_tokens, mlxrt_tokens { ids: e.text().tokenizer.encode(&text, true)? });
         }
-        out_string(out_text, &text);
+        put_string(out_text, &text);
         Ok(())
     })
 }

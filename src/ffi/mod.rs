@@ -8,6 +8,7 @@ pub mod engine;
 pub mod error;
 pub mod event;
 pub mod info;
+mod out;
 pub mod request;
 pub mod stream;
 

@@ -4,6 +4,7 @@ use super::args::{opt_str, reference, req_str, slice, versioned};
 use super::engine::mlxrt_engine;
 use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
 use super::event::{mlxrt_event_fn, mlxrt_free_fn, CallbackSink};
+use super::out::{clear, free_box, put, put_box};
 use crate::engine::{Input, RequestHandle, RequestOptions};
 use crate::error::{Error, ErrorKind};
 use crate::sample::SamplingParams;
@@ -114,12 +115,7 @@ pub(crate) fn default_params() -> mlxrt_request_params {
 /// Fills `params` with defaults (and its `struct_size`). NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn mlxrt_request_params_init(params: *mut mlxrt_request_params) {
-    guard_value((), || {
-        if !params.is_null() {
-            // SAFETY: the caller passes a writable `mlxrt_request_params`.
-            unsafe { params.write(default_params()) };
-        }
-    })
+    guard_value((), || put(params, default_params()))
 }
 
 pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOptions> {
@@ -196,10 +192,7 @@ pub extern "C" fn mlxrt_request_submit(
     error: *mut *mut mlxrt_error,
 ) -> mlxrt_status {
     guard(error, || {
-        if !out_request.is_null() {
-            // SAFETY: the caller passes NULL or a writable pointer.
-            unsafe { *out_request = std::ptr::null_mut() };
-        }
+        clear(out_request);
         let engine = &reference(engine, "engine")?.engine;
         let callback = callback.ok_or_else(|| Error::invalid("callback is NULL"))?;
         let p = versioned(params, default_params(), PARAMS_V1_SIZE, "params")?;
@@ -207,10 +200,7 @@ pub extern "C" fn mlxrt_request_submit(
         let handle = engine.enqueue_with(prepared, |request_id| {
             Box::new(CallbackSink { callback, user_data, free: user_data_free, request_id })
         });
-        if !out_request.is_null() {
-            // SAFETY: checked non-NULL above.
-            unsafe { *out_request = Box::into_raw(Box::new(mlxrt_request { handle })) };
-        }
+        put_box(out_request, mlxrt_request { handle });
         Ok(())
     })
 }
@@ -236,10 +226,5 @@ pub extern "C" fn mlxrt_request_id(request: *const mlxrt_request) -> u64 {
 /// Frees a request handle (does not cancel the request). NULL is a no-op.
 #[no_mangle]
 pub extern "C" fn mlxrt_request_free(request: *mut mlxrt_request) {
-    guard_value((), || {
-        if !request.is_null() {
-            // SAFETY: the pointer came from `mlxrt_request_submit`; freed once.
-            drop(unsafe { Box::from_raw(request) });
-        }
-    })
+    guard_value((), || free_box(request))
 }

@@ -6,6 +6,7 @@ use super::args::{reference, versioned};
 use super::engine::mlxrt_engine;
 use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
 use super::event::{mlxrt_event, OwnedEvent};
+use super::out::{put, put_box, required, take_box};
 use super::request::{default_params, options_from, mlxrt_request_params, PARAMS_V1_SIZE};
 use crate::engine::{Event, RequestHandle};
 use crate::error::{Error, ErrorKind};
@@ -40,11 +41,7 @@ pub extern "C" fn mlxrt_request_submit_stream(
     error: *mut *mut mlxrt_error,
 ) -> mlxrt_status {
     guard(error, || {
-        if out_stream.is_null() {
-            return Err(Error::invalid("out_stream is NULL"));
-        }
-        // SAFETY: checked non-NULL; the caller passes a writable pointer.
-        unsafe { *out_stream = std::ptr::null_mut() };
+        required(out_stream, "out_stream")?;
         let engine = &reference(engine, "engine")?.engine;
         let p = versioned(params, default_params(), PARAMS_V1_SIZE, "params")?;
         let prepared = engine.prepare(options_from(&p)?)?;
@@ -53,8 +50,7 @@ pub extern "C" fn mlxrt_request_submit_stream(
             let _ = tx.send(e.clone());
         }));
         let stream = mlxrt_stream { inner: Mutex::new(StreamState { rx, current: None, ended: false }), handle };
-        // SAFETY: checked non-NULL above.
-        unsafe { *out_stream = Box::into_raw(Box::new(stream)) };
+        put_box(out_stream, stream);
         Ok(())
     })
 }
@@ -74,11 +70,7 @@ pub extern "C" fn mlxrt_stream_next(
 ) -> mlxrt_status {
     let mut status = mlxrt_status::Ok;
     let s = guard(error, || {
-        if out_event.is_null() {
-            return Err(Error::invalid("out_event is NULL"));
-        }
-        // SAFETY: checked non-NULL; the caller passes a writable pointer.
-        unsafe { *out_event = std::ptr::null() };
+        required(out_event, "out_event")?;
         let stream = reference(stream as *const mlxrt_stream, "stream")?;
         let mut st = stream.inner.lock().map_err(|_| Error::internal("stream lock poisoned"))?;
         st.current = None;
@@ -95,9 +87,8 @@ pub extern "C" fn mlxrt_stream_next(
             Ok(ev) => {
                 st.ended = ev.is_terminal();
                 st.current = Some(OwnedEvent::new(&ev, stream.handle.id()));
-                // SAFETY: checked non-NULL above; the event lives in the stream
-                // until the next call or the free.
-                unsafe { *out_event = &st.current.as_ref().expect("just set").event };
+                // The event lives in the stream until the next call or the free.
+                put(out_event, &st.current.as_ref().expect("just set").event as *const mlxrt_event);
             }
             Err(RecvTimeoutError::Timeout) => status = mlxrt_status::Timeout,
             Err(RecvTimeoutError::Disconnected) => {
@@ -134,9 +125,7 @@ pub extern "C" fn mlxrt_stream_request_id(stream: *const mlxrt_stream) -> u64 {
 #[no_mangle]
 pub extern "C" fn mlxrt_stream_free(stream: *mut mlxrt_stream) {
     guard_value((), || {
-        if !stream.is_null() {
-            // SAFETY: the pointer came from `mlxrt_request_submit_stream`; freed once.
-            let s = unsafe { Box::from_raw(stream) };
+        if let Some(s) = take_box(stream) {
             let ended = s.inner.lock().map(|st| st.ended).unwrap_or(true);
             if !ended {
                 s.handle.cancel();
