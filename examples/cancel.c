@@ -35,7 +35,7 @@ static void on_event(void *user_data, const mlxrt_event *ev) {
   pthread_mutex_lock(&s->mu);
   if (ev->kind == MLXRT_EVENT_KIND_DELTA) {
     s->deltas++;
-  } else {
+  } else if (ev->kind != MLXRT_EVENT_KIND_TOOL_CALL) { /* DONE or ERROR, the last event */
     if (ev->kind == MLXRT_EVENT_KIND_ERROR) fprintf(stderr, "\nerror: %s\n", ev->error_message);
     s->ended = 1;
     s->finish_reason = ev->finish_reason;

@@ -29,6 +29,7 @@ static void on_event(void *user_data, const mlxrt_event *ev) {
     fflush(stdout);
     return;
   }
+  if (ev->kind == MLXRT_EVENT_KIND_TOOL_CALL) return; /* not terminal; none without tools */
   if (ev->kind == MLXRT_EVENT_KIND_DONE) {
     const mlxrt_usage *u = &ev->usage;
     fprintf(stderr,

@@ -52,7 +52,8 @@ static void on_event(void *user_data, const mlxrt_event *ev) {
     memcpy(job->text + job->len, ev->text, n);
     job->len += n;
     job->text[job->len] = '\0';
-  } else { /* DONE or ERROR: the last event of this request */
+  } else if (ev->kind == MLXRT_EVENT_KIND_DONE || ev->kind == MLXRT_EVENT_KIND_ERROR) {
+    /* the last event of this request (TOOL_CALL events, not asked for here, come before it) */
     job->finished = 1;
     job->failed = ev->kind == MLXRT_EVENT_KIND_ERROR;
     if (job->failed) snprintf(job->text, sizeof job->text, "error: %s", ev->error_message);

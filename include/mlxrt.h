@@ -8,14 +8,18 @@
  *   `mlxrt_error **error`: on failure *error receives an error object (free it
  *   with mlxrt_error_free); on success it is set to NULL.
  * - Config structs start with `size_t struct_size`; fill them with their
- *   _init function first. Fields are only ever appended.
+ *   _init function first. Fields are only ever appended. A struct_size
+ *   above MLXRT_STRUCT_SIZE_MAX is refused (INVALID_ARGUMENT).
+ * - JSON arguments: text that does not parse is INVALID_JSON; well-formed
+ *   JSON of the wrong shape (or with a wrong value) is INVALID_ARGUMENT.
  * - Strings are NUL-terminated UTF-8. Inputs are copied; nothing the caller
  *   passes is kept after a call returns.
  * - *_free(NULL) and *_destroy(NULL) are no-ops.
  * - Threads: every function may be called from any thread. The model runs on
  *   the engine's own thread; event callbacks run on the engine's delivery
  *   thread, never inside a call into mlxrt. Each request gets its events in
- *   order and exactly one terminal event (DONE or ERROR), after which its
+ *   order: DELTA and TOOL_CALL events as the model produces them, then
+ *   exactly one terminal event (DONE or ERROR), after which its
  *   user_data_free is called once.
  */
 
@@ -31,20 +35,18 @@
 
 
 /**
- * Bumped on any change to what an entry file holds.
- */
-#define FORMAT_VERSION 1
-
-/**
- * Most alternatives a request may ask for.
- */
-#define MAX_TOP 20
-
-/**
  * The ABI version of this header. It changes only on an incompatible change
  * (appending struct fields or functions is compatible).
  */
 #define MLXRT_ABI_VERSION 1
+
+/**
+ * The largest `struct_size` a config, params, stats or info struct may
+ * declare. Larger values are refused with `MLXRT_STATUS_INVALID_ARGUMENT`
+ * before anything past the fields this library knows is read: such a size is
+ * garbage (an uninitialized struct), not a newer layout.
+ */
+#define MLXRT_STRUCT_SIZE_MAX 4096
 
 /**
  * `mlxrt_engine_config.device`: MLX's default device (the GPU where present).
@@ -119,7 +121,8 @@ enum mlxrt_status
    */
   MLXRT_STATUS_OK = 0,
   /**
-   * A required pointer was NULL, a value out of range, or a struct_size wrong.
+   * A required pointer was NULL, a value out of range, a struct_size
+   * wrong, or a JSON argument well-formed but of the wrong shape.
    */
   MLXRT_STATUS_INVALID_ARGUMENT = 1,
   /**
@@ -127,7 +130,7 @@ enum mlxrt_status
    */
   MLXRT_STATUS_INVALID_UTF8 = 2,
   /**
-   * A JSON argument did not parse or had the wrong shape.
+   * A JSON argument did not parse (a wrong shape is INVALID_ARGUMENT).
    */
   MLXRT_STATUS_INVALID_JSON = 3,
   /**
@@ -249,13 +252,6 @@ typedef enum mlxrt_finish_reason mlxrt_finish_reason;
 typedef int32_t mlxrt_finish_reason;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
-
-/**
- * How to read a model's output, decided from its chat template and prompt.
- */
-typedef struct OutputFormat OutputFormat;
-
-typedef struct ToolFormat ToolFormat;
 
 /**
  * An engine: one loaded model, its scheduler thread and delivery thread.
@@ -513,8 +509,11 @@ typedef struct mlxrt_request_params {
    */
   size_t struct_size;
   /**
-   * Chat messages as a JSON array of `{"role": ..., "content": ...}`,
-   * rendered with the model's chat template (generation prompt appended).
+   * Chat messages as a non-empty JSON array of `{"role": ...,
+   * "content": ...}`, rendered with the model's chat template (generation
+   * prompt appended). Roles: system, developer, user, assistant, tool,
+   * ipython; another role, an empty array or another shape is
+   * INVALID_ARGUMENT, text that does not parse INVALID_JSON.
    */
   const char *messages_json;
   /**
@@ -718,7 +717,8 @@ typedef struct mlxrt_event {
 /**
  * Receives a request's events, on the engine's delivery thread (never inside
  * a call into mlxrt, never on the caller's thread). Events of one request
- * arrive in order, DELTA* then exactly one DONE or ERROR. A callback may
+ * arrive in order: DELTA and TOOL_CALL events as the model produces them,
+ * then exactly one DONE or ERROR. A callback may
  * call any mlxrt function, including cancel and engine destroy.
  */
 typedef void (*mlxrt_event_fn)(void *user_data, const struct mlxrt_event *event);

@@ -1,5 +1,6 @@
 //! Reading arguments from C: strings, arrays and size-versioned structs.
 
+use super::MLXRT_STRUCT_SIZE_MAX;
 use crate::error::{Error, ErrorKind, Result};
 use std::ffi::{c_char, CStr};
 use std::mem::size_of;
@@ -21,6 +22,21 @@ pub(crate) fn req_str<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
     opt_str(p, what)?.ok_or_else(|| Error::invalid(format!("{what} is NULL")))
 }
 
+/// A JSON argument: INVALID_JSON when it does not parse. Whether it has the
+/// right shape is for its reader to say (INVALID_ARGUMENT when not).
+pub(crate) fn json(text: &str, what: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| Error::new(ErrorKind::InvalidJson, format!("{what}: {e}")))
+}
+
+/// A JSON argument that must be an object (INVALID_ARGUMENT when it parses
+/// but is not one).
+pub(crate) fn json_object(text: &str, what: &str) -> Result<serde_json::Map<String, serde_json::Value>> {
+    match json(text, what)? {
+        serde_json::Value::Object(o) => Ok(o),
+        _ => Err(Error::invalid(format!("{what} must be a JSON object"))),
+    }
+}
+
 /// A (pointer, length) array argument; NULL with length 0 is empty.
 pub(crate) fn slice<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
     if n == 0 {
@@ -39,19 +55,33 @@ pub(crate) fn reference<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
     unsafe { p.as_ref() }.ok_or_else(|| Error::invalid(format!("{what} is NULL")))
 }
 
-/// Reads a config struct whose first field is `size_t struct_size`.
-///
-/// `defaults` fills fields the caller's (older) layout lacks. A caller built
-/// against a newer header may pass a larger struct: accepted only when every
-/// byte this library does not know is zero (the kernel's rule for extensible
-/// structs), so a setting is never silently ignored. `min_size` is the size of
-/// the first published layout and never changes.
-pub(crate) fn versioned<T: Copy>(p: *const T, defaults: T, min_size: usize, what: &str) -> Result<T> {
+/// The `struct_size` of a size-versioned struct (its first field), refused
+/// when larger than `MLXRT_STRUCT_SIZE_MAX`, before anything else is read.
+fn struct_size<T>(p: *const T, what: &str) -> Result<usize> {
     if p.is_null() {
         return Err(Error::invalid(format!("{what} is NULL")));
     }
     // SAFETY: every versioned struct starts with a `size_t struct_size`.
     let size = unsafe { *(p as *const usize) };
+    if size > MLXRT_STRUCT_SIZE_MAX {
+        return Err(Error::invalid(format!(
+            "{what}.struct_size is {size}, more than MLXRT_STRUCT_SIZE_MAX ({MLXRT_STRUCT_SIZE_MAX}); \
+             set it with the struct's _init function or sizeof"
+        )));
+    }
+    Ok(size)
+}
+
+/// Reads a config struct whose first field is `size_t struct_size`.
+///
+/// `defaults` fills fields the caller's (older) layout lacks. A caller built
+/// against a newer header may pass a larger struct (up to
+/// `MLXRT_STRUCT_SIZE_MAX`): accepted only when every byte this library does
+/// not know is zero (the kernel's rule for extensible structs), so a setting
+/// is never silently ignored. `min_size` is the size of the first published
+/// layout and never changes.
+pub(crate) fn versioned<T: Copy>(p: *const T, defaults: T, min_size: usize, what: &str) -> Result<T> {
+    let size = struct_size(p, what)?;
     let ours = size_of::<T>();
     if size < min_size {
         return Err(Error::invalid(format!(
@@ -82,11 +112,7 @@ pub(crate) fn versioned<T: Copy>(p: *const T, defaults: T, min_size: usize, what
 /// the caller): the first min(struct_size, ours) bytes, so an older caller
 /// gets the fields it knows.
 pub(crate) fn write_versioned<T: Copy>(p: *mut T, value: T, what: &str) -> Result<()> {
-    if p.is_null() {
-        return Err(Error::invalid(format!("{what} is NULL")));
-    }
-    // SAFETY: every versioned struct starts with a `size_t struct_size`.
-    let size = unsafe { *(p as *const usize) };
+    let size = struct_size(p, what)?;
     if size < size_of::<usize>() {
         return Err(Error::invalid(format!("{what}.struct_size is {size}; set it to the struct's sizeof")));
     }

@@ -12,11 +12,12 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 pub enum mlxrt_status {
     /// Success.
     Ok = 0,
-    /// A required pointer was NULL, a value out of range, or a struct_size wrong.
+    /// A required pointer was NULL, a value out of range, a struct_size
+    /// wrong, or a JSON argument well-formed but of the wrong shape.
     InvalidArgument = 1,
     /// A string was not valid UTF-8.
     InvalidUtf8 = 2,
-    /// A JSON argument did not parse or had the wrong shape.
+    /// A JSON argument did not parse (a wrong shape is INVALID_ARGUMENT).
     InvalidJson = 3,
     /// The model could not be loaded (missing file, bad config, bad tensor).
     ModelLoad = 4,

@@ -103,7 +103,8 @@ pub struct mlxrt_event {
 
 /// Receives a request's events, on the engine's delivery thread (never inside
 /// a call into mlxrt, never on the caller's thread). Events of one request
-/// arrive in order, DELTA* then exactly one DONE or ERROR. A callback may
+/// arrive in order: DELTA and TOOL_CALL events as the model produces them,
+/// then exactly one DONE or ERROR. A callback may
 /// call any mlxrt function, including cancel and engine destroy.
 pub type mlxrt_event_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, event: *const mlxrt_event)>;
 

@@ -1,12 +1,12 @@
 //! What an engine can tell about its model, and its tokenizer and chat
 //! template for callers that count or inspect tokens.
 
-use super::args::{opt_str, reference, req_str, slice, write_versioned};
+use super::args::{json, json_object, opt_str, reference, req_str, slice, write_versioned};
 use super::engine::mlxrt_engine;
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
 use super::out::{clear, free_box, free_string, put_box, put_string, required};
 use crate::engine::{Input, RequestOptions};
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
 use std::ffi::{c_char, CString};
 use std::mem::size_of;
 
@@ -207,20 +207,16 @@ pub extern "C" fn mlxrt_render_chat(
         clear(out_text);
         clear(out_tokens);
         let e = &reference(engine, "engine")?.engine;
-        let messages: serde_json::Value = serde_json::from_str(req_str(messages_json, "messages_json")?)
-            .map_err(|err| Error::new(ErrorKind::InvalidJson, format!("messages_json: {err}")))?;
+        let messages = json(req_str(messages_json, "messages_json")?, "messages_json")?;
         let mut add_generation_prompt = true;
         let mut o = RequestOptions::new(Input::Messages(messages.clone()));
-        if let Some(json) = opt_str(options_json, "options_json")? {
-            let mut v: serde_json::Value = serde_json::from_str(json)
-                .map_err(|err| Error::new(ErrorKind::InvalidJson, format!("options_json: {err}")))?;
-            if let Some(obj) = v.as_object_mut() {
-                if let Some(g) = obj.remove("add_generation_prompt") {
-                    add_generation_prompt =
-                        g.as_bool().ok_or_else(|| Error::invalid("add_generation_prompt must be a boolean"))?;
-                }
+        if let Some(options) = opt_str(options_json, "options_json")? {
+            let mut obj = json_object(options, "options_json")?;
+            if let Some(g) = obj.remove("add_generation_prompt") {
+                add_generation_prompt =
+                    g.as_bool().ok_or_else(|| Error::invalid("add_generation_prompt must be a boolean"))?;
             }
-            o.apply_json(&v.to_string())?;
+            o.apply_json(&serde_json::Value::Object(obj).to_string())?;
         }
         let template = e.text().template.as_ref().ok_or_else(|| Error::invalid("the model has no chat template"))?;
         let text = template.render(&messages, o.tools.as_ref(), add_generation_prompt, o.template_kwargs.as_ref())?;

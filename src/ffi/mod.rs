@@ -18,6 +18,12 @@ use std::ffi::c_char;
 /// (appending struct fields or functions is compatible).
 pub const MLXRT_ABI_VERSION: u32 = 1;
 
+/// The largest `struct_size` a config, params, stats or info struct may
+/// declare. Larger values are refused with `MLXRT_STATUS_INVALID_ARGUMENT`
+/// before anything past the fields this library knows is read: such a size is
+/// garbage (an uninitialized struct), not a newer layout.
+pub const MLXRT_STRUCT_SIZE_MAX: usize = 4096;
+
 /// The ABI version of the loaded library; compare with `MLXRT_ABI_VERSION`
 /// to detect a header/library mismatch.
 #[no_mangle]

@@ -1,12 +1,12 @@
 //! Requests: parameters, submission, events delivered to a callback, cancel.
 
-use super::args::{opt_str, reference, req_str, slice, versioned};
+use super::args::{json, json_object, opt_str, reference, req_str, slice, versioned};
 use super::engine::mlxrt_engine;
 use super::error::{guard, guard_value, mlxrt_error, mlxrt_status};
 use super::event::{mlxrt_event_fn, mlxrt_free_fn, CallbackSink};
 use super::out::{clear, free_box, put, put_box};
 use crate::engine::{Input, RequestHandle, RequestOptions};
-use crate::error::{Error, ErrorKind};
+use crate::error::Error;
 use crate::sample::SamplingParams;
 use std::ffi::{c_char, c_void};
 use std::mem::size_of;
@@ -26,8 +26,11 @@ pub struct mlxrt_request {
 pub struct mlxrt_request_params {
     /// `sizeof(mlxrt_request_params)`, set by `mlxrt_request_params_init`.
     pub struct_size: usize,
-    /// Chat messages as a JSON array of `{"role": ..., "content": ...}`,
-    /// rendered with the model's chat template (generation prompt appended).
+    /// Chat messages as a non-empty JSON array of `{"role": ...,
+    /// "content": ...}`, rendered with the model's chat template (generation
+    /// prompt appended). Roles: system, developer, user, assistant, tool,
+    /// ipython; another role, an empty array or another shape is
+    /// INVALID_ARGUMENT, text that does not parse INVALID_JSON.
     pub messages_json: *const c_char,
     /// Raw prompt text (special-token text such as `<|im_start|>` is parsed).
     pub prompt: *const c_char,
@@ -129,9 +132,7 @@ pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOpt
         ));
     }
     let input = if let Some(m) = messages {
-        let v = serde_json::from_str(m)
-            .map_err(|e| Error::new(ErrorKind::InvalidJson, format!("params.messages_json: {e}")))?;
-        Input::Messages(v)
+        Input::Messages(json(m, "params.messages_json")?)
     } else if let Some(t) = prompt {
         Input::Prompt(t.to_owned())
     } else {
@@ -165,8 +166,9 @@ pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOpt
         .enumerate()
         .map(|(i, &s)| req_str(s, &format!("params.stop[{i}]")).map(str::to_owned))
         .collect::<crate::Result<_>>()?;
-    if let Some(json) = opt_str(p.options_json, "params.options_json")? {
-        o.apply_json(json)?;
+    if let Some(options) = opt_str(p.options_json, "params.options_json")? {
+        json_object(options, "params.options_json")?;
+        o.apply_json(options)?;
     }
     Ok(o)
 }

@@ -159,6 +159,13 @@ fn type_name(v: &Value) -> &'static str {
     }
 }
 
+/// Message roles a conversation may use: OpenAI's (`developer` is its newer
+/// name for `system`, used by gpt-oss templates) and Llama 3's `ipython` for
+/// tool results. Anything else is refused rather than handed to a template
+/// that would render it as plain text. Documented in include/mlxrt.h
+/// (`mlxrt_request_params.messages_json`).
+const ROLES: [&str; 6] = ["system", "developer", "user", "assistant", "tool", "ipython"];
+
 fn validate_messages(messages: &Value) -> Result<(), TextError> {
     let bad = |msg: String| Err(TextError::InvalidMessages(msg));
     let Some(list) = messages.as_array() else {
@@ -167,6 +174,9 @@ fn validate_messages(messages: &Value) -> Result<(), TextError> {
             type_name(messages)
         ));
     };
+    if list.is_empty() {
+        return bad("messages is empty; give at least one message".into());
+    }
     for (i, m) in list.iter().enumerate() {
         let Some(m) = m.as_object() else {
             return bad(format!(
@@ -175,7 +185,13 @@ fn validate_messages(messages: &Value) -> Result<(), TextError> {
             ));
         };
         match m.get("role") {
-            Some(Value::String(_)) => {}
+            Some(Value::String(role)) if ROLES.contains(&role.as_str()) => {}
+            Some(Value::String(role)) => {
+                return bad(format!(
+                    "messages[{i}].role {role:?} is not one of {}",
+                    ROLES.join(", ")
+                ))
+            }
             Some(other) => {
                 return bad(format!(
                     "messages[{i}].role must be a string, not {}",
@@ -295,6 +311,11 @@ mod tests {
         bad(json!(["hi"]), "messages[0] must be an object");
         bad(json!([{"content": "x"}]), "messages[0] has no role");
         bad(json!([{"role": 1}]), "messages[0].role must be a string");
+        bad(json!([]), "messages is empty");
+        bad(
+            json!([{"role": "user", "content": "x"}, {"role": "wizard", "content": "y"}]),
+            "messages[1].role \"wizard\" is not one of system, developer, user",
+        );
         bad(
             json!([{"role": "user", "content": 5}]),
             "messages[0].content must be",
@@ -310,6 +331,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("\"messages\" is reserved"), "{err}");
+    }
+
+    #[test]
+    fn every_allowed_role_renders() {
+        let t = ChatTemplate::new("{% for m in messages %}{{ m.role }};{% endfor %}", None, None).unwrap();
+        let msgs: Vec<Value> = ROLES.iter().map(|r| json!({"role": r, "content": "x"})).collect();
+        assert_eq!(
+            t.render(&Value::Array(msgs), None, false, None).unwrap(),
+            "system;developer;user;assistant;tool;ipython;"
+        );
     }
 
     #[test]

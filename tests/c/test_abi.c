@@ -4,13 +4,17 @@
  *   test_abi MODEL_PATH SCRATCH_DIR
  */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "mlxrt.h"
 
@@ -33,6 +37,7 @@ struct rec {
   int deltas;
   int logprob_mismatch; /* deltas whose logprobs do not line up with tokens */
   int terminals;
+  int tool_calls; /* TOOL_CALL events (not terminal) */
   int events_after_terminal;
   int freed; /* user_data_free calls */
   int last_kind;
@@ -75,6 +80,8 @@ static void on_event(void *ud, const mlxrt_event *ev) {
       mlxrt_request_cancel(r->cancel_after_first, NULL);
       r->cancel_after_first = NULL;
     }
+  } else if (ev->kind == MLXRT_EVENT_KIND_TOOL_CALL) {
+    r->tool_calls++;
   } else {
     r->terminals++;
     r->finish_reason = ev->finish_reason;
@@ -138,6 +145,14 @@ static void expect_error(mlxrt_status st, mlxrt_error **errp, mlxrt_status want,
     fprintf(stderr, "  ok %s -> %s: %s\n", what, mlxrt_status_name(st), mlxrt_error_message(err));
   }
   mlxrt_error_free(err);
+}
+
+/* expect_error, and the message must contain `needle`. */
+static void expect_error_naming(mlxrt_status st, mlxrt_error **errp, mlxrt_status want, const char *what,
+                                const char *needle) {
+  const char *msg = *errp ? mlxrt_error_message(*errp) : "";
+  CHECK(strstr(msg, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", what, msg, needle);
+  expect_error(st, errp, want, what);
 }
 
 /* ---- tests ---- */
@@ -236,6 +251,76 @@ static void test_struct_size_growth(mlxrt_engine *e) {
                "larger struct with unknown field set");
 }
 
+/* A struct_size far beyond the struct (uninitialized memory, a bad cast) is
+ * refused before anything past the known fields is read. Each struct ends
+ * right before an unreadable page, so a read past it crashes at once in every
+ * build, not only under the sanitizers. */
+static void test_absurd_struct_sizes(mlxrt_engine *e, const char *model) {
+  const size_t sizes[] = {(size_t)1 << 20, (size_t)1 << 40, SIZE_MAX, MLXRT_STRUCT_SIZE_MAX + 1};
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  char *mem = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  CHECK(mem != MAP_FAILED, "mmap");
+  if (mem == MAP_FAILED) return;
+  CHECK(mprotect(mem + page, page, PROT_NONE) == 0, "mprotect");
+  char *end = mem + page;
+  mlxrt_request_params *p = (mlxrt_request_params *)(end - sizeof *p);
+  mlxrt_engine_config *c = (mlxrt_engine_config *)(end - sizeof *c);
+  mlxrt_engine_stats *stats = (mlxrt_engine_stats *)(end - sizeof *stats);
+  mlxrt_engine_info *info = (mlxrt_engine_info *)(end - sizeof *info);
+  struct rec r;
+  rec_init(&r);
+  mlxrt_error *err = NULL;
+  char what[128];
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    size_t size = sizes[i];
+    mlxrt_request_params_init(p);
+    p->messages_json = CHAT;
+    p->struct_size = size;
+    mlxrt_request *req = (mlxrt_request *)0x1;
+    snprintf(what, sizeof what, "submit with params.struct_size %zu", size);
+    expect_error_naming(submit(e, p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, what,
+                        "MLXRT_STRUCT_SIZE_MAX");
+    CHECK(req == NULL, "%s: out_request not cleared", what);
+    mlxrt_stream *s = (mlxrt_stream *)0x1;
+    snprintf(what, sizeof what, "submit_stream with params.struct_size %zu", size);
+    expect_error_naming(mlxrt_request_submit_stream(e, p, &s, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, what,
+                        "params.struct_size");
+    CHECK(s == NULL, "%s: out_stream not cleared", what);
+
+    mlxrt_engine_config_init(c);
+    c->model_path = model;
+    c->struct_size = size;
+    mlxrt_engine *created = (mlxrt_engine *)0x1;
+    snprintf(what, sizeof what, "engine_create with config.struct_size %zu", size);
+    expect_error_naming(mlxrt_engine_create(c, &created, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, what,
+                        "config.struct_size");
+    CHECK(created == NULL, "%s: out_engine not cleared", what);
+
+    memset(stats, 0, sizeof *stats);
+    stats->struct_size = size;
+    snprintf(what, sizeof what, "get_stats with struct_size %zu", size);
+    expect_error_naming(mlxrt_engine_get_stats(e, stats, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, what,
+                        "struct_size");
+    memset(info, 0, sizeof *info);
+    info->struct_size = size;
+    snprintf(what, sizeof what, "get_info with struct_size %zu", size);
+    expect_error_naming(mlxrt_engine_get_info(e, info, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, what,
+                        "struct_size");
+  }
+  munmap(mem, 2 * page);
+  CHECK(r.freed == 0 && r.terminals == 0, "a refused submit called back");
+
+  /* MLXRT_STRUCT_SIZE_MAX itself is a (future) size: accepted. */
+  static union {
+    mlxrt_engine_stats s;
+    char bytes[MLXRT_STRUCT_SIZE_MAX];
+  } big;
+  memset(&big, 0, sizeof big);
+  big.s.struct_size = MLXRT_STRUCT_SIZE_MAX;
+  CHECK(mlxrt_engine_get_stats(e, &big.s, NULL) == MLXRT_STATUS_OK && big.s.struct_size == MLXRT_STRUCT_SIZE_MAX,
+        "stats with struct_size MLXRT_STRUCT_SIZE_MAX");
+}
+
 static void test_submit_errors(mlxrt_engine *e) {
   mlxrt_request_params p;
   struct rec r;
@@ -268,6 +353,19 @@ static void test_submit_errors(mlxrt_engine *e) {
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_JSON, "malformed messages JSON");
   p.messages_json = "{\"role\": \"user\"}";
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "messages not an array");
+  /* well-formed JSON of the wrong shape is INVALID_ARGUMENT, naming what is wrong */
+  p.messages_json = "[1, 2, 3]";
+  expect_error_naming(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "messages of numbers",
+                      "messages[0]");
+  p.messages_json = "[]";
+  expect_error_naming(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "no messages", "empty");
+  p.messages_json = "[{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"wizard\", \"content\": \"hi\"}]";
+  expect_error_naming(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "unknown role",
+                      "messages[1].role \"wizard\"");
+  mlxrt_stream *s = (mlxrt_stream *)0x1;
+  expect_error_naming(mlxrt_request_submit_stream(e, &p, &s, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT,
+                      "stream with an unknown role", "wizard");
+  CHECK(s == NULL, "out_stream not cleared");
 
   mlxrt_request_params_init(&p);
   p.messages_json = CHAT;
@@ -275,6 +373,9 @@ static void test_submit_errors(mlxrt_engine *e) {
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "unknown option");
   p.options_json = "{\"temperature\": ";
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_JSON, "malformed options JSON");
+  p.options_json = "[\"temperature\"]";
+  expect_error_naming(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "options not an object",
+                      "params.options_json");
   p.options_json = NULL;
   p.temperature = -1.0f;
   expect_error(submit(e, &p, &r, &req, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "negative temperature");
@@ -717,6 +818,15 @@ static void test_info_and_tokenizer(mlxrt_engine *e) {
                MLXRT_STATUS_INVALID_ARGUMENT, "message without role");
   expect_error(mlxrt_render_chat(e, CHAT, "{\"nope\": 1}", &text, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT,
                "render unknown option");
+  expect_error_naming(mlxrt_render_chat(e, "[]", NULL, &text, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT,
+                      "render no messages", "empty");
+  expect_error_naming(mlxrt_render_chat(e, "[{\"role\": \"wizard\", \"content\": \"x\"}]", NULL, &text, NULL, &err),
+                      &err, MLXRT_STATUS_INVALID_ARGUMENT, "render unknown role", "messages[0].role \"wizard\"");
+  expect_error(mlxrt_render_chat(e, CHAT, "[1]", &text, NULL, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT,
+               "render options not an object");
+  expect_error(mlxrt_render_chat(e, "[{\"role\": ", NULL, &text, NULL, &err), &err, MLXRT_STATUS_INVALID_JSON,
+               "render malformed messages");
+  CHECK(text == NULL, "render: out_text not cleared");
 }
 
 /* ---- log and progress callbacks ---- */
@@ -806,6 +916,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   test_submit_errors(e);
+  test_absurd_struct_sizes(e, model);
   test_info_and_tokenizer(e);
   if (!quick) {
     test_stream(e);
