@@ -16,6 +16,7 @@ mod planner;
 mod prompt_cache;
 pub mod request;
 mod row;
+mod row_set;
 mod scheduler;
 
 pub use crate::model::Kernels;
@@ -444,11 +445,6 @@ impl Engine {
         self.tx.send(make(tx)).map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine has stopped"))?;
         rx.recv().map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine stopped before answering"))?
     }
-
-    /// Whether a thread is the engine's delivery thread (callbacks run there).
-    fn on_delivery_thread() -> bool {
-        std::thread::current().name() == Some("mlxrt-delivery")
-    }
 }
 
 /// Extra chat-template variables: the caller's, plus `enable_thinking` when
@@ -463,15 +459,16 @@ fn template_kwargs(options: &RequestOptions) -> serde_json::Map<String, serde_js
 
 impl Drop for Engine {
     /// Cancels everything in flight, lets the terminal events be delivered and
-    /// joins the threads. Called from a callback (on the delivery thread), it
-    /// cannot wait for that thread: the remaining events are then delivered
-    /// after the callback returns.
+    /// joins the threads. Called from one of this engine's callbacks (on its
+    /// own delivery thread), it cannot wait for that thread: the remaining
+    /// events are then delivered after the callback returns. The thread is
+    /// recognised by identity: another engine's callback must still join it.
     fn drop(&mut self) {
         let _ = self.tx.send(Command::Shutdown);
         let threads = self.threads.lock().map(|mut t| t.take()).unwrap_or(None);
         if let Some((sched, delivery)) = threads {
             let _ = sched.join();
-            if !Engine::on_delivery_thread() {
+            if delivery.thread().id() != std::thread::current().id() {
                 let _ = delivery.join();
             }
         }
