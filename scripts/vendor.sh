@@ -23,15 +23,15 @@ cd "$WORK"
 for m in "${MANIFESTS[@]}"; do
     cargo fetch --locked --manifest-path "$ROOT/$m"
     for t in "${TARGETS[@]}"; do
-        cargo tree --offline --locked --manifest-path "$ROOT/$m" --target "$t" \
-            -e normal,build --prefix none --format '{p}' >> needed.txt
+        cargo metadata --offline --locked --manifest-path "$ROOT/$m" --format-version 1 \
+            --filter-platform "$t" > "needed-$(echo "$m" | tr / -)-$t.json"
     done
 done
 
-python3 - "$ROOT" "$OUT" "${CARGO_HOME:-$HOME/.cargo}" needed.txt "${MANIFESTS[@]}" <<'EOF'
+python3 - "$ROOT" "$OUT" "${CARGO_HOME:-$HOME/.cargo}" "${MANIFESTS[@]}" <<'EOF'
 import glob, hashlib, io, json, os, shutil, sys, tarfile, tomllib
 
-root, out, cargo_home, needed_file, *manifests = sys.argv[1:]
+root, out, cargo_home, *manifests = sys.argv[1:]
 
 # Registry packages pinned by the lockfiles: (name, version) -> checksum.
 locked = {}
@@ -41,12 +41,13 @@ for m in manifests:
             if p.get("source", "").startswith("registry+"):
                 locked[(p["name"], p["version"])] = p["checksum"]
 
-# `cargo tree` lines: "name v1.2.3" plus an optional " (...)" suffix.
+# The packages cargo downloads to build for a target: the nodes of the
+# platform-filtered resolve (which keeps optional dependencies, as downloads do).
 needed = set()
-for line in open(needed_file):
-    parts = line.split()
-    if len(parts) >= 2 and parts[1].startswith("v"):
-        needed.add((parts[0], parts[1][1:]))
+for path in glob.glob("needed-*.json"):
+    meta = json.load(open(path))
+    ids = {p["id"]: (p["name"], p["version"]) for p in meta["packages"]}
+    needed.update(ids[n["id"]] for n in meta["resolve"]["nodes"])
 
 def cached_crate(name, vers, cksum):
     for path in glob.glob(os.path.join(cargo_home, "registry/cache/*", f"{name}-{vers}.crate")):
