@@ -4,16 +4,13 @@
 # checkout with an empty cargo home. Run it (online) after Cargo.lock or
 # fuzz/Cargo.lock changes, then commit vendor/.
 #
-# vendor/ holds an index entry for every registry package in both lockfiles
-# (cargo needs them all to load the lockfile) but the .crate archive only of
-# those some target below compiles: Windows- and wasm-only crates are left out.
+# vendor/ holds every registry package of both lockfiles, Windows- and
+# wasm-only crates included: build.rs runs cbindgen, whose `cargo metadata`
+# needs them all.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$ROOT/vendor"
 MANIFESTS=(Cargo.toml fuzz/Cargo.toml)
-TARGETS=(x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu
-         x86_64-apple-darwin aarch64-apple-darwin
-         aarch64-apple-ios aarch64-apple-ios-sim x86_64-apple-ios)
 
 # Cargo reads .cargo/config.toml from the working directory upwards, so from
 # outside the repository it fetches from the real registry, not from vendor/.
@@ -22,10 +19,6 @@ trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 for m in "${MANIFESTS[@]}"; do
     cargo fetch --locked --manifest-path "$ROOT/$m"
-    for t in "${TARGETS[@]}"; do
-        cargo metadata --offline --locked --manifest-path "$ROOT/$m" --format-version 1 \
-            --filter-platform "$t" > "needed-$(echo "$m" | tr / -)-$t.json"
-    done
 done
 
 python3 - "$ROOT" "$OUT" "${CARGO_HOME:-$HOME/.cargo}" "${MANIFESTS[@]}" <<'EOF'
@@ -40,14 +33,6 @@ for m in manifests:
         for p in tomllib.load(f).get("package", []):
             if p.get("source", "").startswith("registry+"):
                 locked[(p["name"], p["version"])] = p["checksum"]
-
-# The packages cargo downloads to build for a target: the nodes of the
-# platform-filtered resolve (which keeps optional dependencies, as downloads do).
-needed = set()
-for path in glob.glob("needed-*.json"):
-    meta = json.load(open(path))
-    ids = {p["id"]: (p["name"], p["version"]) for p in meta["packages"]}
-    needed.update(ids[n["id"]] for n in meta["resolve"]["nodes"])
 
 def cached_crate(name, vers, cksum):
     for path in glob.glob(os.path.join(cargo_home, "registry/cache/*", f"{name}-{vers}.crate")):
@@ -104,17 +89,14 @@ for (name, vers), cksum in sorted(locked.items()):
     if isinstance(pkg.get("rust-version"), str):
         entry["rust_version"] = pkg["rust-version"]
     entries.setdefault(name, []).append(entry)
-    if (name, vers) in needed:
-        with open(os.path.join(out, f"{name}-{vers}.crate"), "wb") as f:
-            f.write(data)
+    with open(os.path.join(out, f"{name}-{vers}.crate"), "wb") as f:
+        f.write(data)
 for name, versions in entries.items():
     path = os.path.join(out, "index", index_path(name))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         for e in versions:
             f.write(json.dumps(e, separators=(",", ":")) + "\n")
-left_out = sorted(f"{n}-{v}" for (n, v) in locked if (n, v) not in needed)
-print(f"vendor/: {len(locked)} packages indexed, {len(locked) - len(left_out)} archives; "
-      f"archives left out (no listed target compiles them): {' '.join(left_out)}")
+print(f"vendor/: {len(locked)} crates")
 EOF
 du -sh "$OUT"
