@@ -19,8 +19,9 @@ Each side is one process per run (model load and a short warm-up are untimed):
                "target/release/examples/mlxrt_batching {model} {scenario}"
     reference: bench/mlxlm_batching.py MODEL SCENARIO (same JSON line out)
 
-Writes <results-dir>/<name>.json (design.md §7; rewritten after every run, so a long run
-that stops keeps what it measured): per run raw figures (throughput, TTFT per request,
+Writes <results-dir>/<name>.json (format: bench/README.md; rewritten after every run, so a
+long run that stops keeps what it measured): what each side ran ("provenance": kernels,
+scale dtype, BLAS and threads, MLX version), per run raw figures (throughput, TTFT per request,
 inter-token p50/p95), medians over rounds, and
     throughput_<C>_ratio  mlxrt tok/s ÷ reference tok/s, for each C both sides ran
     ttft_p50_ratio, ttft_p95_ratio  reference ms ÷ mlxrt ms at the highest C both ran
@@ -34,7 +35,7 @@ Usage:
         [--itl | --no-itl] [--itl-reference | --no-itl-reference] [--itl-rounds 1]
         [--itl-background 4] [--itl-background-max-tokens 256] [--long-tokens 2048]
         [--itl-after 16] [--max-rows N] [--step-token-budget N] [--ref-prefill-step-size N]
-        [--f32-scales | --no-f32-scales] [--results-dir DIR] [--name batching]
+        [--kernels auto|stock] [--f32-scales | --no-f32-scales] [--results-dir DIR] [--name batching]
 """
 import argparse
 import json
@@ -95,7 +96,7 @@ def median_of(runs, keys):
     return {k: common.median([r[k] for r in runs if r.get(k) is not None]) for k in keys}
 
 
-def payload(args, prompts, long_prompt, raw, itl_raw, cmds):
+def payload(args, prompts, long_prompt, raw, itl_raw, cmds, prov):
     out = {
         "settings": {"concurrency": args.concurrency, "rounds": args.rounds,
                      "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,
@@ -106,10 +107,11 @@ def payload(args, prompts, long_prompt, raw, itl_raw, cmds):
                              "rounds": args.itl_rounds} if args.itl else None,
                      "max_rows": args.max_rows, "step_token_budget": args.step_token_budget,
                      "ref_prefill_step_size": args.ref_prefill_step_size,
-                     "f32_scales": args.f32_scales,
+                     "kernels": args.kernels, "f32_scales": args.f32_scales,
                      "order": "ABBA (mlxrt first in odd-numbered pairs, counted over all scenarios)",
                      "sampling": "greedy, EOS ignored"},
         **cmds,
+        "provenance": prov,
         "prompt_ids": prompts,
         "long_prompt_ids": long_prompt,
         "raw": raw,
@@ -165,7 +167,10 @@ def main():
     ap.add_argument("--step-token-budget", type=int, help="scenario step_token_budget (mlxrt only)")
     ap.add_argument("--ref-prefill-step-size", type=int, default=2048,
                     help="mlx-lm prefill_step_size (its default: 2048)")
-    ap.add_argument("--f32-scales", action=argparse.BooleanOptionalAction, default=True)
+    common.add_kernels_arg(ap)
+    ap.add_argument("--f32-scales", action=argparse.BooleanOptionalAction, default=True,
+                    help="reference: cast quantization scales to f32 after loading, as the engine "
+                         "does on the CPU (the sides must match: checked on their provenance)")
     ap.add_argument("--python", default=sys.executable, help="Python that runs the reference")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS)
     ap.add_argument("--name", default="batching")
@@ -194,11 +199,14 @@ def main():
     cmds = {"mlxrt_cmd": args.mlxrt_cmd, "reference_cmd": commands["reference"]("SCENARIO_JSON")}
     raw = {str(c): {"mlxrt": [], "reference": []} for c in args.concurrency}
     itl_raw = {"mlxrt": [], "reference": []}
+    prov = {}
     t_start = time.perf_counter()
 
     def run(side, path, label):
         t = time.perf_counter()
-        r = common.run_json_command(commands[side](path), timeout=args.timeout)
+        env = common.kernels_env(args.kernels) if side == "mlxrt" else None
+        r = common.take_provenance(prov, side, common.run_json_command(commands[side](path), env=env,
+                                                                       timeout=args.timeout))
         print(f"[{time.perf_counter() - t_start:7.0f}s] {label} {side}: {time.perf_counter() - t:.0f}s",
               file=sys.stderr)
         return r
@@ -212,7 +220,7 @@ def main():
         return sides if pairs % 2 == 1 else sides[::-1]
 
     def save():
-        return common.write_result(args.name, payload(args, prompts, long_prompt, raw, itl_raw, cmds),
+        return common.write_result(args.name, payload(args, prompts, long_prompt, raw, itl_raw, cmds, prov),
                                    args.results_dir)
 
     try:

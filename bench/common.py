@@ -1,10 +1,11 @@
 """Shared helpers for mlxrt's benchmarks (bench/*.py): machine info, medians, ratios,
-running a command that prints a JSON object, the deterministic benchmark prompt, and
-writing bench/results/<name>.json in the format of design.md section 7.
+running a command that prints a JSON object, the deterministic benchmark prompt, what each
+side ran (provenance), and writing bench/results/<name>.json (format: bench/README.md).
 
 The result JSON always holds: name, date (UTC), command (the driver's command line),
-machine {cpu, cores, os, python, mlx, mlx_lm}, then what the benchmark adds (raw figures
-for both sides, medians, and `<metric>_ratio` values where > 1.0 means mlxrt is better).
+machine {cpu, cores, os, python, mlx, mlx_lm}, then what the benchmark adds (provenance of
+both sides, raw figures, medians, and `<metric>_ratio` values where > 1.0 means mlxrt is
+better).
 """
 import datetime as _dt
 import json
@@ -67,6 +68,97 @@ def machine_info():
                                  if _version(p)), None),
         "mlx_lm": _version("mlx-lm"),
     }
+
+
+KERNELS = ("auto", "stock")
+
+
+def add_kernels_arg(ap):
+    ap.add_argument("--kernels", choices=KERNELS, default="auto",
+                    help="mlxrt's quantized matmul and SwiGLU: auto = mlxrt's own on the CPU (the "
+                         "engine's default), stock = MLX's, as mlx-lm uses (exported to the mlxrt "
+                         "side as MLXRT_BENCH_KERNELS)")
+
+
+def kernels_env(kernels):
+    """Environment that tells the mlxrt bench examples which kernels to use."""
+    return {"MLXRT_BENCH_KERNELS": kernels}
+
+
+def _dtype_name(dtype):
+    """mx.float32 -> "f32", mx.float16 -> "f16", mx.bfloat16 -> "bf16"."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    return {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}.get(name, name)
+
+
+def loaded_blas():
+    """(paths of the BLAS libraries mapped into this process, OpenBLAS thread count or None)."""
+    try:
+        names = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()}
+    except OSError:
+        return [], None
+    # numpy's scipy_openblas exports only prefixed symbols: MLX cannot be using it.
+    paths = sorted(p for p in names
+                   if "blas" in p.rsplit("/", 1)[-1].lower() and "scipy_openblas" not in p)
+    threads = None
+    for p in paths:
+        if "openblas" in p.lower():
+            import ctypes
+            try:
+                threads = ctypes.CDLL(p).openblas_get_num_threads()
+            except (OSError, AttributeError):
+                pass
+    return paths, threads
+
+
+def reference_provenance(model):
+    """What the mlx-lm side runs: MLX's stock kernels, and the dtype its quantization
+    scales actually have after loading (read from the model, not from the flag)."""
+    import mlx.core as mx
+
+    dtypes = sorted({_dtype_name(m.scales.dtype) for _, m in model.named_modules()
+                     if isinstance(getattr(m, "scales", None), mx.array)})
+    blas, openblas_threads = loaded_blas()
+    return {
+        "side": "mlx-lm",
+        "kernels": "stock",
+        "qmm": "MLX quantized_matmul",
+        "swiglu": "MLX silu * mul",
+        "device": str(mx.default_device()),
+        "scale_dtype": dtypes[0] if len(dtypes) == 1 else (dtypes or None),
+        "blas": blas,
+        "openblas_threads": openblas_threads,
+        "mlx": mx.__version__,
+        "mlx_lm": _version("mlx-lm"),
+    }
+
+
+def provenance(by_side):
+    """{"mlxrt": ..., "reference": ...} from each side's output "provenance" object.
+    Fails when the two sides ran different quantization-scale dtypes: their figures would
+    not be comparable."""
+    missing = [s for s in ("mlxrt", "reference") if not by_side.get(s)]
+    if missing:
+        raise RuntimeError(f"no provenance from {missing}")
+    a, b = by_side["mlxrt"]["scale_dtype"], by_side["reference"]["scale_dtype"]
+    if a != "as stored" and a != b:
+        raise RuntimeError(
+            f"scale dtypes differ: mlxrt {a}, reference {b}. The engine casts quantization "
+            "scales to f32 on the CPU and has no option to keep them; run the reference with "
+            "--f32-scales (the default).")
+    return {"mlxrt": by_side["mlxrt"], "reference": by_side["reference"]}
+
+
+def take_provenance(prov, side, obj):
+    """Moves `obj`'s "provenance" into prov[side]; once both sides have one, checks that
+    they are comparable (see provenance()). Returns obj."""
+    p = obj.pop("provenance", None)
+    if p is None:
+        raise RuntimeError(f"the {side} side printed no provenance")
+    prov[side] = p
+    if len(prov) == 2:
+        provenance(prov)
+    return obj
 
 
 def median(xs):

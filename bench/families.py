@@ -7,13 +7,14 @@ qwen3_bench and qwen3_5_bench: hidden 1024, 4 layers, 4-bit affine quantization,
 64), built once into --models-dir. For each model this runs bench/single_stream.py's
 procedure (same prompt ids for both sides, warm-ups, ABBA rounds, medians; see its
 CONTRACT) with bench/mlxrt_single_stream.rs as the mlxrt side, then writes
-bench/results/families.json: the common header, each model's full single-stream result
-under "models", and the ratios `<model>_prefill_ratio`, `<model>_decode_ratio`,
+bench/results/families.json (format: bench/README.md): the common header, what each side
+ran per model ("provenance"), each model's full single-stream result under "models", and the
+ratios `<model>_prefill_ratio`, `<model>_decode_ratio`,
 `<model>_ttft_ratio` (> 1.0 = mlxrt better).
 
 Usage (after `cargo build --release --example mlxrt_single_stream`):
     families.py [--rounds 3] [--prompt-tokens 512] [--gen-tokens 128]
-        [--models-dir target/bench-models] [--gguf SmolLM2.gguf]
+        [--models-dir target/bench-models] [--gguf SmolLM2.gguf] [--kernels auto|stock]
 """
 import argparse
 import json
@@ -52,15 +53,16 @@ def main():
                     default=common.REPO / "target/release/examples/mlxrt_single_stream")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--only", choices=sorted(MODELS), action="append")
+    common.add_kernels_arg(ap)
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS)
     args = ap.parse_args()
     if not args.mlxrt_bin.exists():
         sys.exit(f"{args.mlxrt_bin} is missing: cargo build --release --example mlxrt_single_stream")
 
     payload = {"settings": {"prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-                            "rounds": args.rounds, "weights": "random, 4-bit affine, group 64",
+                            "rounds": args.rounds, "kernels": args.kernels, "weights": "random, 4-bit affine, group 64",
                             "presets": {m: p for m, p in MODELS.items()}},
-               "models": {}}
+               "provenance": {}, "models": {}}
     with tempfile.TemporaryDirectory(prefix="mlxrt-families-") as tmp:
         for name in args.only or MODELS:
             model = args.models_dir / MODELS[name]
@@ -70,12 +72,14 @@ def main():
                                   "{prompt_ids} {gen_tokens}",
                    "--model", str(model), "--rounds", str(args.rounds),
                    "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
+                   "--kernels", args.kernels,
                    "--python", args.python, "--results-dir", tmp, "--name", name]
             print(f"== {name}: {shlex.join(cmd)}", file=sys.stderr)
             subprocess.run(cmd, check=True)
             result = json.loads((Path(tmp) / f"{name}.json").read_text())
             for k in ("name", "date", "command", "machine"):
                 result.pop(k, None)
+            payload["provenance"][name] = result.pop("provenance")
             payload["models"][name] = result
             for r in ("prefill", "decode", "ttft"):
                 payload[f"{name}_{r}_ratio"] = result[f"{r}_ratio"]

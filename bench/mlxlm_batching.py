@@ -143,7 +143,8 @@ def main():
     modes = {"throughput": throughput, "itl": itl}
     if s.get("mode") not in modes:
         raise SystemExit(f"unknown mode {s.get('mode')!r}")
-    print(json.dumps(modes[s["mode"]](model, args, s)))
+    print(json.dumps({**modes[s["mode"]](model, args, s),
+                      "provenance": common.reference_provenance(model)}))
 
 
 if __name__ == "__main__":

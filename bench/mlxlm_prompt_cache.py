@@ -158,7 +158,8 @@ def main():
     else:
         raise SystemExit(f"unknown mode {s['mode']!r}")
     print(json.dumps({**out, "side": "mlx-lm", "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
-                      "f32_scales": args.f32_scales, "prefill_step_size": args.prefill_step_size}))
+                      "f32_scales": args.f32_scales, "prefill_step_size": args.prefill_step_size,
+                      "provenance": common.reference_provenance(model)}))
 
 
 if __name__ == "__main__":

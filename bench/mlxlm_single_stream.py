@@ -100,6 +100,7 @@ def main():
         "mlx": mx.__version__,
         "mlx_lm": mlx_lm.__version__,
         "f32_scales": args.f32_scales,
+        "provenance": common.reference_provenance(model),
         "prompt_tokens": len(ids),
         "gen_tokens": args.gen_tokens,
         "load_s": load_s,

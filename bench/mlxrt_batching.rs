@@ -1,7 +1,7 @@
 //! The mlxrt side of bench/batching.py: runs one scenario (a JSON file) on
 //! the engine and prints one JSON line with raw timings.
 //!
-//!   mlxrt_batching MODEL SCENARIO_JSON
+//!   MLXRT_BENCH_KERNELS=auto|stock mlxrt_batching MODEL SCENARIO_JSON
 //!
 //! Scenarios:
 //! - `{"mode": "throughput", "prompts": [[ids], ...], "max_tokens": N}`: all
@@ -15,11 +15,15 @@
 //!   (`itl_unloaded_ms`) and while it was prefilling (`itl_during_long_ms`),
 //!   and the long prompt's `long_ttft_ms`.
 //!
-//! A warm-up request runs first (untimed).
+//! A warm-up request runs first (untimed). Every output also holds
+//! `provenance` (bench/provenance.rs).
 
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
 use serde_json::{json, Value};
 use std::sync::mpsc;
+
+#[path = "provenance.rs"]
+mod provenance;
 use std::time::Instant;
 
 /// (request index, event, arrival time)
@@ -132,6 +136,7 @@ fn main() {
     }
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&args[2]).unwrap()).unwrap();
     let mut cfg = EngineConfig::new(&args[1]);
+    cfg.kernels = provenance::kernels();
     if let Some(r) = s.get("max_rows").and_then(Value::as_u64) {
         cfg.max_rows = r as usize;
     }
@@ -145,10 +150,11 @@ fn main() {
     while !warm.finished() {
         warm.take(rx.recv().unwrap());
     }
-    let out = match s["mode"].as_str() {
+    let mut out = match s["mode"].as_str() {
         Some("throughput") => throughput(&e, &s),
         Some("itl") => itl(&e, &s),
         other => panic!("unknown mode {other:?}"),
     };
+    out["provenance"] = provenance::json(provenance::kernels());
     println!("{out}");
 }

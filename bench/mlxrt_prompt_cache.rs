@@ -1,7 +1,7 @@
 //! The mlxrt side of bench/prompt_cache.py: time to first token cold and
 //! with the prompt cache, printed as one JSON line.
 //!
-//!   mlxrt_prompt_cache MODEL SCENARIO_JSON
+//!   MLXRT_BENCH_KERNELS=auto|stock mlxrt_prompt_cache MODEL SCENARIO_JSON
 //!
 //! Scenarios (prompts are token ids; greedy; `gen_tokens` generated):
 //! - `{"mode": "prefix", "first": [ids], "second": [ids], "gen_tokens": N}`:
@@ -14,12 +14,17 @@
 //!   directory, then that engine is destroyed (writing its cache) and
 //!   `restart_ttft_ms` is measured on a new engine on the same directory.
 //!   `load_s` is the new engine's start-up time.
+//!
+//! Every output also holds `provenance` (bench/provenance.rs).
 
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions, Usage};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Instant;
+
+#[path = "provenance.rs"]
+mod provenance;
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().expect("id list").iter().map(|x| x.as_u64().expect("id") as u32).collect()
@@ -46,6 +51,7 @@ fn generate(e: &Engine, prompt: Vec<u32>, gen: u32) -> Usage {
 
 fn engine(model: &str, cache: bool, dir: Option<PathBuf>) -> Engine {
     let mut c = EngineConfig::new(model);
+    c.kernels = provenance::kernels();
     c.prompt_cache_bytes = if cache { 4 << 30 } else { 0 };
     c.prompt_cache_dir = dir;
     let e = Engine::new(c).expect("load");
@@ -62,7 +68,7 @@ fn main() {
     let model = &args[1];
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&args[2]).unwrap()).unwrap();
     let gen = s["gen_tokens"].as_u64().unwrap_or(8) as u32;
-    let out = match s["mode"].as_str() {
+    let mut out = match s["mode"].as_str() {
         Some("prefix") => {
             let (first, second) = (ids(&s["first"]), ids(&s["second"]));
             let cold = generate(&engine(model, false, None), second.clone(), gen);
@@ -88,5 +94,6 @@ fn main() {
         }
         other => panic!("unknown mode {other:?}"),
     };
+    out["provenance"] = provenance::json(provenance::kernels());
     println!("{out}");
 }

@@ -2,10 +2,13 @@
 //! model, runs a short untimed warm-up, then one timed greedy request of the
 //! given prompt ids with EOS disabled, and prints one JSON line.
 //!
-//!   mlxrt_single_stream MODEL PROMPT_IDS_JSON GEN_TOKENS
+//!   MLXRT_BENCH_KERNELS=auto|stock mlxrt_single_stream MODEL PROMPT_IDS_JSON GEN_TOKENS
 
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
 use std::sync::mpsc;
+
+#[path = "provenance.rs"]
+mod provenance;
 use std::time::Instant;
 
 fn generate(engine: &Engine, ids: &[u32], gen: u32) -> (mlxrt::engine::Usage, Vec<u32>) {
@@ -41,7 +44,9 @@ fn main() {
     let gen: u32 = args[3].parse().unwrap();
 
     let t0 = Instant::now();
-    let engine = Engine::new(EngineConfig::new(&args[1])).expect("load");
+    let mut config = EngineConfig::new(&args[1]);
+    config.kernels = provenance::kernels();
+    let engine = Engine::new(config).expect("load");
     let load_s = t0.elapsed().as_secs_f64();
     generate(&engine, &ids[..ids.len().min(32)], 8);
     let (u, tokens) = generate(&engine, &ids, gen);
@@ -52,7 +57,7 @@ fn main() {
         "decode_tps": u.decode_tokens_per_s,
         "load_s": load_s,
         "parameter_bytes": engine.parameter_bytes(),
-        "mlx_version": mlxrt::mlx::version(),
+        "provenance": provenance::json(provenance::kernels()),
         "generated_head": &tokens[..tokens.len().min(16)],
     });
     println!("{out}");

@@ -18,8 +18,9 @@ The two sides alternate ABBA (the order flips each run pair, counted over all sc
     mlxrt:     --mlxrt-cmd with {model} and {scenario} replaced
     reference: bench/mlxlm_prompt_cache.py MODEL SCENARIO (same JSON line out)
 
-Writes <results-dir>/<name>.json (design.md §7; rewritten after every run, so a long run
-that stops keeps what it measured): raw per-run figures, medians, and
+Writes <results-dir>/<name>.json (format: bench/README.md; rewritten after every run, so a
+long run that stops keeps what it measured): what each side ran ("provenance": kernels,
+scale dtype, BLAS and threads, MLX version), raw per-run figures, medians, and
     prefix_hit_ttft_fraction, restart_ttft_fraction    mlxrt hit ÷ cold TTFT (target ≤ 0.15)
     reference_prefix_hit_ttft_fraction, reference_restart_ttft_fraction   the same, mlx-lm
     prefix_hit_ttft_ratio, restart_ttft_ratio, cold_ttft_ratio (prefix scenario's cold),
@@ -35,7 +36,8 @@ Usage:
     prompt_cache.py --model GGUF [--mlxrt-cmd CMD] [--rounds 3] [--restart-rounds 1]
         [--prefix-tokens 1024] [--suffix-tokens 32] [--restart-tokens 4096] [--gen-tokens 8]
         [--restart | --no-restart] [--restart-reference | --no-restart-reference]
-        [--restart-dir /tmp/...] [--f32-scales | --no-f32-scales] [--ref-prefill-step-size N]
+        [--restart-dir /tmp/...] [--kernels auto|stock] [--f32-scales | --no-f32-scales]
+        [--ref-prefill-step-size N]
         [--results-dir DIR] [--name prompt_cache] [--timeout 3600]
 """
 import argparse
@@ -79,7 +81,7 @@ def summarize(kind, r):
     return {**r, hit.replace("_ms", "_fraction"): r[hit] / r["cold_ttft_ms"]}
 
 
-def payload(args, ids, raw, cmds):
+def payload(args, ids, raw, cmds, prov):
     med = {kind: {side: {k: common.median([r[k] for r in runs]) for k in KEYS[kind]}
                   for side, runs in sides.items() if runs}
            for kind, sides in raw.items()}
@@ -91,11 +93,13 @@ def payload(args, ids, raw, cmds):
         "settings": {"prefix_tokens": args.prefix_tokens, "suffix_tokens": args.suffix_tokens,
                      "restart_tokens": args.restart_tokens, "gen_tokens": args.gen_tokens,
                      "rounds": args.rounds, "restart_rounds": args.restart_rounds if args.restart else 0,
-                     "restart_reference": args.restart_reference, "f32_scales": args.f32_scales,
+                     "restart_reference": args.restart_reference,
+                     "kernels": args.kernels, "f32_scales": args.f32_scales,
                      "ref_prefill_step_size": args.ref_prefill_step_size,
                      "order": "ABBA (mlxrt first in odd-numbered pairs, counted over all scenarios)",
                      "sampling": "greedy, EOS ignored"},
         **cmds,
+        "provenance": prov,
         "first_ids": ids[0], "second_ids": ids[1], "restart_ids": ids[2],
         "raw": raw,
         "median": med,
@@ -131,7 +135,10 @@ def main():
     ap.add_argument("--restart-reference", action=argparse.BooleanOptionalAction, default=True,
                     help="also run the restart scenario on mlx-lm (a slow cold prefill)")
     ap.add_argument("--restart-dir", type=Path, help="cache directory, emptied and removed by each run (default: a new one in /tmp)")
-    ap.add_argument("--f32-scales", action=argparse.BooleanOptionalAction, default=True)
+    common.add_kernels_arg(ap)
+    ap.add_argument("--f32-scales", action=argparse.BooleanOptionalAction, default=True,
+                    help="reference: cast quantization scales to f32 after loading, as the engine "
+                         "does on the CPU (the sides must match: checked on their provenance)")
     ap.add_argument("--ref-prefill-step-size", type=int, default=2048)
     ap.add_argument("--python", default=sys.executable, help="Python that runs the reference")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS)
@@ -162,6 +169,7 @@ def main():
     }
     cmds = {"mlxrt_cmd": args.mlxrt_cmd, "reference_cmd": commands["reference"]("SCENARIO_JSON")}
     raw = {"prefix": {"mlxrt": [], "reference": []}, "restart": {"mlxrt": [], "reference": []}}
+    prov = {}
     plan = [("prefix", args.rounds, ["mlxrt", "reference"])]
     if args.restart:
         plan.append(("restart", args.restart_rounds,
@@ -169,19 +177,20 @@ def main():
     t_start = time.perf_counter()
     pairs = 0
     try:
-        path = common.write_result(args.name, payload(args, ids, raw, cmds), args.results_dir)
+        path = common.write_result(args.name, payload(args, ids, raw, cmds, prov), args.results_dir)
         for kind, rounds, sides in plan:
             for i in range(rounds):
                 pairs += 1
                 for side in sides if pairs % 2 == 1 else sides[::-1]:
                     t = time.perf_counter()
-                    r = summarize(kind, common.run_json_command(commands[side](paths[kind]),
-                                                                timeout=args.timeout))
+                    env = common.kernels_env(args.kernels) if side == "mlxrt" else None
+                    r = common.run_json_command(commands[side](paths[kind]), env=env, timeout=args.timeout)
+                    r = summarize(kind, common.take_provenance(prov, side, r))
                     raw[kind][side].append(r)
                     print(f"[{time.perf_counter() - t_start:6.0f}s] {kind} {i + 1}/{rounds} {side} "
                           f"({time.perf_counter() - t:.0f}s): "
                           + ", ".join(f"{k}={r[k]:.3g}" for k in KEYS[kind]), file=sys.stderr)
-                    path = common.write_result(args.name, payload(args, ids, raw, cmds), args.results_dir)
+                    path = common.write_result(args.name, payload(args, ids, raw, cmds, prov), args.results_dir)
         out = json.loads(path.read_text())
         print(f"-> {path} ({time.perf_counter() - t_start:.0f}s)", file=sys.stderr)
         print(json.dumps({k: v for k, v in out.items() if k.endswith(("_ratio", "_fraction"))}, indent=1),

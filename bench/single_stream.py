@@ -3,8 +3,9 @@
 
 After one warm-up run of each side, runs N rounds; each round runs both sides, in the
 order mlxrt, ref, ref, mlxrt, mlxrt, ref, ... (ABBA, so slow drifts of a shared machine
-hit both sides alike). It then writes bench/results/single_stream.json (design.md §7):
-machine, date, command line, raw per-round figures of both sides, medians, and
+hit both sides alike). It then writes bench/results/single_stream.json (bench/README.md):
+machine, date, command line, what each side ran ("provenance": kernels, scale dtype, BLAS
+and threads, MLX version), raw per-round figures of both sides, medians, and
     decode_ratio  = mlxrt decode tok/s  / ref decode tok/s
     prefill_ratio = mlxrt prefill tok/s / ref prefill tok/s
     ttft_ratio    = ref TTFT ms / mlxrt TTFT ms           (> 1.0 = mlxrt better)
@@ -18,7 +19,11 @@ CONTRACT for the mlxrt side (--mlxrt-cmd, a shell command run once per round):
         {prompt_tokens} MLXRT_BENCH_PROMPT_TOKENS number of prompt ids
         {gen_tokens}    MLXRT_BENCH_GEN_TOKENS    tokens to generate
         {f32_scales}    MLXRT_BENCH_F32_SCALES    "true"/"false": cast quantization
-                                                  scales/biases to f32 at load (the ref does)
+                                                  scales/biases to f32 at load (the ref does;
+                                                  mlxrt_single_stream ignores it: the engine
+                                                  always does on the CPU)
+        {kernels}       MLXRT_BENCH_KERNELS       "auto"/"stock": --kernels (the engine's
+                                                  EngineConfig::kernels)
   * The command loads the model (untimed), runs one short untimed warm-up generation (the
     reference uses the first 32 prompt ids and generates 8 tokens), then ONE timed request:
     exactly those prompt ids (no chat template, nothing prepended), greedy sampling,
@@ -26,7 +31,9 @@ CONTRACT for the mlxrt side (--mlxrt-cmd, a shell command run once per round):
   * It prints, as the LAST line of stdout, one JSON object
         {"prefill_tps": float, "ttft_ms": float, "decode_tps": float}
     (extra keys are allowed and recorded once per side, e.g. "load_s", versions; an optional
-    "generated_head" = the first 16 generated ids is compared with the reference's);
+    "generated_head" = the first 16 generated ids is compared with the reference's;
+    "provenance" {kernels, scale_dtype, ...} is required and its scale_dtype must equal the
+    reference's, else the benchmark stops);
     logs go to stderr or earlier stdout lines.
         ttft_ms     = time from submitting the request to token 0 being sampled
         prefill_tps = prompt_tokens / ttft (seconds)
@@ -35,7 +42,7 @@ CONTRACT for the mlxrt side (--mlxrt-cmd, a shell command run once per round):
 
 Usage:
     single_stream.py --mlxrt-cmd CMD --model DIR_OR_GGUF [--rounds 5] [--prompt-tokens 512]
-        [--gen-tokens 256] [--f32-scales | --no-f32-scales] [--prompt-ids FILE]
+        [--gen-tokens 256] [--kernels auto|stock] [--f32-scales | --no-f32-scales] [--prompt-ids FILE]
         [--results-dir DIR] [--timeout 1800]
 """
 import argparse
@@ -58,7 +65,8 @@ def split_result(obj):
     if missing:
         raise RuntimeError(f"result lacks numeric {missing}: {obj}")
     figures = {k: obj[k] for k in KEYS}
-    extras = {k: v for k, v in obj.items() if k not in KEYS and k not in ("prompt_ids", "rounds")}
+    extras = {k: v for k, v in obj.items()
+              if k not in KEYS and k not in ("prompt_ids", "rounds", "provenance")}
     return figures, extras
 
 
@@ -66,10 +74,14 @@ def run_all(args, ids_file, run_mlxrt, run_ref, ref_cmd):
     """Warm-ups, ABBA rounds, medians, ratios; writes the result JSON."""
     sides = {"mlxrt": run_mlxrt, "reference": run_ref}
     print("warm-up: reference", file=sys.stderr)
-    warm, info = {}, {}
-    warm["reference"], info["reference"] = split_result(run_ref(first=True))
+    warm, info, prov = {}, {}, {}
+    out = {"reference": run_ref(first=True)}
     print("warm-up: mlxrt", file=sys.stderr)
-    warm["mlxrt"], info["mlxrt"] = split_result(run_mlxrt())
+    out["mlxrt"] = run_mlxrt()
+    for side, obj in out.items():
+        warm[side], info[side] = split_result(obj)
+        prov[side] = obj.get("provenance")
+    prov = common.provenance(prov)  # stops here if the sides' scale dtypes differ
     raw = {"mlxrt": [], "reference": []}
     for i in range(args.rounds):
         order = ("mlxrt", "reference") if i % 2 == 0 else ("reference", "mlxrt")
@@ -86,10 +98,12 @@ def run_all(args, ids_file, run_mlxrt, run_ref, ref_cmd):
     ids = common.read_prompt_ids(ids_file)
     payload = {
         "settings": {"prompt_tokens": len(ids), "gen_tokens": args.gen_tokens, "rounds": args.rounds,
-                     "f32_scales": args.f32_scales, "order": "ABBA (mlxrt first in odd rounds)",
+                     "kernels": args.kernels, "f32_scales": args.f32_scales,
+                     "order": "ABBA (mlxrt first in odd rounds)",
                      "sampling": "greedy, EOS disabled"},
         "mlxrt_cmd": args.mlxrt_cmd,
         "reference_cmd": ref_cmd(f"--prompt-ids {shlex.quote(str(ids_file))}"),
+        "provenance": prov,
         "prompt_ids": ids,
         "info": info,
         "same_generated_head": same_tokens,
@@ -127,7 +141,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--gen-tokens", type=int, default=256)
-    ap.add_argument("--f32-scales", action=argparse.BooleanOptionalAction, default=True)
+    common.add_kernels_arg(ap)
+    ap.add_argument("--f32-scales", action=argparse.BooleanOptionalAction, default=True,
+                    help="reference: cast quantization scales to f32 after loading, as the engine "
+                         "does on the CPU (--no-f32-scales stops at the provenance check there)")
     ap.add_argument("--prompt-ids", type=Path)
     ap.add_argument("--python", default=sys.executable, help="Python that runs the reference")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS)
@@ -156,7 +173,7 @@ def main():
     def mlxrt_cmd():
         n = len(common.read_prompt_ids(ids_file))
         subs = {"prompt_ids": str(ids_file), "prompt_tokens": str(n),
-                "gen_tokens": str(args.gen_tokens), "f32_scales": f32}
+                "gen_tokens": str(args.gen_tokens), "f32_scales": f32, "kernels": args.kernels}
         cmd = args.mlxrt_cmd
         for k, v in subs.items():
             cmd = cmd.replace("{" + k + "}", shlex.quote(v) if k == "prompt_ids" else v)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Heavy benchmarks (not part of the tests): mlxrt vs Python mlx-lm side by
-# side, results in bench/results/.
+# side, results in bench/results/ (format and fields: bench/README.md).
 #   scripts/bench.sh single_stream [--rounds N]   -> single_stream.json
 #   scripts/bench.sh batching [options]           -> batching.json
 #   scripts/bench.sh cpu_kernels [--reps N]       -> cpu_kernels.json
 #   scripts/bench.sh prompt_cache [options]       -> prompt_cache.json
 #   scripts/bench.sh families [options]           -> families.json
+# All but cpu_kernels take --kernels auto|stock (mlxrt's own CPU kernels, the
+# default, or MLX's stock ones as mlx-lm uses) and --name NAME (-> NAME.json).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

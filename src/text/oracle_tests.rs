@@ -1,7 +1,7 @@
 //! Parity with the Python oracles in tests/oracle/ on the real SmolLM2 GGUF
-//! (`MLXRT_MODEL`, default ~/.cache/mlxrt/models/...). A test prints why and
-//! passes when the model file or the project venv (`MLXRT_VENV`, default
-//! ./.venv) is absent; if they are present, an oracle failure fails the test.
+//! (`MLXRT_MODEL`, default ~/.cache/mlxrt/models/...) and the project venv
+//! (`MLXRT_VENV`, default ./.venv). A missing model or venv fails the test
+//! with a message saying to run scripts/setup.sh, as in tests/common.
 
 use super::*;
 use crate::mlx::io::TensorFile;
@@ -10,46 +10,39 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, OnceLock};
 
-fn model_path() -> Option<PathBuf> {
-    let path = match std::env::var_os("MLXRT_MODEL") {
-        Some(p) => PathBuf::from(p),
-        None => PathBuf::from(std::env::var_os("HOME")?)
-            .join(".cache/mlxrt/models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-    };
-    if !path.exists() {
-        eprintln!("skipped: model file {} is absent", path.display());
-        return None;
-    }
-    Some(path)
+fn model_path() -> PathBuf {
+    let path = std::env::var_os("MLXRT_MODEL").map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").expect("HOME is set");
+        PathBuf::from(home).join(".cache/mlxrt/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    });
+    assert!(path.exists(), "model {} is missing: run scripts/setup.sh", path.display());
+    path
 }
 
-fn python() -> Option<PathBuf> {
+fn python() -> PathBuf {
     let venv = std::env::var_os("MLXRT_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv"));
     let py = venv.join("bin/python");
-    if !py.exists() {
-        eprintln!("skipped: {} is absent", py.display());
-        return None;
-    }
-    Some(py)
+    assert!(py.exists(), "{} is missing: run scripts/setup.sh", py.display());
+    py
 }
 
 /// The vocabulary and tokenizer of the model file, loaded once per test run.
-fn smollm() -> Option<&'static (GgufVocab, Arc<Tokenizer>)> {
+fn smollm() -> &'static (GgufVocab, Arc<Tokenizer>) {
     static LOADED: OnceLock<(GgufVocab, Arc<Tokenizer>)> = OnceLock::new();
-    let path = model_path()?;
-    Some(LOADED.get_or_init(|| {
+    let path = model_path();
+    LOADED.get_or_init(|| {
         let file = TensorFile::load_gguf(path.to_str().unwrap()).unwrap();
         let vocab = GgufVocab::from_tensor_file(&file).unwrap();
         let tokenizer = Tokenizer::from_gguf(&vocab).unwrap();
         (vocab, Arc::new(tokenizer))
-    }))
+    })
 }
 
 /// Runs tests/oracle/`script` on the model file and parses its JSON output.
-fn oracle(script: &str) -> Option<Value> {
-    let (model, py) = (model_path()?, python()?);
+fn oracle(script: &str) -> Value {
+    let (model, py) = (model_path(), python());
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/oracle")
         .join(script);
@@ -60,7 +53,7 @@ fn oracle(script: &str) -> Option<Value> {
         "{} failed:\n{stderr}",
         script.display()
     );
-    Some(serde_json::from_slice(&out.stdout).unwrap())
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -73,7 +66,7 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn gguf_metadata_is_read() {
-    let Some((v, t)) = smollm() else { return };
+    let (v, t) = smollm();
     assert_eq!(
         (v.model.as_str(), v.pre.as_deref()),
         ("gpt2", Some("smollm"))
@@ -108,9 +101,7 @@ fn gguf_metadata_is_read() {
 
 #[test]
 fn gguf_tokenizer_matches_python_tokenizers() {
-    let (Some((v, t)), Some(out)) = (smollm(), oracle("tokenizer_oracle.py")) else {
-        return;
-    };
+    let ((v, t), out) = (smollm(), oracle("tokenizer_oracle.py"));
     let cases = out["cases"].as_array().unwrap();
     assert!(cases.len() > 10);
     for case in cases {
@@ -145,7 +136,7 @@ fn gguf_tokenizer_matches_python_tokenizers() {
 
 #[test]
 fn streaming_decode_equals_decode_on_real_vocab() {
-    let Some((_, t)) = smollm() else { return };
+    let (_, t) = smollm();
     let text = "emoji 🙂👍🏽 and 🇫🇷, 中文 café <|im_end|> done";
     let all = t.encode(text, true).unwrap();
     for emit_special in [false, true] {
@@ -166,7 +157,7 @@ fn streaming_decode_equals_decode_on_real_vocab() {
 
 #[test]
 fn json_export_reloads_with_the_same_ids() {
-    let Some((_, t)) = smollm() else { return };
+    let (_, t) = smollm();
     let dir = std::env::temp_dir().join(format!("mlxrt-text-json-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tokenizer.json"), t.to_json_string().unwrap()).unwrap();
@@ -182,9 +173,7 @@ fn json_export_reloads_with_the_same_ids() {
 
 #[test]
 fn chat_templates_match_transformers() {
-    let (Some((v, _)), Some(out)) = (smollm(), oracle("template_oracle.py")) else {
-        return;
-    };
+    let ((v, _), out) = (smollm(), oracle("template_oracle.py"));
     assert_eq!(
         out["templates"]["gguf"].as_str(),
         v.chat_template.as_deref()

@@ -1,0 +1,42 @@
+//! What the mlxrt side of a benchmark ran, printed with its figures so every
+//! results file records it (bench/README.md, "Provenance"). Included by the
+//! bench examples with `#[path]`.
+
+use mlxrt::engine::Kernels;
+use serde_json::{json, Value};
+
+/// The kernels the driver asked for in `MLXRT_BENCH_KERNELS`: "auto" (the
+/// engine's default, also when unset) or "stock".
+pub fn kernels() -> Kernels {
+    match std::env::var("MLXRT_BENCH_KERNELS").as_deref() {
+        Err(_) | Ok("") | Ok("auto") => Kernels::Auto,
+        Ok("stock") => Kernels::Stock,
+        Ok(other) => {
+            eprintln!("MLXRT_BENCH_KERNELS={other:?}: expected auto or stock");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// The provenance object of this side.
+pub fn json(kernels: Kernels) -> Value {
+    let gpu = mlxrt::mlx::device::default_is_gpu();
+    // mlxrt's own qmm/SwiGLU run only with `Kernels::Auto` on the CPU device.
+    let own = kernels == Kernels::Auto && !gpu;
+    let blas = mlxrt::mlx::blas_info();
+    json!({
+        "side": "mlxrt",
+        "kernels": match kernels { Kernels::Auto => "auto", Kernels::Stock => "stock" },
+        "qmm": if own { format!("mlxrt ({:?})", mlxrt::mlx::QmmIsa::best()) } else { "MLX quantized_matmul".into() },
+        "swiglu": if own { "mlxrt" } else { "MLX silu * mul" },
+        "device": if gpu { "gpu" } else { "cpu" },
+        // The engine casts quantization scales/biases to f32 at load on the
+        // CPU device and has no option to keep them (src/model/load.rs,
+        // LoadOptions::cpu_f32_scales, always true from the scheduler).
+        "scale_dtype": if gpu { "as stored" } else { "f32" },
+        "qmm_threads": if own { Some(mlxrt::mlx::qmm_threads()) } else { None },
+        "blas": blas.library,
+        "openblas_threads": blas.openblas_threads,
+        "mlx": mlxrt::mlx::version(),
+    })
+}
