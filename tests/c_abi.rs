@@ -27,9 +27,22 @@ fn compile(name: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// Makes the program load the library `cargo test` just built. cargo's
+/// LD_LIBRARY_PATH lists target/<profile> (where only `cargo build` copies
+/// the library, so it may be stale) before deps/, and it overrides the
+/// binary's RUNPATH.
+fn this_library(cmd: &mut Command) -> &mut Command {
+    let mut path = std::ffi::OsString::from(lib_dir());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    cmd.env("LD_LIBRARY_PATH", path)
+}
+
 fn run(cmd: &mut Command, what: &str) {
     let scratch = tempdir(what);
-    let out = cmd.arg(model_path()).arg(&scratch).output().expect("run test_abi");
+    let out = this_library(cmd).arg(model_path()).arg(&scratch).output().expect("run test_abi");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "{what}: test_abi failed ({})", out.status);
@@ -69,7 +82,7 @@ fn c_abi_under_valgrind() {
     .arg(bin);
     // `quick` is appended after the model and scratch paths by `run`.
     let scratch = tempdir("valgrind");
-    let out = cmd.arg(model_path()).arg(&scratch).arg("quick").output().expect("run valgrind");
+    let out = this_library(&mut cmd).arg(model_path()).arg(&scratch).arg("quick").output().expect("run valgrind");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "valgrind: test_abi failed ({})", out.status);
