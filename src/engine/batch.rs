@@ -4,16 +4,12 @@
 //! current tokens, emits them and drops the rows that ended.
 
 use super::logprobs::StepLogprobs;
-use super::prompt_cache::Snapshot;
 use super::row::Row;
-use crate::cache::LayerCache;
+use super::row_set::{Offer, RowSet};
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::load::TextAssets;
 use crate::model::{LanguageModel, Output};
-
-/// A prompt-cache snapshot to add: namespace, token ids, KV.
-pub(crate) type Capture = (String, Vec<u32>, Snapshot);
 
 /// The tokens drawn for every row in one step (`[B]`, lazy) and, when some
 /// row asked for them, their log-probabilities.
@@ -48,12 +44,13 @@ impl Drawn {
 
 #[derive(Default)]
 pub(crate) struct DecodeBatch {
-    pub rows: Vec<Row>,
-    cache: Vec<LayerCache>,
+    set: RowSet,
     /// Scheduled tokens, not read yet: the input of the next step.
     pending: Option<Drawn>,
     /// Tokens `collect` reads this iteration.
     current: Option<Drawn>,
+    /// Rows still generating after the last `collect` (all until then).
+    keep: Option<Vec<usize>>,
 }
 
 /// Draws one token per row from `logits` (`[B, vocab]`). `unread` holds the
@@ -89,60 +86,64 @@ pub(crate) fn sample_rows(rows: &mut [Row], logits: &Array, unread: Option<&Arra
 
 impl DecodeBatch {
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.set.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.set.len()
     }
 
     pub fn kv_bytes(&self) -> usize {
-        self.cache.iter().map(LayerCache::nbytes).sum()
+        self.set.kv_bytes()
+    }
+
+    /// Row `row`'s first `len` positions, for an offer `collect` made.
+    pub fn snapshot(&self, offer: &Offer) -> Result<super::prompt_cache::Snapshot> {
+        self.set.snapshot(offer.row, offer.tokens.len())
     }
 
     /// Adds prefilled rows with their caches and first tokens.
-    pub fn join(&mut self, rows: Vec<Row>, cache: Vec<LayerCache>, first: Drawn) -> Result<()> {
-        if self.rows.is_empty() {
-            self.cache = cache;
-            self.pending = Some(first);
-        } else {
-            for (mine, theirs) in self.cache.iter_mut().zip(cache) {
-                mine.extend(theirs)?;
-            }
-            let pending = self.pending.take().expect("a non-empty batch has pending tokens");
-            self.pending = Some(pending.concat(first, self.rows.len(), rows.len())?);
-        }
-        self.rows.extend(rows);
+    pub fn join(&mut self, rows: RowSet, first: Drawn) -> Result<()> {
+        let pending = match self.pending.take() {
+            None => first,
+            Some(p) => p.concat(first, self.set.len(), rows.len())?,
+        };
+        self.set.extend(rows)?;
+        self.pending = Some(pending);
         Ok(())
     }
 
     /// Builds and starts the step that consumes the pending tokens.
     pub fn schedule(&mut self, model: &dyn LanguageModel) -> Result<()> {
         let Some(drawn) = self.pending.take() else { return Ok(()) };
-        let b = self.rows.len() as i32;
+        let b = self.set.len() as i32;
         let x = drawn.tokens.reshape(&[b, 1])?;
-        let logits = model.forward(&x, &mut self.cache, Output::LastLogits)?.expect("logits requested");
+        let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
         let logits = logits.reshape(&[b, -1])?;
-        let next = sample_rows(&mut self.rows, &logits, Some(&drawn.tokens))?;
+        let next = sample_rows(&mut self.set.rows, &logits, Some(&drawn.tokens))?;
         self.current = Some(drawn);
         self.pending = Some(next);
         Ok(())
     }
 
-    /// Reads the current tokens, hands them to their rows, and removes rows
-    /// that ended (or were cancelled) from the batch. Returns the KV bytes
-    /// reserved by the rows that left, and snapshots of the rows that
-    /// completed with at least `snapshot_min` tokens (if given) for the
-    /// prompt cache.
-    pub fn collect(&mut self, text: &TextAssets, ctx_len: usize, snapshot_min: Option<usize>) -> Result<(usize, Vec<Capture>)> {
-        let Some(current) = self.current.take() else { return Ok((0, vec![])) };
+    /// Reads the current tokens and hands them to their rows. Rows that
+    /// ended (or were cancelled) stay until `retire`; the rows that
+    /// completed offer their whole history to the prompt cache.
+    pub fn collect(&mut self, text: &TextAssets, ctx_len: usize) -> Result<Vec<Offer>> {
+        let Some(current) = self.current.take() else { return Ok(vec![]) };
         let tokens: Vec<u32> = current.tokens.to_vec_i32()?.iter().map(|&t| t as u32).collect();
+        let held: Vec<usize> = (0..self.set.len()).map(|i| self.set.row_len(i) as usize).collect();
+        let rows = &mut self.set.rows;
         let mut lps: Vec<Option<_>> = match &current.logprobs {
             Some(l) => {
-                let top: Vec<usize> = self.rows.iter().map(|r| r.logprobs.unwrap_or(0)).collect();
-                l.read(&tokens, &top)?.into_iter().zip(&self.rows).map(|(lp, r)| r.logprobs.map(|_| lp)).collect()
+                let top: Vec<usize> = rows.iter().map(|r| r.logprobs.unwrap_or(0)).collect();
+                l.read(&tokens, &top)?.into_iter().zip(rows.iter()).map(|(lp, r)| r.logprobs.map(|_| lp)).collect()
             }
             None => vec![None; tokens.len()],
         };
-        let mut keep = Vec::with_capacity(self.rows.len());
-        let mut captures = vec![];
-        for (i, (row, &tok)) in self.rows.iter_mut().zip(&tokens).enumerate() {
+        let mut keep = Vec::with_capacity(rows.len());
+        let mut offers = vec![];
+        for (i, (row, &tok)) in rows.iter_mut().zip(&tokens).enumerate() {
             if row.is_cancelled() {
                 row.finish(super::FinishReason::Cancelled, None);
                 continue;
@@ -153,43 +154,41 @@ impl DecodeBatch {
             }
             // The step just scheduled fed this token: the row's KV covers its
             // whole history, which the next turn of a chat starts with.
-            let history = row.history();
-            let len = self.cache.first().map_or(0, |c| c.row_len(i)) as usize;
-            if row.use_cache && snapshot_min.is_some_and(|m| history.len() >= m) && len == history.len() {
-                captures.push((row.namespace.clone(), history, Snapshot::of_row(&self.cache, i, len as i32)?));
+            if row.use_cache {
+                let history = row.history();
+                if held[i] == history.len() {
+                    offers.push(Offer { row: i, namespace: row.namespace.clone(), tokens: history });
+                }
             }
         }
-        Ok((self.retain(&keep)?, captures))
+        self.keep = Some(keep);
+        Ok(offers)
     }
 
-    fn retain(&mut self, keep: &[usize]) -> Result<usize> {
-        if keep.len() == self.rows.len() {
-            return Ok(0);
+    /// Removes the rows that ended in the last `collect`; returns how many
+    /// and the KV bytes they reserved.
+    pub fn retire(&mut self) -> Result<(usize, usize)> {
+        let Some(keep) = self.keep.take() else { return Ok((0, 0)) };
+        let n = self.set.len() - keep.len();
+        if n == 0 {
+            return Ok((0, 0));
         }
-        let freed = (0..self.rows.len()).filter(|i| !keep.contains(i)).map(|i| self.rows[i].kv_reserved).sum();
+        let freed = self.set.retain(&keep)?;
         if keep.is_empty() {
             *self = DecodeBatch::default();
-            return Ok(freed);
-        }
-        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
-        self.rows = keep.iter().map(|&i| rows[i].take().expect("each index once")).collect();
-        for c in &mut self.cache {
-            c.filter(keep)?;
-        }
-        if let Some(p) = self.pending.take() {
+        } else if let Some(p) = self.pending.take() {
             let idx: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
             self.pending = Some(p.take(&Array::from_i32(&idx, &[idx.len() as i32])?)?);
         }
-        Ok(freed)
+        Ok((n, freed))
     }
 
-    /// Ends every row with `f` (cancel at shutdown, or an error).
-    pub fn end_all(&mut self, mut f: impl FnMut(&mut Row)) -> usize {
-        let freed = self.rows.iter().map(|r| r.kv_reserved).sum();
-        for r in &mut self.rows {
-            f(r);
-        }
+    /// Ends every row with `f` (cancel at shutdown, or an error); returns
+    /// how many there were and the KV bytes they reserved.
+    pub fn end_all(&mut self, f: impl FnMut(&mut Row)) -> (usize, usize) {
+        let n = self.set.len();
+        let freed = self.set.end_all(f);
         *self = DecodeBatch::default();
-        freed
+        (n, freed)
     }
 }

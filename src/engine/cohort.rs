@@ -6,61 +6,62 @@
 //! decode batch.
 
 use super::batch::{sample_rows, Drawn};
-use super::prompt_cache::Snapshot;
+use super::prompt_cache::Capture;
 use super::row::Row;
+use super::row_set::{keep_rows, RowSet};
 use super::FinishReason;
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::{LanguageModel, Output};
 
+/// A row entering a cohort, with the prompt length at which the prompt
+/// cache wants a snapshot of it (if any).
+pub(crate) type Entrant = (Row, Option<usize>);
+
 pub(crate) struct Cohort {
-    pub rows: Vec<Row>,
-    cache: Vec<LayerCache>,
+    set: RowSet,
+    /// Per row: the prompt length to snapshot for the prompt cache.
+    marks: Vec<Option<usize>>,
     /// Aligned length: every prompt ends at position `total - 1`.
     total: i32,
     /// Positions already in the cache.
     done: i32,
-    /// Boundary snapshots taken while prefilling (models whose caches cannot
-    /// be cut back: their state is only valid at the boundary itself).
-    held: Vec<(String, Vec<u32>, Snapshot)>,
+}
+
+/// What one `Cohort::advance` did.
+pub(crate) struct Progress {
+    /// The first tokens, once prefill is over.
+    pub first: Option<Drawn>,
+    /// Snapshots for the prompt cache taken on the way.
+    pub captures: Vec<Capture>,
 }
 
 impl Cohort {
-    pub fn new(model: &dyn LanguageModel, rows: Vec<Row>) -> Cohort {
+    pub fn new(model: &dyn LanguageModel, entrants: Vec<Entrant>) -> Cohort {
+        let (rows, marks): (Vec<Row>, Vec<_>) = entrants.into_iter().unzip();
         let total = rows.iter().map(|r| r.prompt.len() as i32).max().unwrap_or(0);
         let pads: Vec<i32> = rows.iter().map(|r| total - r.prompt.len() as i32).collect();
         let mut cache = model.new_cache(rows.len());
         for c in &mut cache {
             c.set_padding(&pads);
         }
-        Cohort { rows, cache, total, done: 0, held: vec![] }
+        Cohort { set: RowSet::new(rows, cache), marks, total, done: 0 }
     }
 
     /// A cohort for one row whose first `done` prompt positions are already in
     /// `cache` (from the prompt cache).
-    pub fn with_prefix(row: Row, cache: Vec<LayerCache>, done: usize) -> Cohort {
+    pub fn with_prefix((row, mark): Entrant, cache: Vec<LayerCache>, done: usize) -> Cohort {
         let total = row.prompt.len() as i32;
-        Cohort { rows: vec![row], cache, total, done: done as i32, held: vec![] }
+        Cohort { set: RowSet::new(vec![row], cache), marks: vec![mark], total, done: done as i32 }
     }
 
-    /// Snapshots of each row's prompt up to its cache boundary, for rows that
-    /// want one (call once prefill is over).
-    pub fn boundary_snapshots(&mut self, min_tokens: usize) -> Result<Vec<(String, Vec<u32>, Snapshot)>> {
-        if !self.trimmable() {
-            return Ok(std::mem::take(&mut self.held));
-        }
-        let mut out = vec![];
-        for (i, r) in self.rows.iter().enumerate() {
-            if let Some(b) = r.boundary.filter(|&b| r.use_cache && b >= min_tokens && b > r.cached) {
-                out.push((r.namespace.clone(), r.prompt[..b].to_vec(), Snapshot::of_row(&self.cache, i, b as i32)?));
-            }
-        }
-        Ok(out)
+    pub fn rows(&self) -> &[Row] {
+        &self.set.rows
     }
 
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.set.len()
     }
 
     /// Prompt positions not processed yet (a joining prompt must fit in them).
@@ -69,111 +70,133 @@ impl Cohort {
     }
 
     pub fn kv_bytes(&self) -> usize {
-        self.cache.iter().map(LayerCache::nbytes).sum()
+        self.set.kv_bytes()
     }
 
     /// Adds a row whose prompt fits in `remaining()`. On error the cohort
     /// (with the row) is unusable.
-    pub fn join(&mut self, row: Row) -> Result<()> {
+    pub fn join(&mut self, (row, mark): Entrant) -> Result<()> {
         let pad = self.total - row.prompt.len() as i32;
         if pad < self.done {
             return Err(crate::Error::internal("a prompt joined a cohort it does not fit in"));
         }
-        self.rows.push(row);
-        for c in &mut self.cache {
-            let mut fresh = c.empty_like(1);
-            fresh.set_padding(&[pad - self.done]);
-            c.extend(fresh)?;
-        }
+        let fresh = self
+            .set
+            .cache()
+            .iter()
+            .map(|c| {
+                let mut f = c.empty_like(1);
+                f.set_padding(&[pad - self.done]);
+                f
+            })
+            .collect();
+        self.set.extend(RowSet::new(vec![row], fresh))?;
+        self.marks.push(mark);
         Ok(())
     }
 
     /// Token ids of positions `from..to` for every row (`[B, to - from]`);
     /// padding positions get id 0, which attention never looks at.
     fn tokens(&self, from: i32, to: i32) -> Result<Array> {
-        let mut ids = Vec::with_capacity(self.rows.len() * (to - from) as usize);
-        for r in &self.rows {
+        let rows = self.rows();
+        let mut ids = Vec::with_capacity(rows.len() * (to - from) as usize);
+        for r in rows {
             let start = self.total - r.prompt.len() as i32;
             ids.extend((from..to).map(|p| if p < start { 0 } else { r.prompt[(p - start) as usize] as i32 }));
         }
-        Ok(Array::from_i32(&ids, &[self.rows.len() as i32, to - from])?)
+        Ok(Array::from_i32(&ids, &[rows.len() as i32, to - from])?)
     }
 
-    /// Drops cancelled rows (ending them); returns their KV reservations.
-    pub fn drop_cancelled(&mut self) -> Result<usize> {
-        if !self.rows.iter().any(Row::is_cancelled) {
-            return Ok(0);
+    /// Drops cancelled rows (ending them); returns how many left and their
+    /// KV reservations.
+    pub fn drop_cancelled(&mut self) -> Result<(usize, usize)> {
+        let keep: Vec<usize> = (0..self.len()).filter(|&i| !self.set.rows[i].is_cancelled()).collect();
+        if keep.len() == self.len() {
+            return Ok((0, 0));
         }
-        let keep: Vec<usize> = (0..self.rows.len()).filter(|&i| !self.rows[i].is_cancelled()).collect();
-        let mut freed = 0;
-        for r in self.rows.iter_mut().filter(|r| r.is_cancelled()) {
+        for r in self.set.rows.iter_mut().filter(|r| r.is_cancelled()) {
             r.finish(FinishReason::Cancelled, None);
-            freed += r.kv_reserved;
         }
-        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
-        self.rows = keep.iter().map(|&i| rows[i].take().expect("each index once")).collect();
-        if !self.rows.is_empty() {
-            for c in &mut self.cache {
-                c.filter(&keep)?;
-            }
-        }
-        Ok(freed)
+        let n = self.len() - keep.len();
+        keep_rows(&mut self.marks, &keep);
+        Ok((n, self.set.retain(&keep)?))
+    }
+
+    /// Ends every row with `f`; returns how many there were and their KV
+    /// reservations.
+    pub fn end_all(mut self, f: impl FnMut(&mut Row)) -> (usize, usize) {
+        let n = self.len();
+        (n, self.set.end_all(f))
     }
 
     /// Processes up to `chunk` more positions, or, when only the last one is
     /// left, draws the first tokens (lazy): then prefill is over.
     /// The model may lower `chunk` (`LanguageModel::prefill_chunk`). For
     /// caches that cannot be cut back, chunks also end at every row's
-    /// prompt-cache boundary (rows snapshotting at least `snapshot_min`
-    /// tokens), where the snapshot is taken.
-    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32, snapshot_min: Option<usize>) -> Result<Option<Drawn>> {
+    /// snapshot mark, where its snapshot is taken; other caches are
+    /// snapshotted once prefill is over.
+    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32) -> Result<Progress> {
         let body_end = self.total - 1;
+        let mut captures = vec![];
         if self.done < body_end {
-            let chunk = model.prefill_chunk(self.rows.len(), self.done as usize, chunk.max(1) as usize) as i32;
+            let chunk = model.prefill_chunk(self.len(), self.done as usize, chunk.max(1) as usize) as i32;
             let mut to = (self.done + chunk.max(1)).min(body_end);
-            let stops = self.boundary_stops(snapshot_min);
+            let stops = self.stops();
             if let Some(&(at, _)) = stops.iter().filter(|(at, _)| *at > self.done).min() {
                 to = to.min(at);
             }
             let x = self.tokens(self.done, to)?;
-            model.forward(&x, &mut self.cache, Output::CacheOnly)?;
-            let state: Vec<&Array> = self.cache.iter().flat_map(LayerCache::state).collect();
+            model.forward(&x, self.set.cache_mut(), Output::CacheOnly)?;
+            let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).collect();
             mlx::eval(&state)?;
             self.done = to;
             for (_, i) in stops.into_iter().filter(|&(at, _)| at == to) {
-                let r = &self.rows[i];
-                let b = r.boundary.expect("a stop is a boundary");
-                let snap = Snapshot::of_row(&self.cache, i, b as i32)?;
-                self.held.push((r.namespace.clone(), r.prompt[..b].to_vec(), snap));
+                captures.push(self.capture(i)?);
             }
-            return Ok(None);
+            return Ok(Progress { first: None, captures });
         }
         let x = self.tokens(body_end, self.total)?;
-        let logits = model.forward(&x, &mut self.cache, Output::LastLogits)?.expect("logits requested");
-        let logits = logits.reshape(&[self.rows.len() as i32, -1])?;
-        let first = sample_rows(&mut self.rows, &logits, None)?;
+        let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
+        let logits = logits.reshape(&[self.len() as i32, -1])?;
+        let first = sample_rows(&mut self.set.rows, &logits, None)?;
         self.done = self.total;
-        Ok(Some(first))
+        if self.trimmable() {
+            for i in (0..self.len()).filter(|&i| self.marks[i].is_some()) {
+                captures.push(self.capture(i)?);
+            }
+        }
+        Ok(Progress { first: Some(first), captures })
+    }
+
+    /// Row `i`'s prompt up to its mark.
+    fn capture(&self, i: usize) -> Result<Capture> {
+        let r = &self.set.rows[i];
+        let b = self.marks[i].expect("a capture is at a mark");
+        let snapshot = self.set.snapshot(i, b)?;
+        Ok(Capture { namespace: r.namespace.clone(), tokens: r.prompt[..b].to_vec(), snapshot })
     }
 
     fn trimmable(&self) -> bool {
-        self.cache.iter().all(LayerCache::trimmable)
+        self.set.cache().iter().all(LayerCache::trimmable)
     }
 
-    /// (timeline position, row) of the boundaries where a model with
+    /// (timeline position, row) of the marks where a model with
     /// non-trimmable caches must stop to snapshot; none for other models.
-    fn boundary_stops(&self, snapshot_min: Option<usize>) -> Vec<(i32, usize)> {
-        let Some(min) = snapshot_min.filter(|_| !self.trimmable()) else { return vec![] };
+    fn stops(&self) -> Vec<(i32, usize)> {
+        if self.trimmable() {
+            return vec![];
+        }
         let mut out = vec![];
-        for (i, r) in self.rows.iter().enumerate() {
-            if let Some(b) = r.boundary.filter(|&b| r.use_cache && b >= min.max(1) && b > r.cached && b < r.prompt.len()) {
+        for (i, r) in self.rows().iter().enumerate() {
+            if let Some(b) = self.marks[i].filter(|&b| b < r.prompt.len()) {
                 out.push((self.total - r.prompt.len() as i32 + b as i32, i));
             }
         }
         out
     }
 
-    pub fn into_parts(self) -> (Vec<Row>, Vec<LayerCache>) {
-        (self.rows, self.cache)
+    /// The rows with their caches, once prefill is over.
+    pub fn into_set(self) -> RowSet {
+        self.set
     }
 }

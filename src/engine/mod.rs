@@ -16,6 +16,7 @@ mod planner;
 mod prompt_cache;
 pub mod request;
 mod row;
+mod row_set;
 mod scheduler;
 
 pub use crate::model::Kernels;

@@ -57,12 +57,22 @@ pub(crate) struct State<'a> {
     pub kv_reserved: usize,
 }
 
+/// Which queued requests to admit, and how: the scheduler executes this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admit {
+    Nothing,
+    /// The first `n` queued requests join the running cohort.
+    Join(usize),
+    /// The first `n` queued requests start a new cohort.
+    NewCohort(usize),
+    /// The head of the queue starts a cohort of its own from its first
+    /// `n` prompt tokens, which the prompt cache holds.
+    FromCache(usize),
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// How many requests from the head of the queue to admit.
-    pub admit: usize,
-    /// Whether they start a new cohort (else they join the running one).
-    pub new_cohort: bool,
+    pub admit: Admit,
     /// Positions per row the cohort may process this iteration.
     pub chunk: usize,
 }
@@ -72,9 +82,9 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     let mut kv = s.kv_reserved;
     let fits = |w: &Waiting, rows: usize, kv: usize| rows < l.max_rows && kv + w.kv_need <= l.kv_budget;
     let mut admit = 0;
+    let mut from_cache = None;
     let mut chunk_pref = s.cohort.and_then(|c| c.chunk);
     let mut cohort_rows = s.cohort.map_or(0, |c| c.rows);
-    let new_cohort = s.cohort.is_none();
     // Padding bookkeeping of a new cohort: its aligned length and real tokens.
     let (mut total, mut real) = (0usize, 0usize);
     for w in s.waiting {
@@ -87,7 +97,7 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
             None if w.cached > 0 && admit > 0 => break,
             None if w.cached > 0 => {
                 // Alone; later arrivals may join once it runs.
-                admit = 1;
+                from_cache = Some(w.cached);
                 cohort_rows = 1;
                 chunk_pref = w.chunk;
                 break;
@@ -117,7 +127,13 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     } else {
         (l.step_budget / cohort_rows.max(1)).min(l.pace_cap).clamp(1, full)
     };
-    Plan { admit, new_cohort: new_cohort && admit > 0, chunk }
+    let admit = match (from_cache, admit, s.cohort) {
+        (Some(n), _, _) => Admit::FromCache(n),
+        (None, 0, _) => Admit::Nothing,
+        (None, n, Some(_)) => Admit::Join(n),
+        (None, n, None) => Admit::NewCohort(n),
+    };
+    Plan { admit, chunk }
 }
 
 #[cfg(test)]
@@ -134,10 +150,10 @@ mod tests {
     fn admits_in_order_up_to_rows_and_memory() {
         let q = [w(100, 100), w(90, 100), w(120, 100), w(100, 100), w(100, 100)];
         let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
-        assert_eq!(p, Plan { admit: 4, new_cohort: true, chunk: 2048 });
+        assert_eq!(p, Plan { admit: Admit::NewCohort(4), chunk: 2048 });
         // memory: only 2 fit
         let p = plan(&State { decoding: 1, cohort: None, waiting: &q, kv_reserved: 750 }, &L);
-        assert_eq!(p.admit, 2);
+        assert_eq!(p.admit, Admit::NewCohort(2));
         assert_eq!(p.chunk, 128, "a decoding batch splits the step budget over the cohort");
     }
 
@@ -145,8 +161,7 @@ mod tests {
     fn a_blocked_head_holds_back_the_queue() {
         let q = [w(100, 900), w(10, 10)];
         let p = plan(&State { decoding: 1, cohort: None, waiting: &q, kv_reserved: 200 }, &L);
-        assert_eq!(p.admit, 0, "the small request must not overtake the big one");
-        assert!(!p.new_cohort);
+        assert_eq!(p.admit, Admit::Nothing, "the small request must not overtake the big one");
     }
 
     #[test]
@@ -154,9 +169,9 @@ mod tests {
         // 1000 then 100: padding would be 900 of 2000 positions (> 1/3).
         let q = [w(1000, 10), w(100, 10)];
         let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
-        assert_eq!(p.admit, 1);
+        assert_eq!(p.admit, Admit::NewCohort(1));
         let q = [w(100, 10), w(80, 10), w(90, 10)];
-        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, 3);
+        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::NewCohort(3));
     }
 
     #[test]
@@ -164,7 +179,7 @@ mod tests {
         let c = Some(CohortView { rows: 1, remaining: 50, chunk: None });
         let q = [w(40, 10), w(60, 10), w(10, 10)];
         let p = plan(&State { decoding: 0, cohort: c, waiting: &q, kv_reserved: 0 }, &L);
-        assert_eq!(p, Plan { admit: 1, new_cohort: false, chunk: 2048 });
+        assert_eq!(p, Plan { admit: Admit::Join(1), chunk: 2048 });
     }
 
     #[test]
@@ -172,13 +187,13 @@ mod tests {
         let hit = Waiting { cached: 64, ..w(100, 10) };
         let q = [hit, w(90, 10)];
         let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
-        assert_eq!((p.admit, p.new_cohort), (1, true));
+        assert_eq!(p.admit, Admit::FromCache(64));
         let q = [w(90, 10), hit];
-        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, 1);
+        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::NewCohort(1));
         let c = Some(CohortView { rows: 1, remaining: 500, chunk: None });
-        assert_eq!(plan(&State { decoding: 0, cohort: c, waiting: &[hit], kv_reserved: 0 }, &L).admit, 0);
+        assert_eq!(plan(&State { decoding: 0, cohort: c, waiting: &[hit], kv_reserved: 0 }, &L).admit, Admit::Nothing);
         let q = [Waiting { loading: true, ..w(90, 10) }, w(10, 10)];
-        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, 0);
+        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::Nothing);
     }
 
     #[test]
@@ -196,6 +211,6 @@ mod tests {
         assert_eq!(p.chunk, 64);
         let c = Some(CohortView { rows: 300, remaining: 10, chunk: None });
         let p = plan(&State { decoding: 2, cohort: c, waiting: &[], kv_reserved: 0 }, &L);
-        assert_eq!(p, Plan { admit: 0, new_cohort: false, chunk: 1 });
+        assert_eq!(p, Plan { admit: Admit::Nothing, chunk: 1 });
     }
 }

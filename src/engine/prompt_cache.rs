@@ -106,7 +106,16 @@ pub(crate) struct CacheStats {
     pub disk_bytes: AtomicU64,
 }
 
+/// A snapshot for the prompt cache: `snapshot` holds the first
+/// `tokens.len()` positions of a sequence in `namespace`.
+pub(crate) struct Capture {
+    pub namespace: String,
+    pub tokens: Vec<u32>,
+    pub snapshot: Snapshot,
+}
+
 /// What a lookup found for a prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Found {
     /// Leading prompt tokens available in memory.
     Hit(usize),
@@ -120,8 +129,13 @@ pub(crate) struct PromptCache {
     disk: Option<DiskIndex>,
     io: Option<(Sender<IoJob>, std::thread::JoinHandle<()>)>,
     loading: HashSet<PathBuf>,
-    pub min_tokens: usize,
+    min_tokens: usize,
     layers: usize,
+    /// Admitted requests that started from a cached prefix, those that did
+    /// not, and the prompt tokens the hits supplied.
+    hits: u64,
+    misses: u64,
+    hit_tokens: u64,
     /// Entries are only usable whole (the model has recurrent layers, whose
     /// state cannot be cut back to a shorter prefix).
     whole_only: bool,
@@ -162,6 +176,9 @@ impl PromptCache {
             loading: HashSet::new(),
             min_tokens: s.min_tokens,
             layers: s.layers,
+            hits: 0,
+            misses: 0,
+            hit_tokens: 0,
             whole_only: !s.trimmable,
             log,
         })
@@ -200,19 +217,48 @@ impl PromptCache {
         }
     }
 
-    /// Caches for the first `n` tokens of `prompt` (a hit `lookup` found).
-    pub fn take(&mut self, namespace: &str, prompt: &[u32], n: usize) -> Result<Vec<LayerCache>> {
-        let hit = if self.whole_only { self.mem.lookup_whole(namespace, &prompt[..n]) } else { self.mem.lookup(namespace, prompt) };
-        let hit = hit.ok_or_else(|| Error::internal("prompt cache entry vanished"))?;
-        hit.value.caches(n as i32)
+    /// Starts an admitted request from a hit `lookup` found: caches for the
+    /// first `n` tokens of `prompt`, counted as a hit; None, counted as a
+    /// miss, when the entry was evicted since the lookup.
+    pub fn claim(&mut self, namespace: &str, prompt: &[u32], n: usize) -> Result<Option<Vec<LayerCache>>> {
+        let hit = if self.whole_only {
+            self.mem.lookup_whole(namespace, &prompt[..n])
+        } else {
+            self.mem.lookup(namespace, prompt).filter(|h| h.tokens >= n)
+        };
+        let Some(hit) = hit else {
+            self.misses += 1;
+            return Ok(None);
+        };
+        let caches = hit.value.caches(n as i32)?;
+        self.hits += 1;
+        self.hit_tokens += n as u64;
+        Ok(Some(caches))
     }
 
-    /// Adds a snapshot of `tokens` (spilling what it evicts to disk).
-    pub fn capture(&mut self, namespace: &str, tokens: Vec<u32>, snap: Snapshot) {
-        if tokens.len() < self.min_tokens || self.mem.contains(namespace, &tokens) {
+    /// Counts an admitted request that uses the cache but starts without a
+    /// cached prefix.
+    pub fn miss(&mut self) {
+        self.misses += 1;
+    }
+
+    /// Whether a snapshot of `tokens` would be kept (long enough, not held
+    /// already): steps offer snapshots, and only these are taken.
+    pub fn wants(&self, namespace: &str, tokens: &[u32]) -> bool {
+        self.wants_len(tokens.len()) && !self.mem.contains(namespace, tokens)
+    }
+
+    /// Whether a snapshot of `n` tokens is long enough to keep.
+    pub fn wants_len(&self, n: usize) -> bool {
+        n >= self.min_tokens
+    }
+
+    /// Adds a snapshot (spilling what it evicts to disk).
+    pub fn capture(&mut self, c: Capture) {
+        if !self.wants(&c.namespace, &c.tokens) {
             return;
         }
-        for e in self.mem.insert(namespace, tokens, snap) {
+        for e in self.mem.insert(&c.namespace, c.tokens, c.snapshot) {
             self.persist(&e.namespace, &e.tokens, &e.value);
         }
     }
@@ -289,6 +335,9 @@ impl PromptCache {
     }
 
     pub fn publish(&self, s: &CacheStats) {
+        s.hits.store(self.hits, Ordering::Relaxed);
+        s.misses.store(self.misses, Ordering::Relaxed);
+        s.hit_tokens.store(self.hit_tokens, Ordering::Relaxed);
         s.memory_bytes.store(self.mem.bytes(), Ordering::Relaxed);
         s.disk_bytes.store(self.disk.as_ref().map_or(0, DiskIndex::bytes), Ordering::Relaxed);
     }

@@ -10,12 +10,12 @@
 //! Commands (submit, cancel, shutdown) are taken between iterations.
 
 use super::batch::DecodeBatch;
-use super::cohort::Cohort;
+use super::cohort::{Cohort, Entrant};
 use super::delivery::{self, DeliveryTx, Msg};
 use super::cache_io::IoDone;
 use super::pacing::Pacer;
-use super::prompt_cache::{CacheSetup, Found, PromptCache};
-use super::planner::{self, CohortView, Limits, Waiting};
+use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
+use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
 use super::{Device, EngineConfig, LogLevel, Shared};
@@ -100,12 +100,19 @@ fn drain_poisoned(rx: &Receiver<Command>, why: &str) {
     }
 }
 
+/// A job waiting for admission, with what the prompt cache holds for it
+/// (probed when it arrives, and again when a file it waits for was read).
+struct Queued {
+    job: Job,
+    found: Found,
+}
+
 struct Scheduler<'a> {
     model: Box<dyn LanguageModel>,
     text: Arc<TextAssets>,
     config: EngineConfig,
     shared: &'a Shared,
-    queue: VecDeque<Job>,
+    queue: VecDeque<Queued>,
     cohort: Option<Cohort>,
     batch: DecodeBatch,
     kv_reserved: usize,
@@ -205,6 +212,14 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
     PromptCache::new(setup, config.logger.clone(), commands).map(Some)
 }
 
+/// What the prompt cache holds for a job's prompt.
+fn probe(pcache: &mut Option<PromptCache>, job: &Job) -> Found {
+    match pcache {
+        Some(c) if job.use_cache => c.lookup(&job.cache_namespace, &job.prompt),
+        _ => Found::Miss,
+    }
+}
+
 /// Says what runs the model, and warns about a slow setup.
 fn log_startup(config: &EngineConfig, m: &model::LoadedModel, took: std::time::Duration) {
     let log = &config.logger;
@@ -267,12 +282,16 @@ impl Scheduler<'_> {
             let mut shutdown = first.is_none() && self.idle();
             for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match cmd {
-                    Command::Submit(job) => self.queue.push_back(job),
+                    Command::Submit(job) => {
+                        let found = probe(&mut self.pcache, &job);
+                        self.queue.push_back(Queued { job, found });
+                    }
                     Command::Cancel(id) => self.cancel_queued(id),
                     Command::CacheIo(done) => {
                         if let Some(c) = &mut self.pcache {
                             c.on_io(done);
                         }
+                        self.reprobe_loading();
                     }
                     Command::FlushCache(reply) => {
                         if let Some(c) = &mut self.pcache {
@@ -313,41 +332,25 @@ impl Scheduler<'_> {
         }
     }
 
+    /// Probes again the queued jobs waiting for a file to be read (it was
+    /// read, or failed to be).
+    fn reprobe_loading(&mut self) {
+        for q in self.queue.iter_mut().filter(|q| q.found == Found::Loading) {
+            q.found = probe(&mut self.pcache, &q.job);
+        }
+    }
+
     /// One round of admission, decode and prefill; returns whether anything
     /// ran.
     fn iterate(&mut self) -> bool {
-        // Only the requests the planner may admit now need a cache lookup.
-        let candidates = self.config.max_rows.min(self.queue.len());
-        let waiting: Vec<Waiting> = (0..candidates)
-            .map(|i| {
-                let j = &self.queue[i];
-                let (cached, loading) = match (&mut self.pcache, j.use_cache) {
-                    (Some(c), true) => match c.lookup(&j.cache_namespace, &j.prompt) {
-                        Found::Hit(n) => (n, false),
-                        Found::Loading => (0, true),
-                        Found::Miss => (0, false),
-                    },
-                    _ => (0, false),
-                };
-                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading }
-            })
-            .collect();
-        let cohort = self.cohort.as_ref().map(|c| CohortView {
-            rows: c.len(),
-            remaining: c.remaining().max(0) as usize,
-            chunk: c.rows.iter().filter_map(|r| r.prefill_chunk).min(),
-        });
-        let state = planner::State { decoding: self.batch.rows.len(), cohort, waiting: &waiting, kv_reserved: self.kv_reserved };
-        let plan = planner::plan(&state, &self.limits());
-        let head_cached = waiting.first().map_or(0, |w| w.cached);
-        if let Err(e) = self.admit(plan.admit, head_cached) {
+        let plan = self.plan();
+        if let Err(e) = self.admit(plan.admit) {
             self.fail_cohort(e);
         }
         let t0 = Instant::now();
         let decoding = !self.batch.is_empty();
         if let Err(e) = self.decode() {
-            let n = self.batch.rows.len();
-            let freed = self.batch.end_all(|r| r.fail(e.clone()));
+            let (n, freed) = self.batch.end_all(|r| r.fail(e.clone()));
             self.rows_ended(n, freed);
         }
         let prefilling = self.cohort.is_some();
@@ -360,64 +363,118 @@ impl Scheduler<'_> {
             (true, true) => self.pacer.decoded_and_prefilled(ms),
             _ => {}
         }
-        decoding || prefilling || plan.admit > 0
+        decoding || prefilling || plan.admit != Admit::Nothing
+    }
+
+    fn plan(&self) -> Plan {
+        // Only the requests the planner may admit now matter.
+        let waiting: Vec<Waiting> = self.queue.iter().take(self.config.max_rows)
+            .map(|q| {
+                let (cached, loading) = match q.found {
+                    Found::Hit(n) => (n, false),
+                    Found::Loading => (0, true),
+                    Found::Miss => (0, false),
+                };
+                let j = &q.job;
+                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading }
+            })
+            .collect();
+        let cohort = self.cohort.as_ref().map(|c| CohortView {
+            rows: c.len(),
+            remaining: c.remaining().max(0) as usize,
+            chunk: c.rows().iter().filter_map(|r| r.prefill_chunk).min(),
+        });
+        let state = planner::State { decoding: self.batch.len(), cohort, waiting: &waiting, kv_reserved: self.kv_reserved };
+        planner::plan(&state, &self.limits())
     }
 
     /// An MLX error leaves the cohort's arrays unusable: its requests fail.
     fn fail_cohort(&mut self, e: Error) {
-        if let Some(mut c) = self.cohort.take() {
-            for r in &mut c.rows {
-                r.fail(e.clone());
-            }
-            let freed = c.rows.iter().map(|r| r.kv_reserved).sum();
-            self.rows_ended(c.len(), freed);
+        if let Some(c) = self.cohort.take() {
+            let (n, freed) = c.end_all(|r| r.fail(e.clone()));
+            self.rows_ended(n, freed);
         }
     }
 
-    /// Moves `n` jobs from the head of the queue into the prefill cohort (a
-    /// new one aligned on the longest of them, or the running one). A new
-    /// cohort whose head has `head_cached` tokens in the prompt cache starts
-    /// from them.
-    fn admit(&mut self, n: usize, head_cached: usize) -> Result<()> {
+    /// Executes the plan's admission.
+    fn admit(&mut self, admit: Admit) -> Result<()> {
+        match admit {
+            Admit::Nothing => Ok(()),
+            Admit::Join(n) => {
+                let entrants = self.open_missed(n);
+                let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
+                entrants.into_iter().try_for_each(|e| cohort.join(e))
+            }
+            Admit::NewCohort(n) => {
+                let entrants = self.open_missed(n);
+                if !entrants.is_empty() {
+                    self.cohort = Some(Cohort::new(self.model.as_ref(), entrants));
+                }
+                Ok(())
+            }
+            Admit::FromCache(tokens) => {
+                let Some(mut row) = self.open(1).pop() else { return Ok(()) };
+                let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
+                let claimed = pc.claim(&row.namespace, &row.prompt, tokens);
+                match claimed {
+                    Err(e) => {
+                        row.fail(e);
+                        let freed = row.kv_reserved;
+                        drop(row);
+                        self.rows_ended(1, freed);
+                    }
+                    Ok(Some(cache)) => {
+                        row.cached = tokens;
+                        let e = self.entrant(row);
+                        self.cohort = Some(Cohort::with_prefix(e, cache, tokens));
+                    }
+                    // Evicted since the probe: start from scratch.
+                    Ok(None) => {
+                        let e = self.entrant(row);
+                        self.cohort = Some(Cohort::new(self.model.as_ref(), vec![e]));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Turns the first `n` queued jobs into rows, reserving their KV memory
+    /// (a job whose row cannot be set up has had its error event).
+    fn open(&mut self, n: usize) -> Vec<Row> {
         let mut rows = Vec::with_capacity(n);
         for _ in 0..n {
-            let job = self.queue.pop_front().expect("the plan admits queued jobs");
+            let Queued { job, .. } = self.queue.pop_front().expect("the plan admits queued jobs");
             self.seed_counter = self.seed_counter.wrapping_add(1);
             let need = job.kv_need;
-            let use_cache = job.use_cache && self.pcache.is_some();
             match Row::open(job, &self.text, self.seed_counter, need) {
                 Some(row) => {
                     self.kv_reserved += need;
-                    if use_cache {
-                        let counter = if head_cached > 0 && rows.is_empty() && self.cohort.is_none() {
-                            &self.shared.cache.hits
-                        } else {
-                            &self.shared.cache.misses
-                        };
-                        counter.fetch_add(1, Ordering::Relaxed);
-                    }
                     rows.push(row);
                 }
                 None => self.request_ended(),
             }
         }
-        match &mut self.cohort {
-            Some(c) => rows.into_iter().try_for_each(|r| c.join(r)),
-            None if head_cached > 0 && rows.len() == 1 => {
-                let mut row = rows.pop().expect("one row");
-                let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
-                let cache = pc.take(&row.namespace, &row.prompt, head_cached)?;
-                row.cached = head_cached;
-                self.shared.cache.hit_tokens.fetch_add(head_cached as u64, Ordering::Relaxed);
-                self.cohort = Some(Cohort::with_prefix(row, cache, head_cached));
-                Ok(())
-            }
-            None if !rows.is_empty() => {
-                self.cohort = Some(Cohort::new(self.model.as_ref(), rows));
-                Ok(())
-            }
-            None => Ok(()),
+        rows
+    }
+
+    /// `open` for rows that start without a cached prefix: those that use
+    /// the prompt cache count as misses.
+    fn open_missed(&mut self, n: usize) -> Vec<Entrant> {
+        let rows = self.open(n);
+        if let Some(pc) = &mut self.pcache {
+            rows.iter().filter(|r| r.use_cache).for_each(|_| pc.miss());
         }
+        rows.into_iter().map(|r| self.entrant(r)).collect()
+    }
+
+    /// A row with the prompt length at which the prompt cache wants a
+    /// snapshot of it: its boundary, if it uses the cache, the boundary lies
+    /// past what came from the cache, and it is long enough to keep.
+    fn entrant(&self, row: Row) -> Entrant {
+        let pc = self.pcache.as_ref();
+        let mark = row.boundary.filter(|&b| row.use_cache && b > row.cached && pc.is_some_and(|pc| pc.wants_len(b)));
+        (row, mark)
     }
 
     fn decode(&mut self) -> Result<()> {
@@ -425,38 +482,37 @@ impl Scheduler<'_> {
             return Ok(());
         }
         self.batch.schedule(self.model.as_ref())?;
-        let before = self.batch.rows.len();
-        let min = self.pcache.as_ref().map(|c| c.min_tokens);
-        let (freed, captures) = self.batch.collect(&self.text, self.ctx_len, min)?;
-        self.rows_ended(before - self.batch.rows.len(), freed);
-        if let Some(c) = &mut self.pcache {
-            for (ns, tokens, snap) in captures {
-                c.capture(&ns, tokens, snap);
+        let offers = self.batch.collect(&self.text, self.ctx_len)?;
+        if let Some(pc) = &mut self.pcache {
+            for o in offers {
+                if pc.wants(&o.namespace, &o.tokens) {
+                    let snapshot = self.batch.snapshot(&o)?;
+                    pc.capture(Capture { namespace: o.namespace, tokens: o.tokens, snapshot });
+                }
             }
         }
+        let (n, freed) = self.batch.retire()?;
+        self.rows_ended(n, freed);
         Ok(())
     }
 
     fn prefill(&mut self, chunk: usize) -> Result<()> {
         let Some(c) = self.cohort.as_mut() else { return Ok(()) };
-        let before = c.len();
-        let freed = c.drop_cancelled()?;
-        let after = c.len();
-        self.rows_ended(before - after, freed);
-        if after == 0 {
+        let (n, freed) = c.drop_cancelled()?;
+        let empty = c.len() == 0;
+        self.rows_ended(n, freed);
+        if empty {
             self.cohort = None;
             return Ok(());
         }
         let c = self.cohort.as_mut().expect("checked above");
-        let snapshot_min = self.pcache.as_ref().map(|pc| pc.min_tokens);
-        if let Some(first) = c.advance(self.model.as_ref(), chunk as i32, snapshot_min)? {
-            if let Some(pc) = &mut self.pcache {
-                for (ns, tokens, snap) in c.boundary_snapshots(pc.min_tokens)? {
-                    pc.capture(&ns, tokens, snap);
-                }
-            }
-            let (rows, cache) = self.cohort.take().expect("checked above").into_parts();
-            self.batch.join(rows, cache, first)?;
+        let progress = c.advance(self.model.as_ref(), chunk as i32)?;
+        if let Some(pc) = &mut self.pcache {
+            progress.captures.into_iter().for_each(|c| pc.capture(c));
+        }
+        if let Some(first) = progress.first {
+            let rows = self.cohort.take().expect("checked above").into_set();
+            self.batch.join(rows, first)?;
         }
         Ok(())
     }
@@ -477,32 +533,28 @@ impl Scheduler<'_> {
     }
 
     /// A request cancelled (or shut down) before it was admitted.
-    fn end_queued(&mut self, mut job: Job) {
+    fn end_queued(&mut self, Queued { mut job, .. }: Queued) {
         let usage = Usage { prompt_tokens: job.prompt.len() as u32, ..Default::default() };
         job.outlet.send(Event::Done { finish: FinishReason::Cancelled, stop_index: None, usage });
         self.request_ended();
     }
 
     fn cancel_queued(&mut self, id: u64) {
-        if let Some(pos) = self.queue.iter().position(|j| j.state.id == id) {
+        if let Some(pos) = self.queue.iter().position(|q| q.job.state.id == id) {
             let job = self.queue.remove(pos).expect("position is valid");
             self.end_queued(job);
         }
     }
 
     fn cancel_all(&mut self) {
-        let n = self.batch.rows.len();
-        let freed = self.batch.end_all(|r| r.finish(FinishReason::Cancelled, None));
+        let (n, freed) = self.batch.end_all(|r| r.finish(FinishReason::Cancelled, None));
         self.rows_ended(n, freed);
-        if let Some(mut c) = self.cohort.take() {
-            for r in &mut c.rows {
-                r.finish(FinishReason::Cancelled, None);
-            }
-            let freed = c.rows.iter().map(|r| r.kv_reserved).sum();
-            self.rows_ended(c.len(), freed);
+        if let Some(c) = self.cohort.take() {
+            let (n, freed) = c.end_all(|r| r.finish(FinishReason::Cancelled, None));
+            self.rows_ended(n, freed);
         }
-        while let Some(job) = self.queue.pop_front() {
-            self.end_queued(job);
+        while let Some(q) = self.queue.pop_front() {
+            self.end_queued(q);
         }
     }
 
@@ -511,7 +563,7 @@ impl Scheduler<'_> {
         let cohort_rows = self.cohort.as_ref().map_or(0, Cohort::len);
         let kv = self.batch.kv_bytes() + self.cohort.as_ref().map_or(0, Cohort::kv_bytes);
         s.queued.store(self.queue.len(), Ordering::Relaxed);
-        s.active.store(self.batch.rows.len() + cohort_rows, Ordering::Relaxed);
+        s.active.store(self.batch.len() + cohort_rows, Ordering::Relaxed);
         s.kv_bytes.store(kv, Ordering::Relaxed);
         s.kv_reserved.store(self.kv_reserved, Ordering::Relaxed);
         s.active_memory.store(mlx::memory::active(), Ordering::Relaxed);

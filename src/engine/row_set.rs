@@ -1,0 +1,118 @@
+//! Rows and their per-layer caches, kept in step: what a prefill cohort and
+//! the decode batch have in common. Row `i` of `rows` is row `i` of every
+//! layer cache; adding and removing rows keeps it so.
+
+use super::prompt_cache::Snapshot;
+use super::row::Row;
+use crate::cache::LayerCache;
+use crate::error::Result;
+
+#[derive(Default)]
+pub(crate) struct RowSet {
+    pub rows: Vec<Row>,
+    cache: Vec<LayerCache>,
+}
+
+/// A prompt-cache snapshot a step offers: the first `tokens.len()` positions
+/// of row `row`, in `namespace`. The scheduler takes the ones the prompt
+/// cache wants (`RowSet::snapshot`) before the row leaves.
+pub(crate) struct Offer {
+    pub row: usize,
+    pub namespace: String,
+    pub tokens: Vec<u32>,
+}
+
+impl RowSet {
+    pub fn new(rows: Vec<Row>, cache: Vec<LayerCache>) -> RowSet {
+        RowSet { rows, cache }
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn cache(&self) -> &[LayerCache] {
+        &self.cache
+    }
+
+    pub fn cache_mut(&mut self) -> &mut Vec<LayerCache> {
+        &mut self.cache
+    }
+
+    pub fn kv_bytes(&self) -> usize {
+        self.cache.iter().map(LayerCache::nbytes).sum()
+    }
+
+    /// KV bytes reserved by all rows.
+    pub fn reserved(&self) -> usize {
+        self.rows.iter().map(|r| r.kv_reserved).sum()
+    }
+
+    /// Tokens the caches hold for `row`.
+    pub fn row_len(&self, row: usize) -> i32 {
+        self.cache.first().map_or(0, |c| c.row_len(row))
+    }
+
+    /// Adds `other`'s rows after these (caches right-aligned, see
+    /// `KvCache::extend`). On error the set is unusable.
+    pub fn extend(&mut self, other: RowSet) -> Result<()> {
+        if self.rows.is_empty() {
+            *self = other;
+            return Ok(());
+        }
+        for (mine, theirs) in self.cache.iter_mut().zip(other.cache) {
+            mine.extend(theirs)?;
+        }
+        self.rows.extend(other.rows);
+        Ok(())
+    }
+
+    /// Keeps the rows `keep` (ascending indices) and their cache rows;
+    /// returns the KV bytes reserved by the rows that left.
+    pub fn retain(&mut self, keep: &[usize]) -> Result<usize> {
+        if keep.len() == self.rows.len() {
+            return Ok(0);
+        }
+        let freed = self.reserved() - keep.iter().map(|&i| self.rows[i].kv_reserved).sum::<usize>();
+        if keep.is_empty() {
+            *self = RowSet::default();
+            return Ok(freed);
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        self.rows = keep.iter().map(|&i| rows[i].take().expect("each index once")).collect();
+        for c in &mut self.cache {
+            c.filter(keep)?;
+        }
+        Ok(freed)
+    }
+
+    /// Ends every row with `f` (cancel at shutdown, or an error) and empties
+    /// the set; returns the KV bytes they reserved.
+    pub fn end_all(&mut self, mut f: impl FnMut(&mut Row)) -> usize {
+        let freed = self.reserved();
+        for r in &mut self.rows {
+            f(r);
+        }
+        *self = RowSet::default();
+        freed
+    }
+
+    /// Row `row`'s first `len` positions (see `Snapshot::of_row`).
+    pub fn snapshot(&self, row: usize, len: usize) -> Result<Snapshot> {
+        Snapshot::of_row(&self.cache, row, len as i32)
+    }
+}
+
+/// Keeps the entries `keep` (ascending indices) of a per-row vector.
+pub(crate) fn keep_rows<T>(v: &mut Vec<T>, keep: &[usize]) {
+    let mut i = 0;
+    v.retain(|_| {
+        let k = keep.binary_search(&i).is_ok();
+        i += 1;
+        k
+    });
+}
