@@ -6,6 +6,8 @@ mod common;
 
 use common::*;
 use mlxrt::engine::Event;
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
@@ -53,4 +55,46 @@ fn destroying_another_engine_from_a_callback_joins_its_delivery_thread() {
     .expect("submit to A");
     let joined = rx.recv_timeout(Duration::from_secs(300)).expect("A's callback destroyed B");
     assert!(joined, "destroying engine B from engine A's callback returned before B's delivery thread finished");
+}
+
+/// Compiles tests/c/`name`.c against the built cdylib.
+fn compile_c(name: &str, out: &str, extra: &[&str]) -> PathBuf {
+    let (root, lib) = (repo_root(), lib_dir());
+    let bin = lib.join(out);
+    let mut cmd = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cmd.args(["-std=c11", "-g", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(extra)
+        .arg(format!("-I{}", root.join("include").display()))
+        .arg(root.join(format!("tests/c/{name}.c")))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lmlxrt")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lpthread", "-o"])
+        .arg(&bin);
+    let st = cmd.status().expect("run the C compiler");
+    assert!(st.success(), "compiling {name}.c failed: {cmd:?}");
+    bin
+}
+
+/// Runs a compiled C test. cargo's LD_LIBRARY_PATH lists target/<profile>
+/// before deps/ and would win over the rpath, loading whatever `cargo build`
+/// left there: point it at the library this test run built.
+fn run_c(cmd: &mut Command, what: &str) {
+    let out = cmd.env("LD_LIBRARY_PATH", lib_dir()).arg(model_path()).output().expect("run the C test");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    assert!(out.status.success(), "{what} failed ({})", out.status);
+    assert!(stderr.contains("all checks passed"), "{what}: no success line");
+}
+
+#[test]
+fn pull_stream_read_inside_a_callback_delivers() {
+    let bin = compile_c("test_stream_in_callback", "test_stream_in_callback", &[]);
+    run_c(&mut Command::new(bin), "stream in callback");
+}
+
+#[test]
+fn pull_stream_read_inside_a_callback_under_address_sanitizer() {
+    let bin = compile_c("test_stream_in_callback", "test_stream_in_callback_asan", &["-fsanitize=address", "-fno-omit-frame-pointer"]);
+    run_c(Command::new(bin).env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0"), "stream in callback (ASan)");
 }

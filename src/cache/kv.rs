@@ -1,13 +1,13 @@
 //! The KV cache of one attention layer for a batch of rows. Rows share one
-//! physical timeline of `len` positions; a row whose history is shorter is
-//! left-padded (`pad[row]` leading positions it never attends to). One row
+//! physical timeline (`Timeline`) of `len` positions; a row whose history is
+//! shorter is left-padded (leading positions it never attends to). One row
 //! without padding is the plain single-sequence cache, with no mask or
 //! per-row positions overhead.
 //!
 //! The buffer grows in steps, so appending a token is an in-place slice
 //! update rather than a concatenation.
 
-use super::{AttnMask, Positions};
+use super::{AttnMask, Positions, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
 
@@ -17,31 +17,28 @@ const STEP: i32 = 256;
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
-    /// Positions written (the same for every row).
-    len: i32,
-    /// Left padding of each row.
-    pad: Vec<i32>,
+    t: Timeline,
 }
 
 impl KvCache {
     /// An empty cache for `rows` rows.
     pub fn new(rows: usize) -> KvCache {
-        KvCache { keys: None, values: None, len: 0, pad: vec![0; rows] }
+        KvCache { keys: None, values: None, t: Timeline::new(rows) }
     }
 
     /// A one-row cache holding `keys`, `values` (`[1, H, n, D]`) as its first
     /// `n` positions. The arrays are not written to: the first append grows
     /// into a new buffer.
     pub fn from_prefix(keys: Array, values: Array) -> KvCache {
-        let len = keys.dim(2);
-        KvCache { keys: Some(keys), values: Some(values), len, pad: vec![0] }
+        let t = Timeline::single(keys.dim(2));
+        KvCache { keys: Some(keys), values: Some(values), t }
     }
 
     /// A contiguous copy of `row`'s keys and values at its own positions
     /// `from..to` (0 = its first real token).
     pub fn row_slice(&self, row: usize, from: i32, to: i32) -> Result<(Array, Array)> {
         let (k, v) = self.contents()?.ok_or_else(|| Error::internal("slicing an empty cache"))?;
-        let (p, r) = (self.pad[row], row as i32);
+        let (p, r) = (self.t.pads()[row], row as i32);
         if to > self.row_len(row) || from > to {
             return Err(Error::internal(format!("row {row} has {} positions, asked {from}..{to}", self.row_len(row))));
         }
@@ -52,55 +49,56 @@ impl KvCache {
         Ok((cut(&k)?, cut(&v)?))
     }
 
-    /// Declares left padding for the rows of an empty cache; padding may
-    /// run past what is written (those rows' prompts start later).
+    /// The rows' shared timeline (length and left padding).
+    pub fn timeline(&self) -> &Timeline {
+        &self.t
+    }
+
+    /// Declares left padding for the rows of an empty cache (see `Timeline`).
     pub fn set_padding(&mut self, pads: &[i32]) {
-        debug_assert!(self.len == 0 && pads.len() == self.pad.len());
-        self.pad = pads.to_vec();
+        self.t.set_padding(pads);
     }
 
     pub fn rows(&self) -> usize {
-        self.pad.len()
+        self.t.rows()
     }
 
     /// Physical length (positions written, padding included).
     pub fn len(&self) -> i32 {
-        self.len
+        self.t.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.t.is_empty()
     }
 
     /// Tokens actually held for `row` (its length without padding).
     pub fn row_len(&self, row: usize) -> i32 {
-        self.len - self.pad[row]
-    }
-
-    fn padded(&self) -> bool {
-        self.pad.iter().any(|&p| p != self.pad[0])
+        self.t.row_len(row)
     }
 
     /// RoPE positions of the next tokens.
     pub fn positions(&self) -> Result<Positions> {
-        if !self.padded() {
-            return Ok(Positions::Same(self.len - self.pad[0]));
+        let (len, pad) = (self.t.len(), self.t.pads());
+        if !self.t.ragged() {
+            return Ok(Positions::Same(len - pad[0]));
         }
-        let off: Vec<i32> = self.pad.iter().map(|&p| self.len - p).collect();
+        let off: Vec<i32> = pad.iter().map(|&p| len - p).collect();
         Ok(Positions::PerRow(Array::from_i32(&off, &[off.len() as i32])?))
     }
 
     /// The mask for `n` new tokens attending to everything cached plus
     /// themselves (causally), without the padding.
     pub fn mask(&self, n: i32) -> Result<AttnMask> {
-        if self.pad.iter().all(|&p| p == 0) {
+        let (len, pad) = (self.t.len(), self.t.pads());
+        if pad.iter().all(|&p| p == 0) {
             return Ok(if n > 1 { AttnMask::Causal } else { AttnMask::None });
         }
-        let total = self.len + n;
+        let total = len + n;
         let b = self.rows() as i32;
         let keys = Array::arange(0, total)?.reshape(&[1, 1, 1, total])?;
-        let queries = Array::arange(self.len, total)?.reshape(&[1, 1, n, 1])?;
-        let pad = Array::from_i32(&self.pad, &[b, 1, 1, 1])?;
+        let queries = Array::arange(len, total)?.reshape(&[1, 1, n, 1])?;
+        let pad = Array::from_i32(pad, &[b, 1, 1, 1])?;
         let causal = queries.greater_equal(&keys)?;
         let not_pad = keys.greater_equal(&pad)?;
         Ok(AttnMask::Array(causal.logical_and(&not_pad)?))
@@ -114,22 +112,23 @@ impl KvCache {
     /// position, so prompt-cache snapshots and row slices work as for a full
     /// layer).
     pub fn window_mask(&self, n: i32, window: i32) -> Result<(i32, AttnMask)> {
-        let start = (self.len - window + 1).max(0);
-        let total = self.len + n;
+        let (len, pad) = (self.t.len(), self.t.pads());
+        let start = (len - window + 1).max(0);
+        let total = len + n;
         // The window bites inside the new block when its last query cannot
         // see `start`.
         let bites = total - 1 - (window - 1) > start;
-        let pad_visible = self.pad.iter().any(|&p| p > start);
+        let pad_visible = pad.iter().any(|&p| p > start);
         if !bites && !pad_visible {
             return Ok((start, if n > 1 { AttnMask::Causal } else { AttnMask::None }));
         }
         let b = self.rows() as i32;
         let span = total - start;
         let keys = Array::arange(start, total)?.reshape(&[1, 1, 1, span])?;
-        let queries = Array::arange(self.len, total)?.reshape(&[1, 1, n, 1])?;
+        let queries = Array::arange(len, total)?.reshape(&[1, 1, n, 1])?;
         let causal = queries.greater_equal(&keys)?;
         let near = keys.add(&Array::scalar_i32(window)?)?.greater(&queries)?;
-        let pad = Array::from_i32(&self.pad, &[b, 1, 1, 1])?;
+        let pad = Array::from_i32(pad, &[b, 1, 1, 1])?;
         let not_pad = keys.greater_equal(&pad)?;
         Ok((start, AttnMask::Array(causal.logical_and(&near)?.logical_and(&not_pad)?)))
     }
@@ -143,7 +142,7 @@ impl KvCache {
         if b as usize != self.rows() {
             return Err(Error::internal(format!("cache has {} rows, update has {b}", self.rows())));
         }
-        let prev = self.len;
+        let prev = self.t.len();
         let cap = self.keys.as_ref().map_or(0, |a| a.dim(2));
         if prev + l > cap {
             let n = (STEP + l - 1) / STEP * STEP;
@@ -162,8 +161,8 @@ impl KvCache {
                 }
             }
         }
-        self.len += l;
-        let end = self.len;
+        self.t.advance(l);
+        let end = self.t.len();
         // The old buffers are dropped on return, so at evaluation time only the
         // update node holds them and MLX can write into them in place.
         let old_k = self.keys.take().expect("allocated above");
@@ -179,7 +178,10 @@ impl KvCache {
     /// Keys and values of the written positions (`[B, H, len, D]`).
     fn contents(&self) -> Result<Option<(Array, Array)>> {
         match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => Ok(Some((k.slice_axis(2, 0, self.len)?, v.slice_axis(2, 0, self.len)?))),
+            (Some(k), Some(v)) => {
+                let len = self.t.len();
+                Ok(Some((k.slice_axis(2, 0, len)?, v.slice_axis(2, 0, len)?)))
+            }
             _ => Ok(None),
         }
     }
@@ -195,8 +197,7 @@ impl KvCache {
             self.keys = Some(Array::concatenate(&[&zk, &k], 2)?);
             self.values = Some(Array::concatenate(&[&zv, &v], 2)?);
         }
-        self.len += n;
-        self.pad.iter_mut().for_each(|p| *p += n);
+        self.t.pad_front(n);
         Ok(())
     }
 
@@ -204,9 +205,9 @@ impl KvCache {
     /// timelines (the shorter one is left-padded). Either may have positions
     /// but no buffers yet (all padding); zeros stand in for them.
     pub fn extend(&mut self, mut other: KvCache) -> Result<()> {
-        let end = self.len.max(other.len);
-        self.pad_front(end - self.len)?;
-        other.pad_front(end - other.len)?;
+        let end = self.len().max(other.len());
+        self.pad_front(end - self.len())?;
+        other.pad_front(end - other.len())?;
         let (mine, theirs) = (self.contents()?, other.contents()?);
         let like = mine.as_ref().or(theirs.as_ref()).map(|(k, v)| (k.shape(), v.shape(), k.dtype()));
         if let Some((ks, vs, dt)) = like {
@@ -222,7 +223,7 @@ impl KvCache {
             self.keys = Some(Array::concatenate(&[&k1, &k2], 0)?);
             self.values = Some(Array::concatenate(&[&v1, &v2], 0)?);
         }
-        self.pad.extend_from_slice(&other.pad);
+        self.t.extend(&other.t);
         Ok(())
     }
 
@@ -230,19 +231,14 @@ impl KvCache {
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
         let idx: Vec<i32> = keep.iter().map(|&r| r as i32).collect();
         let idx_arr = Array::from_i32(&idx, &[idx.len() as i32])?;
-        self.pad = keep.iter().map(|&r| self.pad[r]).collect();
-        if let Some((k, v)) = self.contents()? {
-            self.keys = Some(k.take(&idx_arr, 0)?);
-            self.values = Some(v.take(&idx_arr, 0)?);
-        }
-        let shared = self.pad.iter().copied().min().unwrap_or(0).min(self.len);
-        if shared > 0 {
-            if let Some((k, v)) = self.contents()? {
-                self.keys = Some(k.slice_axis(2, shared, self.len)?);
-                self.values = Some(v.slice_axis(2, shared, self.len)?);
-            }
-            self.len -= shared;
-            self.pad.iter_mut().for_each(|p| *p -= shared);
+        let contents = self.contents()?;
+        let len = self.t.len();
+        let shared = self.t.filter(keep);
+        if let Some((k, v)) = contents {
+            let (k, v) = (k.take(&idx_arr, 0)?, v.take(&idx_arr, 0)?);
+            let cut = |a: Array| if shared > 0 { a.slice_axis(2, shared, len) } else { Ok(a) };
+            self.keys = Some(cut(k)?);
+            self.values = Some(cut(v)?);
         }
         Ok(())
     }

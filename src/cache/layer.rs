@@ -4,7 +4,7 @@
 //! kind through the same methods; a model builds the kinds it needs
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
-use super::{KvCache, Positions, StateCache};
+use super::{KvCache, Positions, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
 
@@ -36,19 +36,21 @@ impl LayerCache {
         }
     }
 
-    pub fn rows(&self) -> usize {
+    /// The rows' shared timeline (length and left padding).
+    pub fn timeline(&self) -> &Timeline {
         match self {
-            LayerCache::Kv(c) => c.rows(),
-            LayerCache::State(c) => c.rows(),
+            LayerCache::Kv(c) => c.timeline(),
+            LayerCache::State(c) => c.timeline(),
         }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.timeline().rows()
     }
 
     /// Physical length of the shared timeline (padding included).
     pub fn len(&self) -> i32 {
-        match self {
-            LayerCache::Kv(c) => c.len(),
-            LayerCache::State(c) => c.len(),
-        }
+        self.timeline().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -57,10 +59,7 @@ impl LayerCache {
 
     /// Tokens held for `row` (its length without padding).
     pub fn row_len(&self, row: usize) -> i32 {
-        match self {
-            LayerCache::Kv(c) => c.row_len(row),
-            LayerCache::State(c) => c.row_len(row),
-        }
+        self.timeline().row_len(row)
     }
 
     /// RoPE positions of the next tokens (attention layers only).

@@ -7,11 +7,13 @@ pub mod layer;
 pub mod prefix;
 pub mod state;
 pub mod store;
+pub mod timeline;
 mod radix;
 
 pub use kv::KvCache;
 pub use layer::{LayerCache, LayerSnapshot};
 pub use state::StateCache;
+pub use timeline::Timeline;
 
 use crate::mlx::fast::Mask;
 use crate::mlx::Array;

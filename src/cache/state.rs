@@ -4,10 +4,11 @@
 //! it summarizes the whole history in a fixed size, so it cannot be cut back
 //! to a shorter prefix: a snapshot is valid at exactly its length.
 //!
-//! Rows share one timeline with the model's KV caches (`len` positions,
-//! `pad[row]` leading padding). Padding positions must leave a row's state
+//! Rows share one timeline with the model's KV caches (`Timeline`: `len`
+//! positions, leading padding per row). Padding positions must leave a row's state
 //! untouched; `token_mask` tells the layer which positions are real.
 
+use super::Timeline;
 use crate::error::{Error, Result};
 use crate::mlx::Array;
 
@@ -16,51 +17,55 @@ pub struct StateCache {
     conv: Option<Array>,
     /// `[B, heads, d_v, d_k]` (f32): the recurrent state.
     state: Option<Array>,
-    len: i32,
-    pad: Vec<i32>,
+    t: Timeline,
 }
 
 impl StateCache {
     pub fn new(rows: usize) -> StateCache {
-        StateCache { conv: None, state: None, len: 0, pad: vec![0; rows] }
+        StateCache { conv: None, state: None, t: Timeline::new(rows) }
     }
 
     /// A one-row cache holding the state after exactly `len` tokens.
     pub fn from_snapshot(conv: Array, state: Array, len: i32) -> StateCache {
-        StateCache { conv: Some(conv), state: Some(state), len, pad: vec![0] }
+        StateCache { conv: Some(conv), state: Some(state), t: Timeline::single(len) }
     }
 
-    /// Declares left padding for the rows of an empty cache (see `KvCache`).
+    /// The rows' shared timeline (length and left padding).
+    pub fn timeline(&self) -> &Timeline {
+        &self.t
+    }
+
+    /// Declares left padding for the rows of an empty cache (see `Timeline`).
     pub fn set_padding(&mut self, pads: &[i32]) {
-        debug_assert!(self.len == 0 && pads.len() == self.pad.len());
-        self.pad = pads.to_vec();
+        self.t.set_padding(pads);
     }
 
     pub fn rows(&self) -> usize {
-        self.pad.len()
+        self.t.rows()
     }
 
     pub fn len(&self) -> i32 {
-        self.len
+        self.t.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.t.is_empty()
     }
 
     pub fn row_len(&self, row: usize) -> i32 {
-        (self.len - self.pad[row]).max(0)
+        self.t.row_len(row)
     }
 
     /// `[B, n]` bool, true where one of the next `n` positions is a real
     /// token of the row; None when all of them are.
     pub fn token_mask(&self, n: i32) -> Result<Option<Array>> {
-        if self.pad.iter().all(|&p| p <= self.len) {
+        let (len, pad) = (self.t.len(), self.t.pads());
+        if pad.iter().all(|&p| p <= len) {
             return Ok(None);
         }
         let b = self.rows() as i32;
-        let pos = Array::arange(self.len, self.len + n)?.reshape(&[1, n])?;
-        let pad = Array::from_i32(&self.pad, &[b, 1])?;
+        let pos = Array::arange(len, len + n)?.reshape(&[1, n])?;
+        let pad = Array::from_i32(pad, &[b, 1])?;
         Ok(Some(pos.greater_equal(&pad)?))
     }
 
@@ -79,7 +84,7 @@ impl StateCache {
         }
         self.conv = Some(conv);
         self.state = Some(state);
-        self.len += n;
+        self.t.advance(n);
         Ok(())
     }
 
@@ -87,11 +92,10 @@ impl StateCache {
     /// shorter one gains leading padding; the state does not depend on it).
     /// Rows without a state yet get zeros, which is a fresh state.
     pub fn extend(&mut self, mut other: StateCache) -> Result<()> {
-        let end = self.len.max(other.len);
+        let end = self.len().max(other.len());
         for c in [&mut *self, &mut other] {
-            let d = end - c.len;
-            c.pad.iter_mut().for_each(|p| *p += d);
-            c.len = end;
+            let d = end - c.len();
+            c.t.pad_front(d);
         }
         let (a, b) = (self.rows() as i32, other.rows() as i32);
         let cat = |x: Option<Array>, y: Option<Array>| -> Result<Option<Array>> {
@@ -116,7 +120,7 @@ impl StateCache {
         };
         self.conv = cat(self.conv.take(), other.conv.take())?;
         self.state = cat(self.state.take(), other.state.take())?;
-        self.pad.extend_from_slice(&other.pad);
+        self.t.extend(&other.t);
         Ok(())
     }
 
@@ -124,15 +128,13 @@ impl StateCache {
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
         let idx: Vec<i32> = keep.iter().map(|&r| r as i32).collect();
         let idx = Array::from_i32(&idx, &[keep.len() as i32])?;
-        self.pad = keep.iter().map(|&r| self.pad[r]).collect();
         for a in [&mut self.conv, &mut self.state] {
             if let Some(x) = a.take() {
                 *a = Some(x.take(&idx, 0)?);
             }
         }
-        let shared = self.pad.iter().copied().min().unwrap_or(0).min(self.len);
-        self.len -= shared;
-        self.pad.iter_mut().for_each(|p| *p -= shared);
+        // The state does not depend on padding: nothing to cut.
+        self.t.filter(keep);
         Ok(())
     }
 

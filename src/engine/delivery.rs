@@ -1,10 +1,14 @@
-//! The delivery thread: runs host callbacks so that they never run inside a C
-//! ABI call and never stall the scheduler. It guarantees exactly one terminal
-//! event per request: a sink is dropped right after its terminal event, later
-//! events for it are ignored, and sinks still open at shutdown get an error.
-//! It also releases the request's in-flight place just before delivering the
-//! terminal event, so a host that submits again from (or right after) it is
-//! not refused as busy.
+//! Where a request's events go. Callback sinks run on the delivery thread, so
+//! that they never run inside a C ABI call and never stall the scheduler;
+//! pull streams get their events pushed straight into their queue (an
+//! `Outlet`), so a stream read inside a callback never waits behind it.
+//!
+//! Either way each request gets exactly one terminal event: an `Outlet`
+//! passes on at most one (and sends an error if dropped without one), the
+//! delivery thread drops a sink right after its terminal event and gives
+//! sinks still open at shutdown an error. The request's in-flight place is
+//! released just before its terminal event is delivered, so a host that
+//! submits again from (or right after) it is not refused as busy.
 
 use super::request::{Event, EventSink};
 use super::Shared;
@@ -16,7 +20,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 pub(crate) enum Msg {
-    /// A request's sink; sent by the scheduler before any of its events.
+    /// A request's sink; sent at submit, before the request reaches the
+    /// scheduler (so before any of its events).
     Open(u64, Box<dyn EventSink>),
     Event(u64, Event),
     /// The scheduler died: every open request gets an error.
@@ -26,21 +31,84 @@ pub(crate) enum Msg {
 
 pub(crate) type DeliveryTx = Sender<Msg>;
 
+/// The producer's end of one request's events, held by its queued job and
+/// then its row.
+pub(crate) struct Outlet {
+    id: u64,
+    to: Target,
+    ended: bool,
+}
+
+enum Target {
+    /// A callback sink opened on the delivery thread.
+    Delivery(DeliveryTx),
+    /// A pull stream's queue (non-blocking, unbounded).
+    Queue(Sender<Event>, Arc<Shared>),
+}
+
+impl Outlet {
+    pub fn delivery(id: u64, tx: DeliveryTx) -> Outlet {
+        Outlet { id, to: Target::Delivery(tx), ended: false }
+    }
+
+    pub fn queue(id: u64, tx: Sender<Event>, shared: Arc<Shared>) -> Outlet {
+        Outlet { id, to: Target::Queue(tx, shared), ended: false }
+    }
+
+    /// Whether the terminal event was sent.
+    pub fn is_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Sends `ev`, unless the terminal event was already sent.
+    pub fn send(&mut self, ev: Event) {
+        if self.ended {
+            return;
+        }
+        self.ended = ev.is_terminal();
+        match &self.to {
+            Target::Delivery(tx) => {
+                let _ = tx.send(Msg::Event(self.id, ev));
+            }
+            Target::Queue(tx, shared) => {
+                if self.ended {
+                    release(shared);
+                }
+                let _ = tx.send(ev);
+            }
+        }
+    }
+}
+
+impl Drop for Outlet {
+    /// A request dropped without a terminal event (a bug, or a panic
+    /// unwinding the scheduler) still ends.
+    fn drop(&mut self) {
+        self.send(Event::Error(Error::internal("the request was dropped by the scheduler")));
+    }
+}
+
+/// Gives back a finished request's in-flight place.
+fn release(shared: &Shared) {
+    shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+    shared.completed.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn poison_error(why: &str) -> Error {
+    Error::new(ErrorKind::EnginePoisoned, format!("the engine failed and cannot continue: {why}"))
+}
+
 pub(crate) fn run(rx: Receiver<Msg>, shared: Arc<Shared>) {
     let mut open: HashMap<u64, Box<dyn EventSink>> = HashMap::new();
     let mut poisoned: Option<String> = None;
-    let poison_event = |why: &str| {
-        Event::Error(Error::new(ErrorKind::EnginePoisoned, format!("the engine failed and cannot continue: {why}")))
-    };
     let end = |mut sink: Box<dyn EventSink>, ev: &Event| {
-        shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-        shared.completed.fetch_add(1, Ordering::Relaxed);
+        release(&shared);
         deliver(&mut sink, ev);
     };
     for msg in rx.iter() {
         match msg {
             Msg::Open(id, sink) => match &poisoned {
-                Some(why) => end(sink, &poison_event(why)),
+                Some(why) => end(sink, &Event::Error(poison_error(why))),
                 None => {
                     open.insert(id, sink);
                 }
@@ -57,7 +125,7 @@ pub(crate) fn run(rx: Receiver<Msg>, shared: Arc<Shared>) {
             }
             Msg::Poisoned(why) => {
                 for (_, sink) in open.drain() {
-                    end(sink, &poison_event(&why));
+                    end(sink, &Event::Error(poison_error(&why)));
                 }
                 poisoned = Some(why);
             }

@@ -28,7 +28,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::load::TextAssets;
 use crate::model::ModelInfo;
 use crate::text::OutputFormat;
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Receiver, Sender};
+use delivery::{DeliveryTx, Msg, Outlet};
 use request::{Job, RequestState};
 use scheduler::Command;
 use std::path::PathBuf;
@@ -169,6 +170,8 @@ pub(crate) struct Shared {
 
 pub struct Engine {
     tx: Sender<Command>,
+    /// The delivery thread's channel: callback sinks are opened there.
+    dtx: DeliveryTx,
     shared: Arc<Shared>,
     text: Arc<TextAssets>,
     info: ModelInfo,
@@ -235,12 +238,14 @@ impl Engine {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared::default());
         let (max_in_flight, kv_budget) = (config.max_in_flight, config.kv_budget);
-        let threads = scheduler::spawn(config, shared.clone(), rx, tx.clone(), ready_tx)
+        let (sched, delivery, dtx) = scheduler::spawn(config, shared.clone(), rx, tx.clone(), ready_tx)
             .map_err(|e| Error::internal(format!("cannot start engine threads: {e}")))?;
+        let threads = (sched, delivery);
         let ready = ready_rx.recv().unwrap_or_else(|_| Err(Error::internal("the scheduler thread exited during load")));
         match ready {
             Ok((text, info, parameter_bytes)) => Ok(Engine {
                 tx,
+                dtx,
                 shared,
                 text,
                 info,
@@ -342,13 +347,25 @@ impl Engine {
     }
 
     /// `enqueue` with a sink built from the request's id.
-    pub fn enqueue_with(&self, mut prepared: Prepared, make_sink: impl FnOnce(u64) -> Box<dyn EventSink>) -> RequestHandle {
+    pub fn enqueue_with(&self, prepared: Prepared, make_sink: impl FnOnce(u64) -> Box<dyn EventSink>) -> RequestHandle {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        // Opened before the scheduler sees the request, so before its events.
+        let _ = self.dtx.send(Msg::Open(id, make_sink(id)));
+        self.send_job(id, prepared, Outlet::delivery(id, self.dtx.clone()))
+    }
+
+    /// Hands a prepared request to the scheduler; its events are pushed into
+    /// the returned queue as they are made. They bypass the delivery thread,
+    /// so the queue may be read anywhere, even inside a callback.
+    pub fn enqueue_stream(&self, prepared: Prepared) -> (RequestHandle, Receiver<Event>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = crossbeam_channel::unbounded();
+        (self.send_job(id, prepared, Outlet::queue(id, tx, self.shared.clone())), rx)
+    }
+
+    fn send_job(&self, id: u64, mut prepared: Prepared, outlet: Outlet) -> RequestHandle {
         prepared.armed = false;
-        let state = Arc::new(RequestState {
-            id: self.next_id.fetch_add(1, Ordering::Relaxed),
-            cancelled: AtomicBool::new(false),
-        });
-        let sink = make_sink(state.id);
+        let state = Arc::new(RequestState { id, cancelled: AtomicBool::new(false) });
         let o = &prepared.options;
         let job = Job {
             state: state.clone(),
@@ -365,7 +382,7 @@ impl Engine {
             logprobs: (o.logprobs || o.top_logprobs > 0).then_some(o.top_logprobs),
             output_format: prepared.output_format,
             submitted: Instant::now(),
-            sink,
+            outlet,
         };
         // The scheduler serves its channel until the engine is dropped, even
         // after a failure, so this send cannot fail while `self` exists.

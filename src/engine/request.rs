@@ -1,6 +1,7 @@
 //! What a request is, before and after preparation, and the events it yields.
 
 use crate::error::{Error, Result};
+use super::delivery::Outlet;
 use super::logprobs::{TokenLogprob, MAX_TOP};
 use crate::sample::SamplingParams;
 use crate::text::OutputFormat;
@@ -279,5 +280,5 @@ pub(crate) struct Job {
     /// How to split the output into content, reasoning and tool calls.
     pub output_format: OutputFormat,
     pub submitted: Instant,
-    pub sink: Box<dyn EventSink>,
+    pub outlet: Outlet,
 }

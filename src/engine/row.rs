@@ -2,7 +2,7 @@
 //! lives (a prefill cohort or the decode batch): sampler, token history,
 //! detokenizer, stop matching, counters, timings, and the events it sends.
 
-use super::delivery::{DeliveryTx, Msg};
+use super::delivery::Outlet;
 use super::logprobs::TokenLogprob;
 use super::request::{Channel, Event, FinishReason, Job, RequestState, Usage};
 use crate::error::Result;
@@ -45,15 +45,13 @@ pub(crate) struct Row {
     started: Instant,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
-    tx: DeliveryTx,
-    ended: bool,
+    out: Outlet,
 }
 
 impl Row {
-    /// Hands the job's sink to the delivery thread and sets up the state; on
-    /// failure the request gets its error event and None is returned.
-    pub fn open(job: Job, text: &TextAssets, seed: u64, kv_reserved: usize, tx: DeliveryTx) -> Option<Row> {
-        let _ = tx.send(Msg::Open(job.state.id, job.sink));
+    /// Sets up the state; on failure the request gets its error event and
+    /// None is returned.
+    pub fn open(mut job: Job, text: &TextAssets, seed: u64, kv_reserved: usize) -> Option<Row> {
         let state = job.state;
         let build = || -> Result<(Sampler, IncrementalDecoder, Option<StopMatcher>)> {
             let stop = if job.stop.is_empty() { None } else { Some(StopMatcher::new(&job.stop)?) };
@@ -84,12 +82,11 @@ impl Row {
                 started: Instant::now(),
                 first_token: None,
                 last_token: None,
-                tx,
-                ended: false,
+                out: job.outlet,
                 state,
             }),
             Err(e) => {
-                let _ = tx.send(Msg::Event(state.id, Event::Error(e)));
+                job.outlet.send(Event::Error(e));
                 None
             }
         }
@@ -104,8 +101,8 @@ impl Row {
         self.history.iter().map(|&t| t as u32).collect()
     }
 
-    fn emit(&self, ev: Event) {
-        let _ = self.tx.send(Msg::Event(self.state.id, ev));
+    fn emit(&mut self, ev: Event) {
+        self.out.send(ev);
     }
 
     /// The repetition-penalty window: the last `context_size` ids, ending
@@ -190,18 +187,14 @@ impl Row {
 
     /// Ends the request with an error event.
     pub fn fail(&mut self, err: crate::Error) {
-        if !self.ended {
-            self.ended = true;
-            self.emit(Event::Error(err));
-        }
+        self.emit(Event::Error(err));
     }
 
     /// Flushes withheld text (unless a stop string matched) and sends `Done`.
     pub fn finish(&mut self, mut finish: FinishReason, mut stop_index: Option<usize>) {
-        if self.ended {
+        if self.out.is_ended() {
             return;
         }
-        self.ended = true;
         if finish != FinishReason::Cancelled {
             if stop_index.is_none() {
                 let mut rest = self.detok.finish();
@@ -253,15 +246,5 @@ impl Row {
             }
         }
         u
-    }
-}
-
-impl Drop for Row {
-    /// A row dropped without a terminal event (a bug or a panic unwinding)
-    /// still ends its request.
-    fn drop(&mut self) {
-        if !self.ended {
-            self.fail(crate::Error::internal("the request was dropped by the scheduler"));
-        }
     }
 }

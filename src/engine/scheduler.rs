@@ -46,21 +46,23 @@ pub(crate) enum Command {
 /// What the scheduler reports once the model is loaded (or failed to load).
 pub(crate) type Ready = Result<(Arc<TextAssets>, ModelInfo, usize)>;
 
+/// Starts the delivery and scheduler threads; returns them (scheduler first)
+/// and the delivery thread's channel (callback sinks are opened there).
 pub(crate) fn spawn(
     config: EngineConfig,
     shared: Arc<Shared>,
     rx: Receiver<Command>,
     commands: Sender<Command>,
     ready: Sender<Ready>,
-) -> std::io::Result<(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>)> {
+) -> std::io::Result<(std::thread::JoinHandle<()>, std::thread::JoinHandle<()>, DeliveryTx)> {
     let (dtx, drx) = crossbeam_channel::unbounded();
     let shared2 = shared.clone();
     let delivery = std::thread::Builder::new()
         .name("mlxrt-delivery".into())
         .spawn(move || delivery::run(drx, shared2))?;
-    let dtx2 = dtx.clone();
+    let (dtx2, dtx3) = (dtx.clone(), dtx.clone());
     let sched = std::thread::Builder::new().name("mlxrt-scheduler".into()).spawn(move || {
-        let run = catch_unwind(AssertUnwindSafe(|| main(config, &shared, &rx, commands, &ready, &dtx)));
+        let run = catch_unwind(AssertUnwindSafe(|| main(config, &shared, &rx, commands, &ready)));
         if let Err(panic) = run {
             let why = panic
                 .downcast_ref::<String>()
@@ -68,15 +70,15 @@ pub(crate) fn spawn(
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "panic on the scheduler thread".into());
             shared.poisoned.store(true, Ordering::Release);
-            let _ = dtx.send(Msg::Poisoned(why));
+            let _ = dtx.send(Msg::Poisoned(why.clone()));
             // Keep serving the channel so that late submissions still get
             // their (error) terminal event and destroy can join us.
-            drain_poisoned(&rx, &dtx);
+            drain_poisoned(&rx, &why);
         }
         let _ = dtx.send(Msg::Shutdown);
     });
     match sched {
-        Ok(s) => Ok((s, delivery)),
+        Ok(s) => Ok((s, delivery, dtx3)),
         Err(e) => {
             let _ = dtx2.send(Msg::Shutdown);
             let _ = delivery.join();
@@ -85,12 +87,10 @@ pub(crate) fn spawn(
     }
 }
 
-fn drain_poisoned(rx: &Receiver<Command>, dtx: &DeliveryTx) {
+fn drain_poisoned(rx: &Receiver<Command>, why: &str) {
     for cmd in rx.iter() {
         match cmd {
-            Command::Submit(job) => {
-                let _ = dtx.send(Msg::Open(job.state.id, job.sink));
-            }
+            Command::Submit(mut job) => job.outlet.send(Event::Error(delivery::poison_error(why))),
             Command::FlushCache(reply) | Command::ClearCache(_, reply) => {
                 let _ = reply.send(Err(Error::new(crate::ErrorKind::EnginePoisoned, "the engine failed earlier")));
             }
@@ -112,7 +112,6 @@ struct Scheduler<'a> {
     text: Arc<TextAssets>,
     config: EngineConfig,
     shared: &'a Shared,
-    dtx: DeliveryTx,
     queue: VecDeque<Queued>,
     cohort: Option<Cohort>,
     batch: DecodeBatch,
@@ -129,7 +128,6 @@ fn main(
     rx: &Receiver<Command>,
     commands: Sender<Command>,
     ready: &Sender<Ready>,
-    dtx: &DeliveryTx,
 ) {
     let loaded = (|| -> Result<_> {
         match config.device {
@@ -170,7 +168,6 @@ fn main(
         model: loaded.model,
         text,
         shared,
-        dtx: dtx.clone(),
         queue: VecDeque::new(),
         cohort: None,
         batch: DecodeBatch::default(),
@@ -450,7 +447,7 @@ impl Scheduler<'_> {
             let Queued { job, .. } = self.queue.pop_front().expect("the plan admits queued jobs");
             self.seed_counter = self.seed_counter.wrapping_add(1);
             let need = job.kv_need;
-            match Row::open(job, &self.text, self.seed_counter, need, self.dtx.clone()) {
+            match Row::open(job, &self.text, self.seed_counter, need) {
                 Some(row) => {
                     self.kv_reserved += need;
                     rows.push(row);
@@ -536,11 +533,9 @@ impl Scheduler<'_> {
     }
 
     /// A request cancelled (or shut down) before it was admitted.
-    fn end_queued(&mut self, Queued { job, .. }: Queued) {
-        let id = job.state.id;
-        let _ = self.dtx.send(Msg::Open(id, job.sink));
+    fn end_queued(&mut self, Queued { mut job, .. }: Queued) {
         let usage = Usage { prompt_tokens: job.prompt.len() as u32, ..Default::default() };
-        let _ = self.dtx.send(Msg::Event(id, Event::Done { finish: FinishReason::Cancelled, stop_index: None, usage }));
+        job.outlet.send(Event::Done { finish: FinishReason::Cancelled, stop_index: None, usage });
         self.request_ended();
     }
 

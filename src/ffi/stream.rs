@@ -32,7 +32,9 @@ struct StreamState {
 /// with `mlxrt_stream_next`. They queue in the stream until read (at most one
 /// per generated token plus the terminal event, so the queue is bounded by
 /// the request's `max_tokens`); reading slowly never blocks the engine or
-/// other requests. On failure `*out_stream` is NULL.
+/// other requests. They do not pass through the delivery thread, so a stream
+/// may also be read inside an event callback. On failure `*out_stream` is
+/// NULL.
 #[no_mangle]
 pub extern "C" fn mlxrt_request_submit_stream(
     engine: *const mlxrt_engine,
@@ -45,10 +47,7 @@ pub extern "C" fn mlxrt_request_submit_stream(
         let engine = &reference(engine, "engine")?.engine;
         let p = versioned(params, default_params(), PARAMS_V1_SIZE, "params")?;
         let prepared = engine.prepare(options_from(&p)?)?;
-        let (tx, rx) = crossbeam_channel::unbounded();
-        let handle = engine.enqueue(prepared, Box::new(move |e: &Event| {
-            let _ = tx.send(e.clone());
-        }));
+        let (handle, rx) = engine.enqueue_stream(prepared);
         let stream = mlxrt_stream { inner: Mutex::new(StreamState { rx, current: None, ended: false }), handle };
         put_box(out_stream, stream);
         Ok(())
