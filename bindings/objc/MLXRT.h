@@ -4,7 +4,9 @@
 // starts a request and returns an MLXRTRequestTask (cancel it with -cancel).
 // Events (MLXRTEvent: text deltas, then one done or error event) are
 // delivered by dispatch_async to the queue the caller names, never on the
-// main thread implicitly. Failures are NSErrors in MLXRTErrorDomain whose
+// main thread implicitly. The engine also gives the model's facts (info),
+// its counters (stats), its tokenizer (tokenize/detokenize) and chat
+// template (renderChat), as the C API does. Failures are NSErrors in MLXRTErrorDomain whose
 // codes are the C library's mlxrt_status values.
 //
 // Builds with ARC or manual reference counting, on Apple platforms and with
@@ -159,7 +161,8 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
     NSUInteger _maxTokens;
     NSInteger _topK;
     float _temperature, _topP, _minP, _repetitionPenalty;
-    BOOL _usesPromptCache;
+    BOOL _usesPromptCache, _logprobs;
+    NSUInteger _topLogprobs;
     NSInteger _thinking;
 }
 #endif
@@ -190,6 +193,10 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
 /// For models with a thinking mode: 1 = think, 0 = do not, -1 = the
 /// template's default (default).
 @property (nonatomic) NSInteger thinking;
+/// YES: text events carry each token's log-probability (MLXRTEvent.logprobs)
+/// with `topLogprobs` most likely alternatives (0...20).
+@property (nonatomic) BOOL logprobs;
+@property (nonatomic) NSUInteger topLogprobs;
 @end
 
 /// Token counts and timings of a finished request. Immutable.
@@ -218,6 +225,27 @@ NS_SWIFT_SENDABLE
 @property (nonatomic, readonly) double decodeTokensPerSecond;
 @end
 
+/// A generated token's log-probability (natural log, over the model's
+/// distribution before temperature and sampling filters) and, if asked for,
+/// the most likely alternatives, most likely first. Immutable.
+NS_SWIFT_SENDABLE
+@interface MLXRTTokenLogprob : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    uint32_t _tokenID;
+    float _logprob;
+    NSArray *_topAlternatives;
+}
+#endif
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+@property (nonatomic, readonly) uint32_t tokenID;
+@property (nonatomic, readonly) float logprob;
+/// The alternatives (their own topAlternatives are empty).
+@property (nonatomic, readonly, copy) NSArray<MLXRTTokenLogprob *> *topAlternatives;
+@end
+
 /// One event of a request. Immutable. A request yields any number of text
 /// events, then exactly one done or error event, and nothing after it.
 NS_SWIFT_SENDABLE
@@ -235,6 +263,7 @@ NS_SWIFT_SENDABLE
     NSError *_error;
     MLXRTChannel _channel;
     NSString *_toolCallID, *_toolName, *_toolArguments;
+    NSArray *_logprobs;
 }
 #endif
 - (instancetype)init MLXRT_UNAVAILABLE;
@@ -259,6 +288,9 @@ NS_SWIFT_SENDABLE
 @property (nonatomic, readonly, copy, nullable) NSString *toolCallID;
 @property (nonatomic, readonly, copy, nullable) NSString *toolName;
 @property (nonatomic, readonly, copy, nullable) NSString *toolArguments;
+/// Text events of a request with `logprobs`: one entry per token of
+/// tokenIDs, in order; else empty.
+@property (nonatomic, readonly, copy) NSArray<MLXRTTokenLogprob *> *logprobs;
 /// YES for done and error events.
 @property (nonatomic, readonly, getter=isFinal) BOOL final;
 @end
@@ -285,6 +317,104 @@ NS_SWIFT_SENDABLE
 - (void)cancel;
 @end
 
+/// Facts about an engine's model (`mlxrt_engine_info`). Immutable.
+NS_SWIFT_SENDABLE
+@interface MLXRTEngineInfo : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSString *_architecture, *_modelFormat, *_device, *_mlxVersion;
+    uint64_t _contextLength, _parameterBytes;
+    uint32_t _vocabSize, _numLayers, _hiddenSize, _modalities;
+    int64_t _bosTokenID;
+    NSArray *_eosTokenIDs, *_specialTokenIDs;
+    BOOL _hasChatTemplate, _supportsTools, _supportsReasoning;
+}
+#endif
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+/// "llama", ...
+@property (nonatomic, readonly, copy) NSString *architecture;
+/// "gguf" or "mlx-folder".
+@property (nonatomic, readonly, copy) NSString *modelFormat;
+/// "cpu" or "gpu".
+@property (nonatomic, readonly, copy) NSString *device;
+/// The MLX version the library runs on.
+@property (nonatomic, readonly, copy) NSString *mlxVersion;
+/// Maximum sequence length (prompt + generated); 0 if unknown.
+@property (nonatomic, readonly) uint64_t contextLength;
+@property (nonatomic, readonly) uint32_t vocabSize;
+@property (nonatomic, readonly) uint32_t numLayers;
+@property (nonatomic, readonly) uint32_t hiddenSize;
+@property (nonatomic, readonly) uint64_t parameterBytes;
+/// Beginning-of-sequence token id, or -1.
+@property (nonatomic, readonly) int64_t bosTokenID;
+/// Ids that end generation.
+@property (nonatomic, readonly, copy) NSArray<NSNumber *> *eosTokenIDs;
+/// Ids of special tokens (control tokens such as `<|im_start|>`).
+@property (nonatomic, readonly, copy) NSArray<NSNumber *> *specialTokenIDs;
+/// The model has a chat template (messages work).
+@property (nonatomic, readonly) BOOL hasChatTemplate;
+@property (nonatomic, readonly) BOOL supportsTools;
+/// The chat template has a thinking mode.
+@property (nonatomic, readonly) BOOL supportsReasoning;
+/// `MLXRT_MODALITY_*` bits of accepted inputs.
+@property (nonatomic, readonly) uint32_t modalities;
+@end
+
+/// The engine's counters at one moment (`mlxrt_engine_stats`); published by
+/// the engine after every step, so they lag events by a moment. Immutable.
+NS_SWIFT_SENDABLE
+@interface MLXRTEngineStats : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    uint64_t _queued, _active, _inFlight, _completed, _kvBytes, _kvReserved, _activeMemory, _peakMemory,
+        _cacheMemory, _promptCacheHits, _promptCacheMisses, _promptCacheHitTokens, _promptCacheMemoryBytes,
+        _promptCacheDiskBytes;
+}
+#endif
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+/// Requests waiting for admission, prefilling or generating, submitted and
+/// not yet ended, and ended since the engine started.
+@property (nonatomic, readonly) uint64_t queued;
+@property (nonatomic, readonly) uint64_t active;
+@property (nonatomic, readonly) uint64_t inFlight;
+@property (nonatomic, readonly) uint64_t completed;
+/// Bytes held by KV caches now, and reserved by running requests.
+@property (nonatomic, readonly) uint64_t kvBytes;
+@property (nonatomic, readonly) uint64_t kvReserved;
+/// MLX allocator: bytes in use, peak, and held in its cache.
+@property (nonatomic, readonly) uint64_t activeMemory;
+@property (nonatomic, readonly) uint64_t peakMemory;
+@property (nonatomic, readonly) uint64_t cacheMemory;
+/// Prompt cache: requests that reused cached tokens, that did not, prompt
+/// tokens it supplied, bytes in memory and on disk.
+@property (nonatomic, readonly) uint64_t promptCacheHits;
+@property (nonatomic, readonly) uint64_t promptCacheMisses;
+@property (nonatomic, readonly) uint64_t promptCacheHitTokens;
+@property (nonatomic, readonly) uint64_t promptCacheMemoryBytes;
+@property (nonatomic, readonly) uint64_t promptCacheDiskBytes;
+@end
+
+/// A chat rendered with the model's template: the prompt text and its token
+/// ids, exactly what a request with these messages would process. Immutable.
+NS_SWIFT_SENDABLE
+@interface MLXRTRenderedChat : NSObject
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSString *_text;
+    NSArray *_tokenIDs;
+}
+#endif
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+@property (nonatomic, readonly, copy) NSString *text;
+@property (nonatomic, readonly, copy) NSArray<NSNumber *> *tokenIDs;
+@end
+
 /// A loaded model and its threads. Thread-safe: any method may be called from
 /// any thread. Deallocation cancels the requests in flight, delivers their
 /// last events, and waits for the engine's threads to stop.
@@ -294,6 +424,7 @@ NS_SWIFT_SENDABLE
 {
   @private
     struct mlxrt_engine *_engine;
+    MLXRTEngineInfo *_info;
 }
 #endif
 /// Loads the model (blocks until it is ready; call it off the main thread).
@@ -311,6 +442,32 @@ NS_SWIFT_SENDABLE
                                               eventHandler:(MLXRTEventHandler)handler
                                                      error:(NSError **)error
     NS_SWIFT_NAME(submit(_:queue:eventHandler:));
+
+/// The model's facts, read when the engine was made.
+@property (nonatomic, readonly) MLXRTEngineInfo *info;
+
+/// The engine's counters now.
+@property (nonatomic, readonly) MLXRTEngineStats *stats;
+
+/// The token ids of `text` (no BOS added); with `parseSpecial`, special-token
+/// text such as `<|im_start|>` becomes its id.
+- (nullable NSArray<NSNumber *> *)tokenize:(NSString *)text
+                              parseSpecial:(BOOL)parseSpecial
+                                     error:(NSError **)error
+    NS_SWIFT_NAME(tokenize(_:parseSpecial:));
+
+/// The text of token ids (bytes that are not valid UTF-8 become U+FFFD);
+/// with `skipSpecial`, special tokens produce no text.
+- (nullable NSString *)detokenize:(NSArray<NSNumber *> *)tokenIDs
+                      skipSpecial:(BOOL)skipSpecial
+                            error:(NSError **)error
+    NS_SWIFT_NAME(detokenize(_:skipSpecial:));
+
+/// Renders `parameters.messages` with the model's chat template, and the
+/// tools and chat_template_kwargs of `parameters.optionsJSON`.
+- (nullable MLXRTRenderedChat *)renderChatWithParameters:(MLXRTRequestParameters *)parameters
+                                                   error:(NSError **)error
+    NS_SWIFT_NAME(renderChat(_:));
 
 /// The library's version ("0.1.0").
 @property (class, nonatomic, readonly) NSString *libraryVersion;

@@ -5,6 +5,7 @@
 
 #include <Block.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mlxrt.h"
 
@@ -36,6 +37,34 @@ static NSString *string_from_c(const char *s) {
 static NSError *error_with(mlxrt_status status, NSString *message) {
     NSDictionary *info = @{NSLocalizedDescriptionKey: message};
     return [NSError errorWithDomain:MLXRTErrorDomain code:(NSInteger)status userInfo:info];
+}
+
+/// Token ids as NSNumbers (autoreleased).
+static NSArray<NSNumber *> *ids_from_c(const uint32_t *ids, size_t n) {
+    NSMutableArray<NSNumber *> *out = [NSMutableArray arrayWithCapacity:n];
+    for (size_t i = 0; i < n; i++) [out addObject:@(ids[i])];
+    return out;
+}
+
+/// Token ids as a C array to free() (never NULL, even when empty).
+static uint32_t *ids_to_c(NSArray<NSNumber *> *ids) {
+    uint32_t *out = calloc(ids.count ? ids.count : 1, sizeof *out);
+    for (NSUInteger i = 0; i < ids.count; i++) out[i] = [[ids objectAtIndex:i] unsignedIntValue];
+    return out;
+}
+
+/// Moves token ids the library returned into an array and frees them.
+static NSArray<NSNumber *> *take_tokens(mlxrt_tokens *tokens) {
+    NSArray<NSNumber *> *out = ids_from_c(mlxrt_tokens_data(tokens), mlxrt_tokens_len(tokens));
+    mlxrt_tokens_free(tokens);
+    return out;
+}
+
+/// Moves a string the library returned into an NSString and frees it.
+static NSString *take_string(char *s) {
+    NSString *out = string_from_c(s);
+    mlxrt_string_free(s);
+    return out;
 }
 
 /// Moves a C error object into `*out` (when the caller asked) and frees it.
@@ -134,7 +163,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
             temperature = _temperature, topP = _topP, topK = _topK, minP = _minP,
             repetitionPenalty = _repetitionPenalty, seed = _seed, stopStrings = _stopStrings,
             optionsJSON = _optionsJSON, cacheNamespace = _cacheNamespace, usesPromptCache = _usesPromptCache,
-            thinking = _thinking;
+            thinking = _thinking, logprobs = _logprobs, topLogprobs = _topLogprobs;
 
 - (instancetype)init {
     if ((self = [super init])) {
@@ -149,6 +178,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
         _stopStrings = [[NSArray alloc] init];  // owned: direct ivar access under MRC
         _usesPromptCache = p.no_prompt_cache == 0;
         _thinking = p.thinking;
+        _logprobs = p.logprobs != 0;
+        _topLogprobs = p.top_logprobs;
     }
     return self;
 }
@@ -176,6 +207,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     p.cacheNamespace = _cacheNamespace;
     p.usesPromptCache = _usesPromptCache;
     p.thinking = _thinking;
+    p.logprobs = _logprobs;
+    p.topLogprobs = _topLogprobs;
     return p;
 }
 
@@ -218,6 +251,48 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 }
 @end
 
+@interface MLXRTTokenLogprob ()
+- (instancetype)initWithToken:(uint32_t)token logprob:(float)logprob top:(NSArray<MLXRTTokenLogprob *> *)top;
+@end
+
+@implementation MLXRTTokenLogprob
+@synthesize tokenID = _tokenID, logprob = _logprob, topAlternatives = _topAlternatives;
+- (instancetype)initWithToken:(uint32_t)token logprob:(float)logprob top:(NSArray<MLXRTTokenLogprob *> *)top {
+    if ((self = [super init])) {
+        _tokenID = token;
+        _logprob = logprob;
+        _topAlternatives = [top copy];
+    }
+    return self;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_topAlternatives release];
+    [super dealloc];
+}
+#endif
+@end
+
+/// An event's log-probabilities as objects (autoreleased).
+static NSArray<MLXRTTokenLogprob *> *logprobs_from_c(const mlxrt_token_logprob *lps, size_t n) {
+    NSMutableArray<MLXRTTokenLogprob *> *out = [NSMutableArray arrayWithCapacity:n];
+    for (size_t i = 0; i < n; i++) {
+        NSMutableArray<MLXRTTokenLogprob *> *top = [NSMutableArray arrayWithCapacity:lps[i].n_top];
+        for (size_t j = 0; j < lps[i].n_top; j++) {
+            MLXRTTokenLogprob *alt = [[MLXRTTokenLogprob alloc] initWithToken:lps[i].top[j].token
+                                                                      logprob:lps[i].top[j].logprob
+                                                                          top:@[]];
+            [top addObject:alt];
+            MLXRT_RELEASE(alt);
+        }
+        MLXRTTokenLogprob *lp = [[MLXRTTokenLogprob alloc] initWithToken:lps[i].token logprob:lps[i].logprob top:top];
+        [out addObject:lp];
+        MLXRT_RELEASE(lp);
+    }
+    return out;
+}
+
 @interface MLXRTEvent ()
 - (instancetype)initWithEvent:(const mlxrt_event *)ev;
 @end
@@ -225,7 +300,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 @implementation MLXRTEvent
 @synthesize kind = _kind, requestID = _requestID, text = _text, tokenIDs = _tokenIDs,
             finishReason = _finishReason, stopIndex = _stopIndex, usage = _usage, error = _error,
-            channel = _channel, toolCallID = _toolCallID, toolName = _toolName, toolArguments = _toolArguments;
+            channel = _channel, toolCallID = _toolCallID, toolName = _toolName, toolArguments = _toolArguments,
+            logprobs = _logprobs;
 /// Copies everything: the C event is only valid during the callback.
 - (instancetype)initWithEvent:(const mlxrt_event *)ev {
     if ((self = [super init])) {
@@ -233,9 +309,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
         _requestID = ev->request_id;
         _text = [[NSString alloc] initWithBytes:ev->text length:ev->text_len encoding:NSUTF8StringEncoding];
         if (!_text) _text = @"";  // never happens: deltas are complete UTF-8
-        NSMutableArray<NSNumber *> *ids = [NSMutableArray arrayWithCapacity:ev->n_tokens];
-        for (size_t i = 0; i < ev->n_tokens; i++) [ids addObject:@(ev->tokens[i])];
-        _tokenIDs = [ids copy];
+        _tokenIDs = [ids_from_c(ev->tokens, ev->n_tokens) copy];
+        _logprobs = [logprobs_from_c(ev->logprobs, ev->n_logprobs) copy];
         _finishReason = (MLXRTFinishReason)ev->finish_reason;
         _stopIndex = ev->stop_index >= 0 ? (NSInteger)ev->stop_index : NSNotFound;
         _channel = (MLXRTChannel)ev->channel;
@@ -274,6 +349,108 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     [_toolCallID release];
     [_toolName release];
     [_toolArguments release];
+    [_logprobs release];
+    [super dealloc];
+}
+#endif
+@end
+
+// ---- engine facts ----
+
+@interface MLXRTEngineInfo ()
+- (instancetype)initWithInfo:(const mlxrt_engine_info *)i;
+@end
+
+@implementation MLXRTEngineInfo
+@synthesize architecture = _architecture, modelFormat = _modelFormat, device = _device, mlxVersion = _mlxVersion,
+            contextLength = _contextLength, vocabSize = _vocabSize, numLayers = _numLayers, hiddenSize = _hiddenSize,
+            parameterBytes = _parameterBytes, bosTokenID = _bosTokenID, eosTokenIDs = _eosTokenIDs,
+            specialTokenIDs = _specialTokenIDs, hasChatTemplate = _hasChatTemplate, supportsTools = _supportsTools,
+            supportsReasoning = _supportsReasoning, modalities = _modalities;
+- (instancetype)initWithInfo:(const mlxrt_engine_info *)i {
+    if ((self = [super init])) {
+        _architecture = [string_from_c(i->architecture) copy];
+        _modelFormat = [string_from_c(i->model_format) copy];
+        _device = [string_from_c(i->device) copy];
+        _mlxVersion = [string_from_c(i->mlx_version) copy];
+        _contextLength = i->context_length;
+        _vocabSize = i->vocab_size;
+        _numLayers = i->num_layers;
+        _hiddenSize = i->hidden_size;
+        _parameterBytes = i->parameter_bytes;
+        _bosTokenID = i->bos_token_id;
+        _eosTokenIDs = [ids_from_c(i->eos_token_ids, i->n_eos_token_ids) copy];
+        _specialTokenIDs = [ids_from_c(i->special_token_ids, i->n_special_token_ids) copy];
+        _hasChatTemplate = i->has_chat_template != 0;
+        _supportsTools = i->supports_tools != 0;
+        _supportsReasoning = i->supports_reasoning != 0;
+        _modalities = i->modalities;
+    }
+    return self;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_architecture release];
+    [_modelFormat release];
+    [_device release];
+    [_mlxVersion release];
+    [_eosTokenIDs release];
+    [_specialTokenIDs release];
+    [super dealloc];
+}
+#endif
+@end
+
+@interface MLXRTEngineStats ()
+- (instancetype)initWithStats:(const mlxrt_engine_stats *)s;
+@end
+
+@implementation MLXRTEngineStats
+@synthesize queued = _queued, active = _active, inFlight = _inFlight, completed = _completed, kvBytes = _kvBytes,
+            kvReserved = _kvReserved, activeMemory = _activeMemory, peakMemory = _peakMemory,
+            cacheMemory = _cacheMemory, promptCacheHits = _promptCacheHits, promptCacheMisses = _promptCacheMisses,
+            promptCacheHitTokens = _promptCacheHitTokens, promptCacheMemoryBytes = _promptCacheMemoryBytes,
+            promptCacheDiskBytes = _promptCacheDiskBytes;
+- (instancetype)initWithStats:(const mlxrt_engine_stats *)s {
+    if ((self = [super init])) {
+        _queued = s->queued;
+        _active = s->active;
+        _inFlight = s->in_flight;
+        _completed = s->completed;
+        _kvBytes = s->kv_bytes;
+        _kvReserved = s->kv_reserved;
+        _activeMemory = s->active_memory;
+        _peakMemory = s->peak_memory;
+        _cacheMemory = s->cache_memory;
+        _promptCacheHits = s->prompt_cache_hits;
+        _promptCacheMisses = s->prompt_cache_misses;
+        _promptCacheHitTokens = s->prompt_cache_hit_tokens;
+        _promptCacheMemoryBytes = s->prompt_cache_memory_bytes;
+        _promptCacheDiskBytes = s->prompt_cache_disk_bytes;
+    }
+    return self;
+}
+@end
+
+@interface MLXRTRenderedChat ()
+- (instancetype)initWithText:(NSString *)text tokenIDs:(NSArray<NSNumber *> *)tokenIDs;
+@end
+
+@implementation MLXRTRenderedChat
+@synthesize text = _text, tokenIDs = _tokenIDs;
+- (instancetype)initWithText:(NSString *)text tokenIDs:(NSArray<NSNumber *> *)tokenIDs {
+    if ((self = [super init])) {
+        _text = [text copy];
+        _tokenIDs = [tokenIDs copy];
+    }
+    return self;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_text release];
+    [_tokenIDs release];
     [super dealloc];
 }
 #endif
@@ -377,6 +554,7 @@ static void free_delivery(void *user_data) {
 #else
 @implementation MLXRTEngine {
     mlxrt_engine *_engine;
+    MLXRTEngineInfo *_info;
 }
 #endif
 
@@ -405,17 +583,36 @@ static void free_delivery(void *user_data) {
     c.prompt_cache_dir = cfg.promptCacheDirectory ? [cfg.promptCacheDirectory UTF8String] : NULL;
     mlxrt_error *err = NULL;
     mlxrt_status status = mlxrt_engine_create(&c, &_engine, &err);
+    // The model's facts never change: read them once.
+    mlxrt_engine_info info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (status == MLXRT_STATUS_OK) status = mlxrt_engine_get_info(_engine, &info, &err);
     if (status != MLXRT_STATUS_OK) {
         take_error(error, status, err);
-        MLXRT_RELEASE(self);
+        MLXRT_RELEASE(self);  // dealloc destroys an engine that was made
         return nil;
     }
+    _info = [[MLXRTEngineInfo alloc] initWithInfo:&info];
     return self;
 }
 
 - (void)dealloc {
     mlxrt_engine_destroy(_engine);  // cancels, delivers last events, joins
+    MLXRT_RELEASE(_info);
     MLXRT_SUPER_DEALLOC();
+}
+
+- (MLXRTEngineInfo *)info {
+    return _info;
+}
+
+- (MLXRTEngineStats *)stats {
+    mlxrt_engine_stats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    mlxrt_engine_get_stats(_engine, &s, NULL);  // only fails for a NULL engine
+    return MLXRT_AUTORELEASE([[MLXRTEngineStats alloc] initWithStats:&s]);
 }
 
 /// The messages as the JSON array the C API takes.
@@ -456,12 +653,13 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
     c.cache_namespace = p.cacheNamespace ? [p.cacheNamespace UTF8String] : NULL;
     c.no_prompt_cache = p.usesPromptCache ? 0 : 1;
     c.thinking = (int32_t)p.thinking;
+    c.logprobs = p.logprobs ? 1 : 0;
+    c.top_logprobs = (uint32_t)p.topLogprobs;
 
     // Arrays the C call copies; freed right after it.
     size_t n_tokens = p.promptTokens.count, n_stop = p.stopStrings.count;
-    uint32_t *tokens = p.promptTokens ? calloc(n_tokens ? n_tokens : 1, sizeof *tokens) : NULL;
+    uint32_t *tokens = p.promptTokens ? ids_to_c(p.promptTokens) : NULL;
     const char **stops = calloc(n_stop ? n_stop : 1, sizeof *stops);
-    for (size_t i = 0; i < n_tokens; i++) tokens[i] = [[p.promptTokens objectAtIndex:i] unsignedIntValue];
     for (size_t i = 0; i < n_stop; i++) stops[i] = [[p.stopStrings objectAtIndex:i] UTF8String];
     c.prompt_tokens = tokens;
     c.n_prompt_tokens = n_tokens;
@@ -488,5 +686,48 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
         return nil;
     }
     return MLXRT_AUTORELEASE([[MLXRTRequestTask alloc] initWithRequest:request]);
+}
+
+- (NSArray<NSNumber *> *)tokenize:(NSString *)text parseSpecial:(BOOL)parseSpecial error:(NSError **)error {
+    mlxrt_tokens *tokens = NULL;
+    mlxrt_error *err = NULL;
+    mlxrt_status status = mlxrt_tokenize(_engine, [text UTF8String], parseSpecial ? 1 : 0, &tokens, &err);
+    if (status != MLXRT_STATUS_OK) {
+        take_error(error, status, err);
+        return nil;
+    }
+    return take_tokens(tokens);
+}
+
+- (NSString *)detokenize:(NSArray<NSNumber *> *)tokenIDs skipSpecial:(BOOL)skipSpecial error:(NSError **)error {
+    uint32_t *ids = ids_to_c(tokenIDs);
+    char *text = NULL;
+    mlxrt_error *err = NULL;
+    mlxrt_status status = mlxrt_detokenize(_engine, ids, tokenIDs.count, skipSpecial ? 1 : 0, &text, &err);
+    free(ids);
+    if (status != MLXRT_STATUS_OK) {
+        take_error(error, status, err);
+        return nil;
+    }
+    return take_string(text);
+}
+
+- (MLXRTRenderedChat *)renderChatWithParameters:(MLXRTRequestParameters *)parameters error:(NSError **)error {
+    NSString *messages = nil;
+    if (parameters.messages) {
+        messages = messages_json(parameters.messages, error);
+        if (!messages) return nil;
+    }
+    char *text = NULL;
+    mlxrt_tokens *tokens = NULL;
+    mlxrt_error *err = NULL;
+    mlxrt_status status = mlxrt_render_chat(_engine, [messages UTF8String], [parameters.optionsJSON UTF8String],
+                                            &text, &tokens, &err);
+    if (status != MLXRT_STATUS_OK) {
+        take_error(error, status, err);
+        return nil;
+    }
+    NSString *rendered = take_string(text);
+    return MLXRT_AUTORELEASE([[MLXRTRenderedChat alloc] initWithText:rendered tokenIDs:take_tokens(tokens)]);
 }
 @end

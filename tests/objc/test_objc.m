@@ -7,6 +7,7 @@
 #include <Block.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mlxrt.h"
 
@@ -36,6 +37,7 @@ static char QUEUE_TAG[] = "test-queue";
 @interface Recorder : NSObject {
   @public
     NSMutableString *text;
+    NSMutableArray<MLXRTEvent *> *textEventList;
     NSUInteger textEvents, tokenCount, finals, afterFinal, offQueue;
     uint64_t requestID;
     BOOL mixedIDs;
@@ -53,6 +55,7 @@ static char QUEUE_TAG[] = "test-queue";
 - (instancetype)init {
     if ((self = [super init])) {
         text = [[NSMutableString alloc] init];
+        textEventList = [[NSMutableArray alloc] init];
         done = dispatch_semaphore_create(0);
         firstText = dispatch_semaphore_create(0);
     }
@@ -68,6 +71,7 @@ static char QUEUE_TAG[] = "test-queue";
         if (ev.requestID != r->requestID) r->mixedIDs = YES;
         if (ev.kind == MLXRTEventKindText) {
             [r->text appendString:ev.text];
+            [r->textEventList addObject:ev];
             r->tokenCount += ev.tokenIDs.count;
             if (r->textEvents++ == 0) dispatch_semaphore_signal(r->firstText);
             if (r->cancelOnText) [r->cancelOnText cancel];
@@ -98,6 +102,7 @@ static char QUEUE_TAG[] = "test-queue";
 #if !__has_feature(objc_arc)
 - (void)dealloc {
     [text release];
+    [textEventList release];
     [last release];
     if (heldHandler) Block_release(heldHandler);
     dispatch_release(done);
@@ -313,6 +318,123 @@ static void test_concurrent(MLXRTEngine *engine, dispatch_queue_t queue) {
     }
 }
 
+/// Waits (up to 5 s) until the engine's counters show `completed` requests
+/// and nothing queued, active or in flight: stats lag the events by a moment.
+static MLXRTEngineStats *settled_stats(MLXRTEngine *engine, uint64_t completed) {
+    MLXRTEngineStats *s = engine.stats;
+    for (int i = 0; i < 500 && (s.completed < completed || s.inFlight || s.queued || s.active); i++) {
+        usleep(10000);
+        s = engine.stats;
+    }
+    return s;
+}
+
+static void test_info_and_stats(MLXRTEngine *engine, dispatch_queue_t queue) {
+    MLXRTEngineInfo *info = engine.info;
+    CHECK([info.architecture isEqualToString:@"llama"] && [info.modelFormat isEqualToString:@"gguf"],
+          "architecture %s, format %s", info.architecture.UTF8String, info.modelFormat.UTF8String);
+    CHECK(info.device.length > 0 && info.mlxVersion.length > 0, "device, MLX version");
+    CHECK(info.vocabSize > 1000 && info.numLayers > 0 && info.hiddenSize > 0 && info.contextLength > 0 &&
+              info.parameterBytes > 0,
+          "sizes: vocab %u layers %u hidden %u context %llu", info.vocabSize, info.numLayers, info.hiddenSize,
+          (unsigned long long)info.contextLength);
+    CHECK(info.eosTokenIDs.count >= 1 && info.specialTokenIDs.count >= info.eosTokenIDs.count, "eos/special ids");
+    CHECK(info.hasChatTemplate && (info.modalities & MLXRT_MODALITY_TEXT), "chat template, text input");
+    CHECK(engine.info == info, "info is read once");
+
+    // Stats count the requests the earlier tests ran (9 of them end).
+    MLXRTEngineStats *s = settled_stats(engine, 9);
+    CHECK(s.completed >= 9 && s.inFlight == 0 && s.queued == 0 && s.active == 0,
+          "completed %llu, in flight %llu, queued %llu, active %llu", (unsigned long long)s.completed,
+          (unsigned long long)s.inFlight, (unsigned long long)s.queued, (unsigned long long)s.active);
+    CHECK(s.peakMemory >= s.activeMemory && s.peakMemory > 0, "memory counters");
+    Recorder *r = [[Recorder alloc] init];
+    [engine submitRequestWithParameters:chat(@"Hi", 2) queue:queue eventHandler:[r handler] error:NULL];
+    CHECK([r wait], "one more request");
+    MLXRTEngineStats *after = settled_stats(engine, s.completed + 1);
+    CHECK(after.completed == s.completed + 1, "completed %llu -> %llu", (unsigned long long)s.completed,
+          (unsigned long long)after.completed);
+    MRC_RELEASE(r);
+}
+
+static void test_tokenizer(MLXRTEngine *engine, dispatch_queue_t queue) {
+    NSError *error = nil;
+    NSArray<NSNumber *> *ids = [engine tokenize:@"Hello world" parseSpecial:NO error:&error];
+    CHECK(ids.count >= 2 && error == nil, "tokenize: %s", error.localizedDescription.UTF8String);
+    CHECK([[engine detokenize:ids skipSpecial:NO error:NULL] isEqualToString:@"Hello world"], "round trip");
+    NSArray<NSNumber *> *special = [engine tokenize:@"<|im_start|>" parseSpecial:YES error:NULL];
+    CHECK(special.count == 1 && [engine.info.specialTokenIDs containsObject:[special objectAtIndex:0]], "a special token");
+    CHECK([engine tokenize:@"<|im_start|>" parseSpecial:NO error:NULL].count > 1, "special text kept as text");
+    NSArray<NSNumber *> *both = [special arrayByAddingObjectsFromArray:ids];
+    CHECK([[engine detokenize:both skipSpecial:YES error:NULL] isEqualToString:@"Hello world"], "skipSpecial");
+    CHECK([[engine detokenize:both skipSpecial:NO error:NULL] isEqualToString:@"<|im_start|>Hello world"],
+          "special text: %s", [engine detokenize:both skipSpecial:NO error:NULL].UTF8String);
+    CHECK([[engine detokenize:@[] skipSpecial:NO error:NULL] isEqualToString:@""], "no ids, no text");
+
+    // The rendered chat is what a request with these messages processes.
+    MLXRTRequestParameters *p = chat(@"Hi!", 4);
+    MLXRTRenderedChat *rendered = [engine renderChatWithParameters:p error:&error];
+    CHECK(rendered != nil, "renderChat: %s", error.localizedDescription.UTF8String);
+    CHECK([rendered.text rangeOfString:@"Hi!"].location != NSNotFound && rendered.tokenIDs.count > 3, "rendered: %s",
+          rendered.text.UTF8String);
+    CHECK([[engine detokenize:rendered.tokenIDs skipSpecial:NO error:NULL] isEqualToString:rendered.text],
+          "rendered ids are the rendered text");
+    Recorder *r = [[Recorder alloc] init];
+    [engine submitRequestWithParameters:p queue:queue eventHandler:[r handler] error:NULL];
+    CHECK([r wait] && r->last.usage.promptTokens == rendered.tokenIDs.count, "prompt tokens %lu vs %lu",
+          (unsigned long)r->last.usage.promptTokens, (unsigned long)rendered.tokenIDs.count);
+    MRC_RELEASE(r);
+
+    error = nil;
+    p.optionsJSON = @"{";
+    CHECK([engine renderChatWithParameters:p error:&error] == nil && error.code == MLXRTErrorInvalidJSON,
+          "bad options: %ld", (long)error.code);
+    error = nil;
+    CHECK([engine renderChatWithParameters:no_input() error:&error] == nil && error.code == MLXRTErrorInvalidArgument,
+          "no messages: %ld", (long)error.code);
+    CHECK([engine tokenize:@"x" parseSpecial:NO error:NULL] != nil, "error:NULL is allowed");
+}
+
+static void test_logprobs(MLXRTEngine *engine, dispatch_queue_t queue) {
+    MLXRTRequestParameters *p = chat(@"What is the capital of France?", 12);
+    CHECK(!p.logprobs && p.topLogprobs == 0, "off by default");
+    Recorder *plain = [[Recorder alloc] init];
+    [engine submitRequestWithParameters:p queue:queue eventHandler:[plain handler] error:NULL];
+    CHECK([plain wait], "plain request");
+    p.logprobs = YES;
+    p.topLogprobs = 3;
+    MLXRTRequestParameters *copy = [p copy];
+    CHECK(copy.logprobs && copy.topLogprobs == 3, "copied");
+    MRC_RELEASE(copy);
+    Recorder *r = [[Recorder alloc] init];
+    [engine submitRequestWithParameters:p queue:queue eventHandler:[r handler] error:NULL];
+    CHECK([r wait] && r->last.kind == MLXRTEventKindDone, "logprobs request");
+    CHECK([r->text isEqualToString:plain->text], "same greedy text: '%s' vs '%s'", r->text.UTF8String,
+          plain->text.UTF8String);
+    for (MLXRTEvent *ev in plain->textEventList) CHECK(ev.logprobs.count == 0, "none unless asked");
+    NSUInteger entries = 0;
+    for (MLXRTEvent *ev in r->textEventList) {
+        CHECK(ev.logprobs.count == ev.tokenIDs.count, "one entry per token: %lu vs %lu",
+              (unsigned long)ev.logprobs.count, (unsigned long)ev.tokenIDs.count);
+        for (NSUInteger i = 0; i < ev.logprobs.count && i < ev.tokenIDs.count; i++) {
+            MLXRTTokenLogprob *lp = [ev.logprobs objectAtIndex:i];
+            NSArray<MLXRTTokenLogprob *> *top = lp.topAlternatives;
+            entries++;
+            CHECK(lp.tokenID == [[ev.tokenIDs objectAtIndex:i] unsignedIntValue] && lp.logprob <= 0, "token %u logprob %f",
+                  lp.tokenID, lp.logprob);
+            CHECK(top.count == 3, "%lu alternatives", (unsigned long)top.count);
+            if (top.count < 3) continue;
+            MLXRTTokenLogprob *a = [top objectAtIndex:0], *b = [top objectAtIndex:1], *c = [top objectAtIndex:2];
+            CHECK(a.logprob >= b.logprob && b.logprob >= c.logprob && a.topAlternatives.count == 0, "most likely first");
+            // Greedy picks the most likely token.
+            CHECK(a.tokenID == lp.tokenID && a.logprob == lp.logprob, "greedy: %u vs %u", lp.tokenID, a.tokenID);
+        }
+    }
+    CHECK(entries == r->tokenCount && entries > 0, "%lu entries", (unsigned long)entries);
+    MRC_RELEASE(plain);
+    MRC_RELEASE(r);
+}
+
 /// Releasing the engine with a request in flight ends it (CANCELLED).
 static void test_engine_teardown(NSString *model, dispatch_queue_t queue) {
     MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:model];
@@ -359,6 +481,9 @@ int main(int argc, char **argv) {
             test_cancel(engine, queue);
             test_submit_errors(engine, queue);
             test_concurrent(engine, queue);
+            test_info_and_stats(engine, queue);
+            test_tokenizer(engine, queue);
+            test_logprobs(engine, queue);
             MRC_RELEASE(engine);
         }
         test_engine_teardown(model, queue);

@@ -8,6 +8,9 @@ import Foundation
 public final class Engine: @unchecked Sendable {
     private let handle: OpaquePointer
 
+    /// The model's facts, read when the engine was made.
+    public let info: EngineInfo
+
     /// The library's version ("0.1.0").
     public static var version: String { String(cString: mlxrt_version_string()) }
 
@@ -34,6 +37,14 @@ public final class Engine: @unchecked Sendable {
         var error: OpaquePointer?
         let status = mlxrt_engine_create(&c, &engine, &error)
         try MLXRTError.check(status, error)
+        var info = mlxrt_engine_info()
+        info.struct_size = MemoryLayout<mlxrt_engine_info>.size
+        let infoStatus = mlxrt_engine_get_info(engine, &info, &error)
+        if infoStatus != 0 {
+            mlxrt_engine_destroy(engine)  // deinit does not run for a failed init
+            try MLXRTError.check(infoStatus, error)
+        }
+        self.info = EngineInfo(info)  // copies the strings and ids
         handle = engine!
     }
 
@@ -58,6 +69,50 @@ public final class Engine: @unchecked Sendable {
         -> AsyncThrowingStream<Event, Error>
     {
         stream(parameters) { strings, p in p.prompt = strings.add(prompt) }
+    }
+
+    /// The engine's counters now.
+    public var stats: EngineStats {
+        var s = mlxrt_engine_stats()
+        s.struct_size = MemoryLayout<mlxrt_engine_stats>.size
+        mlxrt_engine_get_stats(handle, &s, nil)  // only fails for a NULL engine
+        return EngineStats(s)
+    }
+
+    /// The token ids of `text` (no BOS added); with `parseSpecial`,
+    /// special-token text such as `<|im_start|>` becomes its id.
+    public func tokenize(_ text: String, parseSpecial: Bool = false) throws -> [UInt32] {
+        var tokens: OpaquePointer?
+        var error: OpaquePointer?
+        let status = mlxrt_tokenize(handle, text, parseSpecial ? 1 : 0, &tokens, &error)
+        try MLXRTError.check(status, error)
+        return takeTokens(tokens)
+    }
+
+    /// The text of token ids (bytes that are not valid UTF-8 become U+FFFD);
+    /// with `skipSpecial`, special tokens produce no text.
+    public func detokenize(_ tokens: [UInt32], skipSpecial: Bool = false) throws -> String {
+        var text: UnsafeMutablePointer<CChar>?
+        var error: OpaquePointer?
+        let status = tokens.withUnsafeBufferPointer { ids in
+            mlxrt_detokenize(handle, ids.baseAddress, ids.count, skipSpecial ? 1 : 0, &text, &error)
+        }
+        try MLXRTError.check(status, error)
+        return takeString(text)
+    }
+
+    /// Renders a conversation with the model's chat template (and the `tools`
+    /// and `chat_template_kwargs` of `optionsJSON`).
+    public func renderChat(messages: [Message], optionsJSON: String? = nil) throws -> RenderedChat {
+        var strings = CStrings()
+        defer { strings.release() }
+        let json = try String(decoding: JSONEncoder().encode(messages), as: UTF8.self)
+        var text: UnsafeMutablePointer<CChar>?
+        var tokens: OpaquePointer?
+        var error: OpaquePointer?
+        let status = mlxrt_render_chat(handle, strings.add(json), strings.add(optionsJSON), &text, &tokens, &error)
+        try MLXRTError.check(status, error)
+        return RenderedChat(text: takeString(text), tokens: takeTokens(tokens))
     }
 
     // MARK: - submission
@@ -118,6 +173,8 @@ public final class Engine: @unchecked Sendable {
         p.cache_namespace = strings.add(parameters.cacheNamespace)
         p.no_prompt_cache = parameters.usesPromptCache ? 0 : 1
         p.thinking = parameters.thinking.map { $0 ? Int32(1) : Int32(0) } ?? -1  // -1: the template's default
+        p.logprobs = parameters.logprobs ? 1 : 0
+        p.top_logprobs = parameters.topLogprobs
         let stops: [UnsafePointer<CChar>?] = parameters.stop.map { strings.add($0) }
 
         var request: OpaquePointer?
@@ -143,8 +200,15 @@ private let onEvent: mlxrt_event_fn = { userData, event in
         let bytes = UnsafeRawBufferPointer(start: UnsafeRawPointer(ev.text), count: ev.text_len)
         let text = String(decoding: bytes, as: UTF8.self)
         let tokens = Array(UnsafeBufferPointer(start: ev.tokens, count: ev.n_tokens))
+        let logprobs = UnsafeBufferPointer(start: ev.logprobs, count: ev.n_logprobs).map { lp in
+            TokenLogprob(token: lp.token, logprob: lp.logprob,
+                         top: UnsafeBufferPointer(start: lp.top, count: lp.n_top).map {
+                             TokenLogprob.Alternative(token: $0.token, logprob: $0.logprob)
+                         })
+        }
         let reasoning = ev.channel == 1  // MLXRT_CHANNEL_REASONING
-        continuation.yield(reasoning ? .reasoning(text, tokens: tokens) : .text(text, tokens: tokens))
+        continuation.yield(reasoning ? .reasoning(text, tokens: tokens, logprobs: logprobs)
+                                     : .text(text, tokens: tokens, logprobs: logprobs))
     case 4:  // MLXRT_EVENT_KIND_TOOL_CALL
         let call = ToolCall(id: String(cString: ev.tool_call_id), name: String(cString: ev.tool_name),
                             arguments: String(cString: ev.tool_arguments))
@@ -163,6 +227,18 @@ private let onEvent: mlxrt_event_fn = { userData, event in
 private let releaseContext: mlxrt_free_fn = { userData in
     guard let userData else { return }
     Unmanaged<Engine.Context>.fromOpaque(userData).release()
+}
+
+/// Moves token ids the library returned into an array and frees them.
+private func takeTokens(_ tokens: OpaquePointer?) -> [UInt32] {
+    defer { mlxrt_tokens_free(tokens) }
+    return Array(UnsafeBufferPointer(start: mlxrt_tokens_data(tokens), count: mlxrt_tokens_len(tokens)))
+}
+
+/// Moves a string the library returned into a String and frees it.
+private func takeString(_ text: UnsafeMutablePointer<CChar>?) -> String {
+    defer { mlxrt_string_free(text) }
+    return text.map { String(cString: $0) } ?? ""
 }
 
 /// C copies of strings, alive until `release()`.

@@ -81,6 +81,10 @@ public struct GenerateParameters: Sendable {
     public var usesPromptCache: Bool
     /// For models with a thinking mode: think or not; nil = the template's default.
     public var thinking: Bool?
+    /// true: `.text` and `.reasoning` events carry each token's log-probability,
+    /// with `topLogprobs` most likely alternatives (0...20).
+    public var logprobs: Bool
+    public var topLogprobs: UInt32
 
     public init() {
         var p = mlxrt_request_params()
@@ -97,6 +101,8 @@ public struct GenerateParameters: Sendable {
         cacheNamespace = nil
         usesPromptCache = p.no_prompt_cache == 0
         thinking = nil
+        logprobs = p.logprobs != 0
+        topLogprobs = p.top_logprobs
     }
 }
 
@@ -140,13 +146,127 @@ public struct ToolCall: Sendable, Equatable {
     public var arguments: String
 }
 
+/// A generated token's log-probability (natural log, over the model's
+/// distribution before temperature and sampling filters) and, if asked for,
+/// the most likely alternatives, most likely first.
+public struct TokenLogprob: Sendable, Equatable {
+    public struct Alternative: Sendable, Equatable {
+        public var token: UInt32
+        public var logprob: Float
+    }
+
+    public var token: UInt32
+    public var logprob: Float
+    public var top: [Alternative]
+}
+
+/// Facts about an engine's model (`mlxrt_engine_info`).
+public struct EngineInfo: Sendable, Equatable {
+    /// "llama", ...
+    public var architecture: String
+    /// "gguf" or "mlx-folder".
+    public var modelFormat: String
+    /// "cpu" or "gpu".
+    public var device: String
+    /// The MLX version the library runs on.
+    public var mlxVersion: String
+    /// Maximum sequence length (prompt + generated); 0 if unknown.
+    public var contextLength: UInt64
+    public var vocabSize: UInt32
+    public var numLayers: UInt32
+    public var hiddenSize: UInt32
+    public var parameterBytes: UInt64
+    /// Beginning-of-sequence token id, if the model has one.
+    public var bosTokenID: UInt32?
+    /// Ids that end generation.
+    public var eosTokenIDs: [UInt32]
+    /// Ids of special tokens (control tokens such as `<|im_start|>`).
+    public var specialTokenIDs: [UInt32]
+    /// The model has a chat template (`generate(messages:)` works).
+    public var hasChatTemplate: Bool
+    public var supportsTools: Bool
+    /// The chat template has a thinking mode.
+    public var supportsReasoning: Bool
+    /// `MLXRT_MODALITY_*` bits of accepted inputs.
+    public var modalities: UInt32
+
+    init(_ i: mlxrt_engine_info) {
+        architecture = String(cString: i.architecture)
+        modelFormat = String(cString: i.model_format)
+        device = String(cString: i.device)
+        mlxVersion = String(cString: i.mlx_version)
+        contextLength = i.context_length
+        vocabSize = i.vocab_size
+        numLayers = i.num_layers
+        hiddenSize = i.hidden_size
+        parameterBytes = i.parameter_bytes
+        bosTokenID = i.bos_token_id >= 0 ? UInt32(i.bos_token_id) : nil
+        eosTokenIDs = Array(UnsafeBufferPointer(start: i.eos_token_ids, count: i.n_eos_token_ids))
+        specialTokenIDs = Array(UnsafeBufferPointer(start: i.special_token_ids, count: i.n_special_token_ids))
+        hasChatTemplate = i.has_chat_template != 0
+        supportsTools = i.supports_tools != 0
+        supportsReasoning = i.supports_reasoning != 0
+        modalities = i.modalities
+    }
+}
+
+/// The engine's counters at one moment (`mlxrt_engine_stats`). The engine
+/// publishes them after every step, so they lag events by a moment.
+public struct EngineStats: Sendable, Equatable {
+    /// Requests waiting for admission, prefilling or generating, submitted
+    /// and not yet ended, and ended since the engine started.
+    public var queued: UInt64
+    public var active: UInt64
+    public var inFlight: UInt64
+    public var completed: UInt64
+    /// Bytes held by KV caches now, and reserved by running requests.
+    public var kvBytes: UInt64
+    public var kvReserved: UInt64
+    /// MLX allocator: bytes in use, peak, and held in its cache.
+    public var activeMemory: UInt64
+    public var peakMemory: UInt64
+    public var cacheMemory: UInt64
+    /// Prompt cache: requests that reused cached tokens, that did not, prompt
+    /// tokens it supplied, bytes in memory and on disk.
+    public var promptCacheHits: UInt64
+    public var promptCacheMisses: UInt64
+    public var promptCacheHitTokens: UInt64
+    public var promptCacheMemoryBytes: UInt64
+    public var promptCacheDiskBytes: UInt64
+
+    init(_ s: mlxrt_engine_stats) {
+        queued = s.queued
+        active = s.active
+        inFlight = s.in_flight
+        completed = s.completed
+        kvBytes = s.kv_bytes
+        kvReserved = s.kv_reserved
+        activeMemory = s.active_memory
+        peakMemory = s.peak_memory
+        cacheMemory = s.cache_memory
+        promptCacheHits = s.prompt_cache_hits
+        promptCacheMisses = s.prompt_cache_misses
+        promptCacheHitTokens = s.prompt_cache_hit_tokens
+        promptCacheMemoryBytes = s.prompt_cache_memory_bytes
+        promptCacheDiskBytes = s.prompt_cache_disk_bytes
+    }
+}
+
+/// A conversation rendered with the model's chat template: the prompt text
+/// and its token ids, exactly what a request with these messages processes.
+public struct RenderedChat: Sendable, Equatable {
+    public var text: String
+    public var tokens: [UInt32]
+}
+
 /// What a generation stream yields: any number of `.text`, `.reasoning` and
 /// `.toolCall`, then one `.done` (or the stream throws an `MLXRTError`).
 public enum Event: Sendable, Equatable {
-    /// New answer text (complete UTF-8) and the ids of the tokens it came from.
-    case text(String, tokens: [UInt32])
+    /// New answer text (complete UTF-8), the ids of the tokens it came from,
+    /// and their log-probabilities (empty unless `GenerateParameters.logprobs`).
+    case text(String, tokens: [UInt32], logprobs: [TokenLogprob])
     /// New thinking text, for models that think.
-    case reasoning(String, tokens: [UInt32])
+    case reasoning(String, tokens: [UInt32], logprobs: [TokenLogprob])
     case toolCall(ToolCall)
     case done(FinishReason, Usage)
 }

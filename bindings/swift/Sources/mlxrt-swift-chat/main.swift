@@ -16,7 +16,7 @@ do {
     parameters.maxTokens = 200
     for try await event in engine.generate(messages: [.user(question)], parameters: parameters) {
         switch event {
-        case .text(let text, _):
+        case .text(let text, _, _):
             print(text, terminator: "")
         case .reasoning, .toolCall:
             break
