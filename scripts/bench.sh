@@ -7,7 +7,8 @@
 #   scripts/bench.sh prompt_cache [options]       -> prompt_cache.json
 #   scripts/bench.sh families [options]           -> families.json
 # All but cpu_kernels take --kernels auto|stock (mlxrt's own CPU kernels, the
-# default, or MLX's stock ones as mlx-lm uses) and --name NAME (-> NAME.json).
+# default, or MLX's stock ones as mlx-lm uses); single_stream, batching and
+# prompt_cache take --name NAME (-> NAME.json).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
