@@ -1,4 +1,4 @@
-//! Reading arguments from C: strings, arrays and size-versioned structs.
+//! Reading arguments from C: strings, arrays, JSON and size-versioned structs.
 
 use super::MLXRT_STRUCT_SIZE_MAX;
 use crate::error::{Error, ErrorKind, Result};
@@ -57,7 +57,7 @@ pub(crate) fn reference<'a, T>(p: *const T, what: &str) -> Result<&'a T> {
 
 /// The `struct_size` of a size-versioned struct (its first field), refused
 /// when larger than `MLXRT_STRUCT_SIZE_MAX`, before anything else is read.
-fn struct_size<T>(p: *const T, what: &str) -> Result<usize> {
+pub(crate) fn struct_size<T>(p: *const T, what: &str) -> Result<usize> {
     if p.is_null() {
         return Err(Error::invalid(format!("{what} is NULL")));
     }
@@ -106,25 +106,4 @@ pub(crate) fn versioned<T: Copy>(p: *const T, defaults: T, min_size: usize, what
     // SAFETY: as above; restore our own size so callers see a consistent value.
     unsafe { *(&mut out as *mut T as *mut usize) = ours };
     Ok(out)
-}
-
-/// Writes an output struct whose first field is `size_t struct_size` (set by
-/// the caller): the first min(struct_size, ours) bytes, so an older caller
-/// gets the fields it knows.
-pub(crate) fn write_versioned<T: Copy>(p: *mut T, value: T, what: &str) -> Result<()> {
-    let size = struct_size(p, what)?;
-    if size < size_of::<usize>() {
-        return Err(Error::invalid(format!("{what}.struct_size is {size}; set it to the struct's sizeof")));
-    }
-    let n = size.min(size_of::<T>());
-    // SAFETY: the caller's struct has `size` bytes; we write at most that many
-    // and keep its own struct_size.
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            (&value as *const T as *const u8).add(size_of::<usize>()),
-            (p as *mut u8).add(size_of::<usize>()),
-            n - size_of::<usize>(),
-        )
-    };
-    Ok(())
 }

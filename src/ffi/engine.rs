@@ -2,7 +2,7 @@
 
 use super::args::{opt_str, req_str, versioned};
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
-use super::out::{free_box, put, put_box, required};
+use super::out::{free_box, put, put_box, required, write_versioned};
 use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger};
 use crate::error::Error;
 use std::ffi::{c_char, c_void};
@@ -298,7 +298,7 @@ pub extern "C" fn mlxrt_engine_get_stats(
             prompt_cache_memory_bytes: s.prompt_cache_memory_bytes as u64,
             prompt_cache_disk_bytes: s.prompt_cache_disk_bytes,
         };
-        super::args::write_versioned(out, stats, "out")
+        write_versioned(out, stats, "out")
     })
 }
 

@@ -1,10 +1,10 @@
 //! What an engine can tell about its model, and its tokenizer and chat
 //! template for callers that count or inspect tokens.
 
-use super::args::{json, json_object, opt_str, reference, req_str, slice, write_versioned};
+use super::args::{json, json_object, opt_str, reference, req_str, slice};
 use super::engine::mlxrt_engine;
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
-use super::out::{clear, free_box, free_string, put_box, put_string, required};
+use super::out::{clear, free_box, free_string, put_box, put_string, required, write_versioned};
 use crate::engine::{Input, RequestOptions};
 use crate::error::Error;
 use std::ffi::{c_char, CString};

@@ -1,11 +1,14 @@
-//! Writing results to C: out-pointers, boxed handles and their release.
+//! Writing results to C: out-pointers, boxed handles and their release,
+//! size-versioned output structs.
 //!
 //! Every out-pointer is NULL or points to writable memory of its type (the C
 //! contract); handles and strings given out here come back only through the
 //! matching `free_*`.
 
+use super::args::struct_size;
 use crate::error::{Error, Result};
 use std::ffi::c_char;
+use std::mem::size_of;
 
 /// `*mut T` or `*const T`: what an out-pointer of a pointer type receives.
 pub(crate) trait RawPtr: Copy {
@@ -76,4 +79,25 @@ pub(crate) fn free_string(s: *mut c_char) {
         // and is freed once (C contract).
         drop(unsafe { std::ffi::CString::from_raw(s) });
     }
+}
+
+/// Writes an output struct whose first field is `size_t struct_size` (set by
+/// the caller): the first min(struct_size, ours) bytes, so an older caller
+/// gets the fields it knows.
+pub(crate) fn write_versioned<T: Copy>(p: *mut T, value: T, what: &str) -> Result<()> {
+    let size = struct_size(p, what)?;
+    if size < size_of::<usize>() {
+        return Err(Error::invalid(format!("{what}.struct_size is {size}; set it to the struct's sizeof")));
+    }
+    let n = size.min(size_of::<T>());
+    // SAFETY: the caller's struct has `size` bytes; we write at most that many
+    // and keep its own struct_size.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&value as *const T as *const u8).add(size_of::<usize>()),
+            (p as *mut u8).add(size_of::<usize>()),
+            n - size_of::<usize>(),
+        )
+    };
+    Ok(())
 }
