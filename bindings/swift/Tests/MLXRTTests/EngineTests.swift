@@ -74,12 +74,8 @@ private func waitForStats(_ engine: Engine, seconds: Double, _ done: (EngineStat
 }
 
 final class EngineTests: XCTestCase {
-    private func engine() throws -> Engine {
-        try sharedEngine.get()
-    }
-
     func testStreamsAGreedyAnswer() async throws {
-        let engine = try engine()
+        let engine = try sharedEngine.get()
         let question: [Message] = [.user("What is the capital of France?")]
         let first = try await collect(engine.generate(messages: question, parameters: parameters(maxTokens: 24)))
         XCTAssertTrue(first.text.contains("Paris"), "answer: \(first.text)")
@@ -97,7 +93,7 @@ final class EngineTests: XCTestCase {
     }
 
     func testEndingTheLoopCancels() async throws {
-        let engine = try engine()
+        let engine = try sharedEngine.get()
         let before = await waitForStats(engine, seconds: 10) { $0.inFlight == 0 }
         var p = parameters(maxTokens: 4000)
         p.optionsJSON = #"{"ignore_eos": true}"#
@@ -126,7 +122,7 @@ final class EngineTests: XCTestCase {
     }
 
     func testBadRequestThrowsFromTheStream() async throws {
-        let engine = try engine()
+        let engine = try sharedEngine.get()
         var p = parameters(maxTokens: 4)
         p.optionsJSON = "{"
         do {
@@ -138,7 +134,7 @@ final class EngineTests: XCTestCase {
     }
 
     func testEightConcurrentGenerations() async throws {
-        let engine = try engine()
+        let engine = try sharedEngine.get()
         let questions = ["Name a color.", "What is 2+2?", "Say hello.", "Name a fruit.",
                          "What is the capital of Italy?", "Name an animal.", "Count to three.", "Say goodbye."]
         let results = try await withThrowingTaskGroup(
@@ -161,7 +157,7 @@ final class EngineTests: XCTestCase {
     }
 
     func testInfoAndStats() async throws {
-        let engine = try engine()
+        let engine = try sharedEngine.get()
         let info = engine.info
         XCTAssertEqual(info.architecture, "llama")
         XCTAssertEqual(info.modelFormat, "gguf")
@@ -181,13 +177,13 @@ final class EngineTests: XCTestCase {
     }
 
     func testTokenizerAndChatTemplate() async throws {
-        let engine = try engine()
+        let engine = try sharedEngine.get()
         let ids = try engine.tokenize("Hello world")
         XCTAssertGreaterThanOrEqual(ids.count, 2)
         XCTAssertEqual(try engine.detokenize(ids), "Hello world")
         let special = try engine.tokenize("<|im_start|>", parseSpecial: true)
         XCTAssertEqual(special.count, 1)
-        XCTAssertTrue(engine.info.specialTokenIDs.contains(special[0]))
+        XCTAssertTrue(special.allSatisfy { engine.info.specialTokenIDs.contains($0) })
         XCTAssertGreaterThan(try engine.tokenize("<|im_start|>").count, 1)
         XCTAssertEqual(try engine.detokenize(special + ids, skipSpecial: true), "Hello world")
         XCTAssertEqual(try engine.detokenize([]), "")
@@ -204,7 +200,7 @@ final class EngineTests: XCTestCase {
     }
 
     func testLogprobs() async throws {
-        let engine = try engine()
+        let engine = try sharedEngine.get()
         var p = parameters(maxTokens: 12)
         p.logprobs = true
         p.topLogprobs = 3
