@@ -199,6 +199,8 @@ pub struct Usage {
     pub prompt_tokens: u32,
     /// Prompt tokens whose KV state came from a cache (0 until prompt caching).
     pub cached_tokens: u32,
+    /// Generated tokens, counting the end-of-sequence token that ended the
+    /// request (reported in the last delta).
     pub completion_tokens: u32,
     /// Submission to first generated token.
     pub ttft_ms: f64,
@@ -217,7 +219,9 @@ pub enum Event {
     /// New output: complete UTF-8 text and the token ids it came from. Ids of
     /// tokens whose text is withheld (a partial character, a possible stop
     /// string) come with a later delta; tokens that make no text at the end
-    /// (special tokens) come in a last delta with empty text. `logprobs` has
+    /// (special tokens, and the end-of-sequence token that ended the request)
+    /// come in a last delta with empty text. So, unless a stop string matched,
+    /// the deltas report exactly `usage.completion_tokens` ids. `logprobs` has
     /// one entry per token when the request asked for them, else none.
     Delta { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob>, channel: Channel },
     /// The model called a tool: an id unique in the engine, the tool's name

@@ -132,7 +132,9 @@ impl Row {
         self.generated += 1;
         self.history.push(tok as i32);
         if self.stop_at_eos && text.eos_ids.contains(&tok) {
-            self.finish(FinishReason::Stop, None);
+            // Counted and reported (id, log-probability) in the last, textless
+            // delta, like mlx-lm; never decoded.
+            self.finish_with(FinishReason::Stop, None, Some((tok, lp)));
             return Ok(true);
         }
         self.held.push(tok);
@@ -191,7 +193,13 @@ impl Row {
     }
 
     /// Flushes withheld text (unless a stop string matched) and sends `Done`.
-    pub fn finish(&mut self, mut finish: FinishReason, mut stop_index: Option<usize>) {
+    pub fn finish(&mut self, finish: FinishReason, stop_index: Option<usize>) {
+        self.finish_with(finish, stop_index, None);
+    }
+
+    /// `finish`; `eos` is the end-of-sequence token that ended the request,
+    /// reported after every text delta.
+    fn finish_with(&mut self, mut finish: FinishReason, mut stop_index: Option<usize>, eos: Option<(u32, Option<TokenLogprob>)>) {
         if self.out.is_ended() {
             return;
         }
@@ -210,6 +218,10 @@ impl Row {
             }
             let tail = self.channels.finish();
             self.send_pieces(tail);
+            if let Some((tok, lp)) = eos {
+                self.held.push(tok);
+                self.held_lp.extend(lp);
+            }
             if stop_index.is_none() && !self.held.is_empty() {
                 // Tokens that made no text (special tokens at the end).
                 let tokens = std::mem::take(&mut self.held);
