@@ -1,7 +1,8 @@
 //! The decode batch: every row that is generating, one forward pass per step
 //! for all of them. Pipelined: `schedule` builds and starts the next step
 //! from the still-unread tokens of the current one; `collect` then reads the
-//! current tokens, emits them and drops the rows that ended.
+//! current tokens and emits them, and `retire` drops the rows that ended
+//! (after the scheduler took the prompt-cache snapshots they offered).
 
 use super::logprobs::StepLogprobs;
 use super::row::Row;
