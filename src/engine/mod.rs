@@ -2,8 +2,9 @@
 //! model and all MLX state, and a delivery thread that runs callbacks.
 //!
 //! Host calls never block on model work: `prepare` validates, renders the chat
-//! template and tokenizes on the calling thread; `enqueue` hands the request to
-//! the scheduler. Cancel is a flag plus a wake-up message.
+//! template and tokenizes on the calling thread, building the request's one
+//! `RequestSpec`; `enqueue` hands it to the scheduler as a `Job`. Cancel is a
+//! flag plus a wake-up message.
 
 mod batch;
 mod cache_io;
