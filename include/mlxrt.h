@@ -613,6 +613,10 @@ typedef struct mlxrt_usage {
    * Prompt tokens served from a prompt cache.
    */
   uint32_t cached_tokens;
+  /**
+   * Generated tokens, counting the end-of-sequence token that ended the
+   * request (see `mlxrt_event.tokens`).
+   */
   uint32_t completion_tokens;
   /**
    * Submission to first generated token, in milliseconds.
@@ -671,7 +675,11 @@ typedef struct mlxrt_event {
    */
   size_t text_len;
   /**
-   * DELTA: ids of the tokens this text came from. Else NULL.
+   * DELTA: ids of the tokens this text came from. Tokens that make no
+   * text at the end (special tokens, and the end-of-sequence token that
+   * ended the request, with its log-probability) come in a last DELTA with
+   * empty text, so unless a stop string matched the DELTAs of a request
+   * report exactly `usage.completion_tokens` ids. Else NULL.
    */
   const uint32_t *tokens;
   size_t n_tokens;
@@ -931,7 +939,9 @@ void mlxrt_request_free(struct mlxrt_request *request);
  * with `mlxrt_stream_next`. They queue in the stream until read (at most one
  * per generated token plus the terminal event, so the queue is bounded by
  * the request's `max_tokens`); reading slowly never blocks the engine or
- * other requests. On failure `*out_stream` is NULL.
+ * other requests. They do not pass through the delivery thread, so a stream
+ * may also be read inside an event callback. On failure `*out_stream` is
+ * NULL.
  */
 mlxrt_status mlxrt_request_submit_stream(const struct mlxrt_engine *engine,
                                          const struct mlxrt_request_params *params,

@@ -2,8 +2,9 @@
 //! model and all MLX state, and a delivery thread that runs callbacks.
 //!
 //! Host calls never block on model work: `prepare` validates, renders the chat
-//! template and tokenizes on the calling thread; `enqueue` hands the request to
-//! the scheduler. Cancel is a flag plus a wake-up message.
+//! template and tokenizes on the calling thread, building the request's one
+//! `RequestSpec`; `enqueue` hands it to the scheduler as a `Job`. Cancel is a
+//! flag plus a wake-up message.
 
 mod batch;
 mod cache_io;
@@ -30,7 +31,7 @@ use crate::model::ModelInfo;
 use crate::text::OutputFormat;
 use crossbeam_channel::{Receiver, Sender};
 use delivery::{DeliveryTx, Msg, Outlet};
-use request::{Job, RequestState};
+use request::{Job, RequestSpec};
 use scheduler::Command;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -182,50 +183,55 @@ pub struct Engine {
     threads: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
 }
 
-/// A request that passed validation and holds a place in the engine; dropping
-/// it without `enqueue` gives the place back.
+/// A request that passed validation and holds a place in the engine;
+/// dropping it without `enqueue` gives the place back.
 pub struct Prepared {
-    prompt: Vec<u32>,
-    options: RequestOptions,
-    kv_need: usize,
-    boundary: Option<usize>,
-    output_format: OutputFormat,
-    shared: Arc<Shared>,
-    armed: bool,
-}
-
-impl Drop for Prepared {
-    fn drop(&mut self) {
-        if self.armed {
-            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
+    spec: RequestSpec,
+    place: Place,
 }
 
 impl Prepared {
     pub fn prompt_tokens(&self) -> &[u32] {
-        &self.prompt
+        &self.spec.prompt
+    }
+}
+
+/// A place in the engine's in-flight count, given back when dropped unless
+/// `keep` handed it to the request (its terminal event gives it back).
+struct Place(Option<Arc<Shared>>);
+
+impl Place {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        if let Some(shared) = &self.0 {
+            shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
 /// The host's handle to a submitted request. Dropping it does not cancel.
 #[derive(Clone)]
 pub struct RequestHandle {
-    state: Arc<RequestState>,
+    spec: Arc<RequestSpec>,
     tx: Sender<Command>,
 }
 
 impl RequestHandle {
     pub fn id(&self) -> u64 {
-        self.state.id
+        self.spec.id
     }
 
     /// Asks the engine to stop the request. Idempotent; a request that already
     /// ended is not affected. The request still gets exactly one terminal
     /// event (`Done` with `Cancelled` unless it had already finished).
     pub fn cancel(&self) {
-        self.state.cancelled.store(true, Ordering::Release);
-        let _ = self.tx.send(Command::Cancel(self.state.id));
+        self.spec.cancelled.store(true, Ordering::Release);
+        let _ = self.tx.send(Command::Cancel(self.spec.id));
     }
 }
 
@@ -302,6 +308,7 @@ impl Engine {
         if self.shared.poisoned.load(Ordering::Acquire) {
             return Err(Error::new(ErrorKind::EnginePoisoned, "the engine failed earlier and accepts no more requests"));
         }
+        let submitted = Instant::now();
         options.validate()?;
         let (prompt, output_format) = self.render_input(&options)?;
         let boundary = self.boundary(&options, &prompt);
@@ -329,8 +336,25 @@ impl Engine {
                 self.kv_budget
             )));
         }
+        let spec = RequestSpec {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            cancelled: AtomicBool::new(false),
+            prompt,
+            sampling: options.sampling,
+            max_tokens: options.max_tokens,
+            stop: options.stop,
+            stop_at_eos: options.stop_at_eos,
+            prefill_chunk: options.prefill_chunk,
+            kv_need,
+            namespace: options.cache_namespace,
+            use_cache: options.prompt_cache,
+            boundary,
+            logprobs: (options.logprobs || options.top_logprobs > 0).then_some(options.top_logprobs),
+            output_format,
+            submitted,
+        };
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
-        let prepared = Prepared { prompt, options, kv_need, boundary, output_format, shared: self.shared.clone(), armed: true };
+        let prepared = Prepared { spec, place: Place(Some(self.shared.clone())) };
         if n >= self.max_in_flight {
             return Err(Error::new(
                 ErrorKind::Busy,
@@ -348,46 +372,28 @@ impl Engine {
 
     /// `enqueue` with a sink built from the request's id.
     pub fn enqueue_with(&self, prepared: Prepared, make_sink: impl FnOnce(u64) -> Box<dyn EventSink>) -> RequestHandle {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = prepared.spec.id;
         // Opened before the scheduler sees the request, so before its events.
         let _ = self.dtx.send(Msg::Open(id, make_sink(id)));
-        self.send_job(id, prepared, Outlet::delivery(id, self.dtx.clone()))
+        self.send_job(prepared, Outlet::delivery(id, self.dtx.clone()))
     }
 
     /// Hands a prepared request to the scheduler; its events are pushed into
     /// the returned queue as they are made. They bypass the delivery thread,
     /// so the queue may be read anywhere, even inside a callback.
     pub fn enqueue_stream(&self, prepared: Prepared) -> (RequestHandle, Receiver<Event>) {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = crossbeam_channel::unbounded();
-        (self.send_job(id, prepared, Outlet::queue(id, tx, self.shared.clone())), rx)
+        let outlet = Outlet::queue(prepared.spec.id, tx, self.shared.clone());
+        (self.send_job(prepared, outlet), rx)
     }
 
-    fn send_job(&self, id: u64, mut prepared: Prepared, outlet: Outlet) -> RequestHandle {
-        prepared.armed = false;
-        let state = Arc::new(RequestState { id, cancelled: AtomicBool::new(false) });
-        let o = &prepared.options;
-        let job = Job {
-            state: state.clone(),
-            prompt: std::mem::take(&mut prepared.prompt),
-            sampling: o.sampling.clone(),
-            max_tokens: o.max_tokens,
-            stop: o.stop.clone(),
-            stop_at_eos: o.stop_at_eos,
-            prefill_chunk: o.prefill_chunk,
-            kv_need: prepared.kv_need,
-            cache_namespace: o.cache_namespace.clone(),
-            use_cache: o.prompt_cache,
-            boundary: prepared.boundary,
-            logprobs: (o.logprobs || o.top_logprobs > 0).then_some(o.top_logprobs),
-            output_format: prepared.output_format,
-            submitted: Instant::now(),
-            outlet,
-        };
+    fn send_job(&self, Prepared { spec, place }: Prepared, outlet: Outlet) -> RequestHandle {
+        place.keep();
+        let spec = Arc::new(spec);
         // The scheduler serves its channel until the engine is dropped, even
         // after a failure, so this send cannot fail while `self` exists.
-        let _ = self.tx.send(Command::Submit(job));
-        RequestHandle { state, tx: self.tx.clone() }
+        let _ = self.tx.send(Command::Submit(Job { spec: spec.clone(), outlet }));
+        RequestHandle { spec, tx: self.tx.clone() }
     }
 
     /// `prepare` + `enqueue`.

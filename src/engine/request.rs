@@ -199,6 +199,8 @@ pub struct Usage {
     pub prompt_tokens: u32,
     /// Prompt tokens whose KV state came from a cache (0 until prompt caching).
     pub cached_tokens: u32,
+    /// Generated tokens, counting the end-of-sequence token that ended the
+    /// request (reported in the last delta).
     pub completion_tokens: u32,
     /// Submission to first generated token.
     pub ttft_ms: f64,
@@ -217,7 +219,9 @@ pub enum Event {
     /// New output: complete UTF-8 text and the token ids it came from. Ids of
     /// tokens whose text is withheld (a partial character, a possible stop
     /// string) come with a later delta; tokens that make no text at the end
-    /// (special tokens) come in a last delta with empty text. `logprobs` has
+    /// (special tokens, and the end-of-sequence token that ended the request)
+    /// come in a last delta with empty text. So, unless a stop string matched,
+    /// the deltas report exactly `usage.completion_tokens` ids. `logprobs` has
     /// one entry per token when the request asked for them, else none.
     Delta { text: String, tokens: Vec<u32>, logprobs: Vec<TokenLogprob>, channel: Channel },
     /// The model called a tool: an id unique in the engine, the tool's name
@@ -245,40 +249,46 @@ impl<F: FnMut(&Event) + Send> EventSink for F {
     }
 }
 
-/// State shared by the host's handle and the scheduler.
+/// One request as the engine runs it, built once by `Engine::prepare` from
+/// its `RequestOptions` (the prompt rendered and tokenized there) and shared
+/// by `Arc` between the host's handle, the queued job and the row that
+/// generates it. Nothing in it changes but the cancel flag.
 #[derive(Debug)]
-pub(crate) struct RequestState {
+pub(crate) struct RequestSpec {
     pub id: u64,
+    /// Set by the host's cancel; read by the scheduler.
     pub cancelled: AtomicBool,
-}
-
-impl RequestState {
-    pub fn is_cancelled(&self) -> bool {
-        self.cancelled.load(Ordering::Acquire)
-    }
-}
-
-/// A validated, tokenized request on its way to the scheduler.
-pub(crate) struct Job {
-    pub state: Arc<RequestState>,
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
     pub max_tokens: u32,
     pub stop: Vec<String>,
     pub stop_at_eos: bool,
+    /// Prompt positions per prefill forward pass (None = the engine's).
     pub prefill_chunk: Option<usize>,
     /// KV bytes reserved while it runs.
     pub kv_need: usize,
     /// Prompt cache: namespace, whether to use it, and the prompt length at
     /// the stable boundary worth a snapshot (the conversation before its
     /// last message).
-    pub cache_namespace: String,
+    pub namespace: String,
     pub use_cache: bool,
     pub boundary: Option<usize>,
     /// Log-probabilities wanted: None, or Some(number of alternatives).
     pub logprobs: Option<usize>,
     /// How to split the output into content, reasoning and tool calls.
     pub output_format: OutputFormat,
+    /// When `prepare` began (time to first token counts from here).
     pub submitted: Instant,
+}
+
+impl RequestSpec {
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+}
+
+/// A request on its way to the scheduler: what it is and where its events go.
+pub(crate) struct Job {
+    pub spec: Arc<RequestSpec>,
     pub outlet: Outlet,
 }

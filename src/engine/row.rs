@@ -4,34 +4,25 @@
 
 use super::delivery::Outlet;
 use super::logprobs::TokenLogprob;
-use super::request::{Channel, Event, FinishReason, Job, RequestState, Usage};
+use super::request::{Channel, Event, FinishReason, Job, RequestSpec, Usage};
 use crate::error::Result;
 use crate::mlx::Array;
 use crate::model::load::TextAssets;
 use crate::sample::Sampler;
 use crate::text::{ChannelParser, IncrementalDecoder, Piece, StopMatcher};
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// A running request: its spec (which the row derefs to: `row.prompt`,
+/// `row.namespace`, ...) and the state of its generation.
 pub(crate) struct Row {
-    pub state: Arc<RequestState>,
-    pub prompt: Vec<u32>,
-    /// Prefill chunk limit this request asked for.
-    pub prefill_chunk: Option<usize>,
+    spec: Arc<RequestSpec>,
     /// KV bytes reserved for this request at admission.
     pub kv_reserved: usize,
-    /// Prompt cache: namespace, whether to use it, the snapshot boundary,
-    /// and how many prompt tokens came from it.
-    pub namespace: String,
-    pub use_cache: bool,
-    pub boundary: Option<usize>,
+    /// Prompt tokens whose state came from the prompt cache.
     pub cached: usize,
-    /// Log-probabilities wanted: None, or Some(number of alternatives).
-    pub logprobs: Option<usize>,
     pub sampler: Sampler,
-    max_tokens: u32,
-    stop_at_eos: bool,
-    submitted: Instant,
     generated: u32,
     /// Prompt and generated ids (the repetition penalty window).
     history: Vec<i32>,
@@ -48,52 +39,51 @@ pub(crate) struct Row {
     out: Outlet,
 }
 
+impl Deref for Row {
+    type Target = RequestSpec;
+
+    fn deref(&self) -> &RequestSpec {
+        &self.spec
+    }
+}
+
 impl Row {
     /// Sets up the state; on failure the request gets its error event and
     /// None is returned.
-    pub fn open(mut job: Job, text: &TextAssets, seed: u64, kv_reserved: usize) -> Option<Row> {
-        let state = job.state;
+    pub fn open(job: Job, text: &TextAssets, seed: u64, kv_reserved: usize) -> Option<Row> {
+        let Job { spec, mut outlet } = job;
         let build = || -> Result<(Sampler, IncrementalDecoder, Option<StopMatcher>)> {
-            let stop = if job.stop.is_empty() { None } else { Some(StopMatcher::new(&job.stop)?) };
-            Ok((Sampler::new(job.sampling, seed)?, IncrementalDecoder::new(text.tokenizer.clone())?, stop))
+            let stop = if spec.stop.is_empty() { None } else { Some(StopMatcher::new(&spec.stop)?) };
+            Ok((Sampler::new(spec.sampling.clone(), seed)?, IncrementalDecoder::new(text.tokenizer.clone())?, stop))
         };
         match build() {
             Ok((sampler, detok, stop)) => Some(Row {
-                history: job.prompt.iter().map(|&t| t as i32).collect(),
-                prompt: job.prompt,
-                prefill_chunk: job.prefill_chunk,
+                history: spec.prompt.iter().map(|&t| t as i32).collect(),
                 kv_reserved,
-                namespace: job.cache_namespace,
-                use_cache: job.use_cache,
-                boundary: job.boundary,
                 cached: 0,
-                logprobs: job.logprobs,
                 sampler,
-                max_tokens: job.max_tokens,
-                stop_at_eos: job.stop_at_eos,
-                submitted: job.submitted,
                 generated: 0,
                 detok,
                 stop,
-                channels: ChannelParser::new(job.output_format),
+                channels: ChannelParser::new(spec.output_format),
                 tool_calls: 0,
                 held: vec![],
                 held_lp: vec![],
                 started: Instant::now(),
                 first_token: None,
                 last_token: None,
-                out: job.outlet,
-                state,
+                out: outlet,
+                spec,
             }),
             Err(e) => {
-                job.outlet.send(Event::Error(e));
+                outlet.send(Event::Error(e));
                 None
             }
         }
     }
 
     pub fn is_cancelled(&self) -> bool {
-        self.state.is_cancelled()
+        self.spec.is_cancelled()
     }
 
     /// Prompt and generated ids so far.
@@ -132,7 +122,9 @@ impl Row {
         self.generated += 1;
         self.history.push(tok as i32);
         if self.stop_at_eos && text.eos_ids.contains(&tok) {
-            self.finish(FinishReason::Stop, None);
+            // Counted and reported (id, log-probability) in the last, textless
+            // delta, like mlx-lm; never decoded.
+            self.finish_with(FinishReason::Stop, None, Some((tok, lp)));
             return Ok(true);
         }
         self.held.push(tok);
@@ -169,7 +161,7 @@ impl Row {
                 Piece::Reasoning(t) => self.delta(t, Channel::Reasoning),
                 Piece::ToolCall { name, arguments } => {
                     self.tool_calls += 1;
-                    let id = format!("call_{}_{}", self.state.id, self.tool_calls);
+                    let id = format!("call_{}_{}", self.spec.id, self.tool_calls);
                     self.emit(Event::ToolCall { id, name, arguments });
                 }
             }
@@ -191,7 +183,13 @@ impl Row {
     }
 
     /// Flushes withheld text (unless a stop string matched) and sends `Done`.
-    pub fn finish(&mut self, mut finish: FinishReason, mut stop_index: Option<usize>) {
+    pub fn finish(&mut self, finish: FinishReason, stop_index: Option<usize>) {
+        self.finish_with(finish, stop_index, None);
+    }
+
+    /// `finish`; `eos` is the end-of-sequence token that ended the request,
+    /// reported after every text delta.
+    fn finish_with(&mut self, mut finish: FinishReason, mut stop_index: Option<usize>, eos: Option<(u32, Option<TokenLogprob>)>) {
         if self.out.is_ended() {
             return;
         }
@@ -210,6 +208,10 @@ impl Row {
             }
             let tail = self.channels.finish();
             self.send_pieces(tail);
+            if let Some((tok, lp)) = eos {
+                self.held.push(tok);
+                self.held_lp.extend(lp);
+            }
             if stop_index.is_none() && !self.held.is_empty() {
                 // Tokens that made no text (special tokens at the end).
                 let tokens = std::mem::take(&mut self.held);

@@ -215,7 +215,7 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
 /// What the prompt cache holds for a job's prompt.
 fn probe(pcache: &mut Option<PromptCache>, job: &Job) -> Found {
     match pcache {
-        Some(c) if job.use_cache => c.lookup(&job.cache_namespace, &job.prompt),
+        Some(c) if job.spec.use_cache => c.lookup(&job.spec.namespace, &job.spec.prompt),
         _ => Found::Miss,
     }
 }
@@ -375,7 +375,7 @@ impl Scheduler<'_> {
                     Found::Loading => (0, true),
                     Found::Miss => (0, false),
                 };
-                let j = &q.job;
+                let j = &q.job.spec;
                 Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading }
             })
             .collect();
@@ -446,7 +446,7 @@ impl Scheduler<'_> {
         for _ in 0..n {
             let Queued { job, .. } = self.queue.pop_front().expect("the plan admits queued jobs");
             self.seed_counter = self.seed_counter.wrapping_add(1);
-            let need = job.kv_need;
+            let need = job.spec.kv_need;
             match Row::open(job, &self.text, self.seed_counter, need) {
                 Some(row) => {
                     self.kv_reserved += need;
@@ -534,13 +534,13 @@ impl Scheduler<'_> {
 
     /// A request cancelled (or shut down) before it was admitted.
     fn end_queued(&mut self, Queued { mut job, .. }: Queued) {
-        let usage = Usage { prompt_tokens: job.prompt.len() as u32, ..Default::default() };
+        let usage = Usage { prompt_tokens: job.spec.prompt.len() as u32, ..Default::default() };
         job.outlet.send(Event::Done { finish: FinishReason::Cancelled, stop_index: None, usage });
         self.request_ended();
     }
 
     fn cancel_queued(&mut self, id: u64) {
-        if let Some(pos) = self.queue.iter().position(|q| q.job.state.id == id) {
+        if let Some(pos) = self.queue.iter().position(|q| q.job.spec.id == id) {
             let job = self.queue.remove(pos).expect("position is valid");
             self.end_queued(job);
         }

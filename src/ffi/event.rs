@@ -51,6 +51,8 @@ pub struct mlxrt_usage {
     pub prompt_tokens: u32,
     /// Prompt tokens served from a prompt cache.
     pub cached_tokens: u32,
+    /// Generated tokens, counting the end-of-sequence token that ended the
+    /// request (see `mlxrt_event.tokens`).
     pub completion_tokens: u32,
     /// Submission to first generated token, in milliseconds.
     pub ttft_ms: f64,
@@ -75,7 +77,11 @@ pub struct mlxrt_event {
     pub text: *const c_char,
     /// Length of `text` in bytes (without the NUL).
     pub text_len: usize,
-    /// DELTA: ids of the tokens this text came from. Else NULL.
+    /// DELTA: ids of the tokens this text came from. Tokens that make no
+    /// text at the end (special tokens, and the end-of-sequence token that
+    /// ended the request, with its log-probability) come in a last DELTA with
+    /// empty text, so unless a stop string matched the DELTAs of a request
+    /// report exactly `usage.completion_tokens` ids. Else NULL.
     pub tokens: *const u32,
     pub n_tokens: usize,
     /// DONE: why the request ended.
