@@ -356,3 +356,35 @@ fn bad_checkpoints_fail_at_load_naming_the_problem() {
         }
     }
 }
+
+/// Loading is strict, as in mlx-lm: a Qwen3 checkpoint labelled `llama`
+/// (which a Llama would run without its q/k norms) fails naming them, as does
+/// any tensor no model part takes; the documented extras (rotary inverse
+/// frequencies, a multimodal checkpoint's towers) are let through.
+#[test]
+fn tensors_the_model_does_not_use_fail_the_load() {
+    let (qwen3, _) = oracle("qwen3", "f32");
+    let dir = broken_copy(&qwen3, "relabelled", |c, _| c["model_type"] = "llama".into());
+    let e = match Engine::new(EngineConfig::new(&dir)) {
+        Ok(_) => panic!("a qwen3 checkpoint loaded as llama"),
+        Err(e) => e,
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(e.kind, mlxrt::ErrorKind::ModelLoad, "{e}");
+    assert!(e.message.contains("model.layers.0.self_attn.k_norm.weight`"), "{e}");
+    assert!(e.message.contains("`llama` model does not use"), "{e}");
+
+    let one = || Array::from_f32(&[1.0], &[1]).unwrap();
+    let dir = broken_copy(&qwen3, "extra", |_, t| t.push(("model.layers.1.mlp.extra.weight".into(), one())));
+    let e = load_error(&dir);
+    assert!(e.message.contains("1 tensor(s) a `qwen3` model does not use: `model.layers.1.mlp.extra.weight`"), "{e}");
+
+    let dir = broken_copy(&qwen3, "known-extras", |_, t| {
+        t.push(("model.layers.0.self_attn.rotary_emb.inv_freq".into(), one()));
+        t.push(("vision_tower.blocks.0.weight".into(), one()));
+        t.push(("model.multi_modal_projector.weight".into(), one()));
+    });
+    let loaded = load(&dir, &LoadOptions::default());
+    let _ = std::fs::remove_dir_all(&dir);
+    loaded.unwrap_or_else(|e| panic!("known extras failed the load: {e}"));
+}

@@ -4,7 +4,7 @@
 //! head), the layer's KV cache, an optional sliding window, and an optional
 //! sigmoid output gate computed by the query projection (Qwen3-Next).
 
-use super::layers::{Either, FusedLinear, Linear, RmsNorm, Rope};
+use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm, Rope};
 use super::weights::Weights;
 use crate::cache::{AttnMask, KvCache, Positions};
 use crate::error::Result;
@@ -46,7 +46,7 @@ pub struct AttnSpec {
 }
 
 pub struct Attention {
-    qkv: Either,
+    qkv: LinearGroup,
     o: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,

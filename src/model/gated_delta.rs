@@ -12,7 +12,7 @@
 //! zeroed before the convolution and leave the state unchanged, so a padded
 //! row computes exactly what it computes alone.
 
-use super::layers::{Either, FusedLinear, Linear, RmsNorm};
+use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm};
 use super::weights::Weights;
 use crate::cache::StateCache;
 use crate::error::{Error, Result};
@@ -56,7 +56,7 @@ pub enum Layout {
 
 pub struct GatedDeltaNet {
     /// Outputs: qkv (conv input), z, b, a.
-    in_proj: Either,
+    in_proj: LinearGroup,
     conv_w: Array,
     dt_bias: Array,
     a_log: Array,

@@ -12,6 +12,7 @@
 
 use super::attention::{AttnSpec, Attention, Masks};
 use super::layers::{output_positions, Act, Embedding, Head, Mlp, RmsNorm, Rope};
+use super::load::FamilyConfig;
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
@@ -23,60 +24,51 @@ use serde_json::Value;
 use std::rc::Rc;
 
 #[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
 struct Config {
     hidden_size: i32,
     num_hidden_layers: i32,
     intermediate_size: i32,
     num_attention_heads: i32,
-    #[serde(default = "d_head_dim")]
     head_dim: i32,
-    #[serde(default = "d_eps")]
     rms_norm_eps: f32,
     vocab_size: i32,
-    #[serde(default = "d_one")]
     num_key_value_heads: i32,
-    #[serde(default = "d_theta")]
     rope_theta: f32,
-    #[serde(default = "d_local_theta")]
     rope_local_base_freq: f32,
-    #[serde(default = "d_head_dim_f")]
     query_pre_attn_scalar: f32,
-    #[serde(default = "d_window")]
     sliding_window: i32,
-    #[serde(default = "d_pattern")]
     sliding_window_pattern: i32,
-    #[serde(default = "d_max_pos")]
     max_position_embeddings: i64,
-    #[serde(default)]
     rope_scaling: Option<Value>,
 }
 
-fn d_head_dim() -> i32 {
-    256
+impl FamilyConfig for Config {
+    const REQUIRED: &'static [&'static str] =
+        &["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size"];
 }
-fn d_head_dim_f() -> f32 {
-    256.0
-}
-fn d_eps() -> f32 {
-    1e-6
-}
-fn d_one() -> i32 {
-    1
-}
-fn d_theta() -> f32 {
-    1_000_000.0
-}
-fn d_local_theta() -> f32 {
-    10_000.0
-}
-fn d_window() -> i32 {
-    512
-}
-fn d_pattern() -> i32 {
-    6
-}
-fn d_max_pos() -> i64 {
-    32768
+
+/// mlx-lm's defaults (gemma3_text.py).
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            hidden_size: 0,
+            num_hidden_layers: 0,
+            intermediate_size: 0,
+            num_attention_heads: 0,
+            head_dim: 256,
+            rms_norm_eps: 1e-6,
+            vocab_size: 0,
+            num_key_value_heads: 1,
+            rope_theta: 1_000_000.0,
+            rope_local_base_freq: 10_000.0,
+            query_pre_attn_scalar: 256.0,
+            sliding_window: 512,
+            sliding_window_pattern: 6,
+            max_position_embeddings: 32768,
+            rope_scaling: None,
+        }
+    }
 }
 
 struct Block {

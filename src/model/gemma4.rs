@@ -19,7 +19,8 @@
 //! gemma3.rs.
 
 use super::attention::Masks;
-use super::layers::{gelu_tanh, output_positions, Act, Either, Embedding, FusedLinear, Head, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{gelu_tanh, output_positions, Act, Embedding, FusedLinear, Head, Linear, LinearGroup, Mlp, RmsNorm, Rope};
+use super::load::FamilyConfig;
 use super::moe::SwitchGlu;
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
@@ -31,96 +32,80 @@ use serde::Deserialize;
 use serde_json::Value;
 
 #[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
 struct Config {
     hidden_size: i32,
     num_hidden_layers: i32,
     intermediate_size: i32,
     num_attention_heads: i32,
-    #[serde(default = "d_head_dim")]
     head_dim: i32,
-    #[serde(default = "d_global_head_dim")]
     global_head_dim: Option<i32>,
-    #[serde(default = "d_eps")]
     rms_norm_eps: f32,
     vocab_size: i32,
-    #[serde(default = "d_vocab_per_layer")]
     vocab_size_per_layer_input: Option<i32>,
-    #[serde(default = "d_one")]
     num_key_value_heads: i32,
-    #[serde(default)]
     num_global_key_value_heads: Option<i32>,
-    #[serde(default = "d_kv_shared")]
     num_kv_shared_layers: i32,
-    #[serde(default = "d_per_layer")]
     hidden_size_per_layer_input: i32,
-    #[serde(default)]
     rope_traditional: bool,
-    #[serde(default)]
     rope_parameters: Option<Value>,
-    #[serde(default = "d_window")]
     sliding_window: i32,
-    #[serde(default = "d_pattern")]
     sliding_window_pattern: i32,
-    #[serde(default)]
     max_position_embeddings: Option<i64>,
-    #[serde(default)]
     attention_k_eq_v: bool,
-    #[serde(default = "d_softcap")]
     final_logit_softcapping: Option<f32>,
-    #[serde(default = "d_true")]
     use_double_wide_mlp: bool,
-    #[serde(default)]
     enable_moe_block: bool,
-    #[serde(default)]
     num_experts: Option<i32>,
-    #[serde(default)]
     top_k_experts: Option<i32>,
-    #[serde(default)]
     moe_intermediate_size: Option<i32>,
-    #[serde(default)]
     layer_types: Option<Vec<String>>,
-    #[serde(default = "d_true")]
     tie_word_embeddings: bool,
 }
 
-fn d_head_dim() -> i32 {
-    256
+impl FamilyConfig for Config {
+    const REQUIRED: &'static [&'static str] =
+        &["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size"];
 }
-fn d_eps() -> f32 {
-    1e-6
-}
-fn d_one() -> i32 {
-    1
-}
-fn d_window() -> i32 {
-    512
-}
-fn d_pattern() -> i32 {
-    5
-}
-fn d_true() -> bool {
-    true
-}
-fn d_softcap() -> Option<f32> {
-    Some(30.0)
-}
-// mlx-lm's defaults (those of the smallest Gemma 4), for configs that omit them.
-fn d_global_head_dim() -> Option<i32> {
-    Some(512)
-}
-fn d_vocab_per_layer() -> Option<i32> {
-    Some(262_144)
-}
-fn d_kv_shared() -> i32 {
-    20
-}
-fn d_per_layer() -> i32 {
-    256
+
+/// mlx-lm's defaults (gemma4_text.py: those of the smallest Gemma 4).
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            hidden_size: 0,
+            num_hidden_layers: 0,
+            intermediate_size: 0,
+            num_attention_heads: 0,
+            head_dim: 256,
+            global_head_dim: Some(512),
+            rms_norm_eps: 1e-6,
+            vocab_size: 0,
+            vocab_size_per_layer_input: Some(262_144),
+            num_key_value_heads: 1,
+            num_global_key_value_heads: None,
+            num_kv_shared_layers: 20,
+            hidden_size_per_layer_input: 256,
+            rope_traditional: false,
+            rope_parameters: None,
+            sliding_window: 512,
+            sliding_window_pattern: 5,
+            max_position_embeddings: None,
+            attention_k_eq_v: false,
+            final_logit_softcapping: Some(30.0),
+            use_double_wide_mlp: true,
+            enable_moe_block: false,
+            num_experts: None,
+            top_k_experts: None,
+            moe_intermediate_size: None,
+            layer_types: None,
+            tie_word_embeddings: true,
+        }
+    }
 }
 
 struct Attn {
     /// q, then k and v (or k alone when K = V) unless keys are shared.
-    proj: Either,
+    proj: LinearGroup,
     has_kv: bool,
     k_eq_v: bool,
     o: Linear,
@@ -234,7 +219,7 @@ pub struct Gemma4 {
 }
 
 pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Box<dyn LanguageModel>> {
-    let cfg: Config = serde_json::from_value(config.clone()).map_err(|e| Error::model(format!("config.json for gemma4_text: {e}")))?;
+    let cfg: Config = super::load::from_config("gemma4_text", config)?;
     let n = cfg.num_hidden_layers;
     let types: Vec<String> = match &cfg.layer_types {
         Some(t) if t.len() as i32 == n => t.clone(),
@@ -299,6 +284,11 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Box<
                 parts.push((w.linear(&format!("{a}.v_proj"), d, kv_heads * hd, false)?, kv_heads * hd));
             }
             kv_bytes += bytes_per_position(kv_heads, hd, Dtype::F32);
+        } else {
+            // Full checkpoints keep these for KV-shared layers; mlx-lm drops them.
+            for m in ["k_proj", "v_proj", "k_norm"] {
+                w.discard(&format!("{a}.{m}"));
+            }
         }
         let rp = rope_params(&types[i as usize]);
         let theta = rp.get("rope_theta").and_then(Value::as_f64).unwrap_or(10_000.0) as f32;

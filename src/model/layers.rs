@@ -43,8 +43,8 @@ pub fn swiglu(gate: &Array, up: &Array, kernels: Kernels) -> Result<Array> {
 
 /// [`swiglu`] of gate/up projections that share an input: one SwiGLU node on
 /// the stacked output when they are fused, with no slicing nodes.
-pub fn gated_mlp_hidden(gate_up: &Either, x: &Array, kernels: Kernels) -> Result<Array> {
-    if let (Either::Fused(f), Kernels::Auto) = (gate_up, kernels) {
+pub fn gated_mlp_hidden(gate_up: &LinearGroup, x: &Array, kernels: Kernels) -> Result<Array> {
+    if let (LinearGroup::Fused(f), Kernels::Auto) = (gate_up, kernels) {
         if let [g, u] = f.sizes[..] {
             if g == u {
                 return Ok(fast_swiglu_packed(&f.lin.forward(x)?)?);
@@ -147,10 +147,10 @@ pub struct FusedLinear {
 impl FusedLinear {
     /// Stacks `parts` when they are alike (all dense, or all quantized the
     /// same way, biases on all or none); otherwise keeps them apart.
-    pub fn new(parts: Vec<(Linear, i32)>) -> Result<Either> {
+    pub fn new(parts: Vec<(Linear, i32)>) -> Result<LinearGroup> {
         let same = parts.windows(2).all(|w| w[0].0.stackable_with(&w[1].0));
         if !same {
-            return Ok(Either::Separate(parts.into_iter().map(|(l, _)| l).collect()));
+            return Ok(LinearGroup::Separate(parts.into_iter().map(|(l, _)| l).collect()));
         }
         let sizes = parts.iter().map(|(_, n)| *n).collect();
         let lins: Vec<Linear> = parts.into_iter().map(|(l, _)| l).collect();
@@ -170,7 +170,7 @@ impl FusedLinear {
                 kernels: *kernels,
             },
         };
-        Ok(Either::Fused(FusedLinear { lin, sizes }))
+        Ok(LinearGroup::Fused(FusedLinear { lin, sizes }))
     }
 
     pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
@@ -189,24 +189,25 @@ impl FusedLinear {
     }
 }
 
-/// Layers that share an input: fused when possible.
-pub enum Either {
+/// Linear layers applied to the same input (q/k/v, gate/up, ...): one
+/// stacked matmul split after when they are alike, else each on its own.
+pub enum LinearGroup {
     Fused(FusedLinear),
     Separate(Vec<Linear>),
 }
 
-impl Either {
+impl LinearGroup {
     pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
         match self {
-            Either::Fused(f) => f.forward(x),
-            Either::Separate(v) => v.iter().map(|l| l.forward(x)).collect(),
+            LinearGroup::Fused(f) => f.forward(x),
+            LinearGroup::Separate(v) => v.iter().map(|l| l.forward(x)).collect(),
         }
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
-            Either::Fused(f) => f.arrays(),
-            Either::Separate(v) => v.iter().flat_map(Linear::arrays).collect(),
+            LinearGroup::Fused(f) => f.arrays(),
+            LinearGroup::Separate(v) => v.iter().flat_map(Linear::arrays).collect(),
         }
     }
 }
@@ -294,7 +295,7 @@ pub fn gelu_tanh(x: &Array) -> Result<Array> {
 
 /// `down(act(gate(x)) * up(x))`, gate and up fused when alike.
 pub struct Mlp {
-    pub gate_up: Either,
+    pub gate_up: LinearGroup,
     pub down: Linear,
     pub act: Act,
     /// Auto: SiLU gates use mlxrt's one-node SwiGLU on the CPU.
@@ -339,10 +340,16 @@ pub enum Head {
 }
 
 impl Head {
-    /// `lm_head` when the checkpoint has it (or the config unties it), else tied.
+    /// `lm_head` when the checkpoint has it (or the config unties it), else
+    /// tied; a tied model drops an `lm_head` the checkpoint carries anyway
+    /// (as mlx-lm does).
     pub fn load(w: &mut super::weights::Weights, name: &str, tie: Option<bool>, dim: i32, vocab: i32) -> Result<Head> {
         let tie = tie.unwrap_or(!w.contains(&format!("{name}.weight")));
-        Ok(if tie { Head::Tied } else { Head::Linear(w.linear(name, dim, vocab, false)?) })
+        if tie {
+            w.discard(name);
+            return Ok(Head::Tied);
+        }
+        Ok(Head::Linear(w.linear(name, dim, vocab, false)?))
     }
 
     pub fn forward(&self, h: &Array, embed: &Embedding) -> Result<Array> {

@@ -5,6 +5,7 @@
 use super::attention::{AttnSpec, Attention};
 use super::decoder::{Block, Decoder, Ffn};
 use super::layers::{Act, FusedLinear, Head, Mlp, RmsNorm, Rope};
+use super::load::FamilyConfig;
 use super::weights::Weights;
 use super::ModelInfo;
 use crate::cache::kv::bytes_per_position;
@@ -15,6 +16,7 @@ use serde_json::Value;
 use std::rc::Rc;
 
 #[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
 pub struct LlamaConfig {
     pub hidden_size: i32,
     pub num_hidden_layers: i32,
@@ -22,28 +24,45 @@ pub struct LlamaConfig {
     pub num_attention_heads: i32,
     pub rms_norm_eps: f32,
     pub vocab_size: i32,
-    #[serde(default)]
     pub head_dim: Option<i32>,
-    #[serde(default)]
     pub max_position_embeddings: Option<i64>,
-    #[serde(default)]
     pub num_key_value_heads: Option<i32>,
-    #[serde(default)]
     pub attention_bias: bool,
-    #[serde(default)]
     pub mlp_bias: bool,
-    #[serde(default = "default_theta")]
     pub rope_theta: f32,
-    #[serde(default)]
     pub rope_traditional: bool,
-    #[serde(default)]
     pub rope_scaling: Option<Value>,
-    #[serde(default)]
     pub tie_word_embeddings: Option<bool>,
 }
 
-fn default_theta() -> f32 {
-    10000.0
+impl FamilyConfig for LlamaConfig {
+    const REQUIRED: &'static [&'static str] =
+        &["hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "rms_norm_eps", "vocab_size"];
+}
+
+/// Defaults for what config.json may omit: mlx-lm's (llama.py), except
+/// that a missing `tie_word_embeddings` follows the checkpoint (tied when it
+/// has no `lm_head`).
+impl Default for LlamaConfig {
+    fn default() -> LlamaConfig {
+        LlamaConfig {
+            hidden_size: 0,
+            num_hidden_layers: 0,
+            intermediate_size: 0,
+            num_attention_heads: 0,
+            rms_norm_eps: 0.0,
+            vocab_size: 0,
+            head_dim: None,
+            max_position_embeddings: None,
+            num_key_value_heads: None,
+            attention_bias: false,
+            mlp_bias: false,
+            rope_theta: 10_000.0,
+            rope_traditional: false,
+            rope_scaling: None,
+            tie_word_embeddings: None,
+        }
+    }
 }
 
 impl LlamaConfig {

@@ -3,6 +3,7 @@
 //! ids). Weights are evaluated here, so a bad file fails the load, not the
 //! first request.
 
+use super::check;
 use super::layers::{Kernels, QuantSpec};
 use super::llama::{self, LlamaConfig};
 use super::weights::{QuantConfig, Weights};
@@ -136,6 +137,7 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Re
     let config = read_json(&dir.join("config.json"))?;
     let model_type = config.get("model_type").and_then(Value::as_str).unwrap_or("");
     check_supported(model_type)?;
+    check::config::check(&config)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
@@ -146,6 +148,7 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Re
     }
     let mut tensors = HashMap::new();
     for f in &files {
+        check::safetensors::check_file(f)?;
         let mut tf = TensorFile::load_safetensors(&f.to_string_lossy())
             .map_err(|e| Error::model(format!("{}: {}", f.display(), e.0)))?;
         for name in tf.names()? {
@@ -158,6 +161,7 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Re
     opts.report(0.3, "building")?;
     let info = ModelInfo { format: "mlx-folder".into(), ..Default::default() };
     let model = build(model_type, &config, &mut weights, info)?;
+    weights.finish(model_type)?;
     let text = folder_text_assets(dir, &config)?;
     Ok((model, text))
 }
@@ -202,7 +206,8 @@ fn build(model_type: &str, config: &Value, w: &mut Weights, info: ModelInfo) -> 
         "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => qwen3_5::load(model_type, config, w, info)?,
         "gemma4_text" => gemma4::load(config, w, info)?,
         // Multimodal Gemma checkpoints: their text model alone (mlx-lm's
-        // gemma3.py / gemma4.py defaults), towers left unread.
+        // gemma3.py / gemma4.py defaults); `weights::ignorable` lets the
+        // towers pass unread.
         "gemma3" => {
             w.strip_prefix("language_model.");
             Box::new(gemma3::load(&text_config(config, 262_208, 8, 4), w, info)?)
@@ -226,10 +231,17 @@ fn text_config(config: &Value, vocab: i64, heads: i64, kv_heads: i64) -> Value {
     t
 }
 
+/// A family's config struct: `#[serde(default)]` over an `impl Default` that
+/// holds mlx-lm's defaults, and the keys mlx-lm requires (their values in
+/// `Default` are placeholders never used).
+pub(crate) trait FamilyConfig: serde::de::DeserializeOwned + Default {
+    const REQUIRED: &'static [&'static str];
+}
+
 /// Reads a family's config struct from config.json. Newer Hugging Face
 /// configs nest `rope_theta` (and the scaling) under `rope_parameters`; they
 /// are lifted to the top level first.
-pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(model_type: &str, config: &Value) -> Result<T> {
+pub(crate) fn parse_config<T: FamilyConfig>(model_type: &str, config: &Value) -> Result<T> {
     let mut c = config.clone();
     if let Some(o) = c.as_object_mut() {
         if let Some(rp) = o.get("rope_parameters").cloned().filter(Value::is_object) {
@@ -243,7 +255,15 @@ pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(model_type: &str, con
             }
         }
     }
-    serde_json::from_value(c).map_err(|e| Error::model(format!("config.json for {model_type}: {e}")))
+    from_config(model_type, &c)
+}
+
+/// Reads a family's config struct from `config` as it is.
+pub(crate) fn from_config<T: FamilyConfig>(model_type: &str, config: &Value) -> Result<T> {
+    if let Some(key) = T::REQUIRED.iter().find(|k| config.get(**k).is_none()) {
+        return Err(Error::model(format!("config.json for {model_type}: missing field `{key}`")));
+    }
+    T::deserialize(config).map_err(|e| Error::model(format!("config.json for {model_type}: {e}")))
 }
 
 fn quant_config(config: &Value) -> Result<QuantConfig> {
@@ -379,16 +399,45 @@ fn unpermute_rows(a: &Array, heads: i32) -> Result<Array> {
 }
 
 fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Result<Parts> {
+    check::gguf::check_file(path)?;
     let mut f = TensorFile::load_gguf(&path.to_string_lossy()).map_err(|e| Error::model(e.0))?;
     let arch = meta_string(&f, "general.architecture")?.unwrap_or_default();
     if arch != "llama" {
         return Err(Error::unsupported(format!("GGUF architecture `{arch}` is not supported (only llama)")));
     }
-    let need = |key: &str, v: Option<u32>| v.ok_or_else(|| Error::model(format!("GGUF metadata `{key}` is missing")));
+    let need = |key: &str, v: Option<u32>| v.ok_or_else(|| Error::model(format!("GGUF metadata `{arch}.{key}` is missing")));
     let k = |s: &str| format!("{arch}.{s}");
     let heads = need("attention.head_count", meta_u32(&f, &k("attention.head_count"))?)? as i32;
     let kv_heads = meta_u32(&f, &k("attention.head_count_kv"))?.map_or(heads, |v| v as i32);
     let hidden = need("embedding_length", meta_u32(&f, &k("embedding_length"))?)? as i32;
+    let layers = need("block_count", meta_u32(&f, &k("block_count"))?)? as i32;
+    let ffn = need("feed_forward_length", meta_u32(&f, &k("feed_forward_length"))?)? as i32;
+    let head_dim = meta_u32(&f, &k("attention.key_length"))?.map(|v| v as i32);
+    let context = meta_u32(&f, &k("context_length"))?.map(i64::from);
+    let vocab = meta_u32(&f, &k("vocab_size"))?.map(|v| v as i32);
+    // The sizes as config.json would give them, checked before anything
+    // (the Q/K unpermute below divides by the head counts) uses them.
+    let sizes = [
+        ("hidden_size", "embedding_length", Some(hidden)),
+        ("num_hidden_layers", "block_count", Some(layers)),
+        ("intermediate_size", "feed_forward_length", Some(ffn)),
+        ("num_attention_heads", "attention.head_count", Some(heads)),
+        ("num_key_value_heads", "attention.head_count_kv", Some(kv_heads)),
+        ("head_dim", "attention.key_length", head_dim),
+        ("vocab_size", "vocab_size", vocab),
+    ];
+    let mut as_config: serde_json::Map<String, Value> =
+        sizes.iter().filter_map(|(hf, _, v)| Some(((*hf).to_string(), (*v)?.into()))).collect();
+    if let Some(c) = context {
+        as_config.insert("max_position_embeddings".into(), c.into());
+    }
+    check::config::check(&Value::Object(as_config)).map_err(|e| {
+        let mut m = e.message.replace("config.json", "GGUF metadata").replace("`max_position_embeddings`", &format!("`{arch}.context_length`"));
+        for (hf, key, _) in sizes {
+            m = m.replace(&format!("`{hf}`"), &format!("`{arch}.{key}`"));
+        }
+        Error::model(m)
+    })?;
 
     let mut tensors = HashMap::new();
     let mut quant = QuantConfig::default();
@@ -415,19 +464,19 @@ fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Res
         let bits = w.dim(-1) / s.dim(-1);
         quant.overrides.insert(module.to_string(), QuantSpec { group_size: 32, bits });
     }
-    let vocab_size = match meta_u32(&f, &k("vocab_size"))? {
-        Some(v) => v as i32,
+    let vocab_size = match vocab {
+        Some(v) => v,
         None => tensors.get("model.embed_tokens.weight").map(|a| a.dim(0)).unwrap_or(0),
     };
     let cfg = LlamaConfig {
         hidden_size: hidden,
-        num_hidden_layers: need("block_count", meta_u32(&f, &k("block_count"))?)? as i32,
-        intermediate_size: need("feed_forward_length", meta_u32(&f, &k("feed_forward_length"))?)? as i32,
+        num_hidden_layers: layers,
+        intermediate_size: ffn,
         num_attention_heads: heads,
         rms_norm_eps: meta_f32(&f, &k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-5),
         vocab_size,
-        head_dim: meta_u32(&f, &k("attention.key_length"))?.map(|v| v as i32),
-        max_position_embeddings: meta_u32(&f, &k("context_length"))?.map(i64::from),
+        head_dim,
+        max_position_embeddings: context,
         num_key_value_heads: Some(kv_heads),
         attention_bias: false,
         mlp_bias: false,
@@ -440,6 +489,7 @@ fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Res
     opts.report(0.3, "building")?;
     let info = ModelInfo { format: "gguf".into(), ..Default::default() };
     let model: Box<dyn LanguageModel> = Box::new(llama::load(&cfg, &mut weights, info)?);
+    weights.finish(&arch)?;
 
     let vocab = GgufVocab::from_tensor_file(&f).map_err(|e| Error::model(e.to_string()))?;
     let tokenizer = Tokenizer::from_gguf(&vocab).map_err(|e| Error::model(e.to_string()))?;

@@ -3,6 +3,7 @@
 //! `load`.
 
 pub mod attention;
+pub mod check;
 pub mod decoder;
 pub mod gated_delta;
 pub mod gemma3;

@@ -14,6 +14,7 @@ use super::attention::{AttnSpec, Attention, Masks};
 use super::decoder::Ffn;
 use super::gated_delta::{DeltaSpec, GatedDeltaNet, Layout};
 use super::layers::{output_positions, Act, Embedding, Head, Mlp, RmsNorm, Rope};
+use super::load::FamilyConfig;
 use super::moe::{MoeSpec, SparseMoe};
 use super::weights::Weights;
 use super::{bounded_chunk, LanguageModel, ModelInfo, Output};
@@ -26,6 +27,7 @@ use serde_json::Value;
 use std::rc::Rc;
 
 #[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
 struct Config {
     hidden_size: i32,
     num_hidden_layers: i32,
@@ -34,48 +36,79 @@ struct Config {
     rms_norm_eps: f32,
     vocab_size: i32,
     num_key_value_heads: i32,
-    #[serde(default)]
     max_position_embeddings: Option<i64>,
     linear_num_value_heads: i32,
     linear_num_key_heads: i32,
     linear_key_head_dim: i32,
     linear_value_head_dim: i32,
     linear_conv_kernel_dim: i32,
-    #[serde(default)]
     tie_word_embeddings: bool,
-    #[serde(default)]
     attention_bias: bool,
-    #[serde(default)]
     head_dim: Option<i32>,
-    #[serde(default = "d_interval")]
     full_attention_interval: i32,
-    #[serde(default)]
     num_experts: i32,
-    #[serde(default)]
     num_experts_per_tok: i32,
-    #[serde(default = "d_one")]
     decoder_sparse_step: i32,
-    #[serde(default)]
     shared_expert_intermediate_size: i32,
-    #[serde(default)]
     moe_intermediate_size: i32,
-    #[serde(default)]
     norm_topk_prob: Option<bool>,
-    #[serde(default)]
     mlp_only_layers: Vec<i32>,
-    #[serde(default)]
     rope_theta: Option<f32>,
-    #[serde(default)]
     partial_rotary_factor: Option<f32>,
-    #[serde(default)]
     rope_scaling: Option<Value>,
 }
 
-fn d_interval() -> i32 {
-    4
+impl FamilyConfig for Config {
+    const REQUIRED: &'static [&'static str] = &[
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+        "rms_norm_eps",
+        "vocab_size",
+        "num_key_value_heads",
+        "linear_num_value_heads",
+        "linear_num_key_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    ];
 }
-fn d_one() -> i32 {
-    1
+
+/// Defaults for what config.json may omit (a dense model, full attention
+/// every 4th layer, as in mlx-lm).
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            hidden_size: 0,
+            num_hidden_layers: 0,
+            intermediate_size: 0,
+            num_attention_heads: 0,
+            rms_norm_eps: 0.0,
+            vocab_size: 0,
+            num_key_value_heads: 0,
+            max_position_embeddings: None,
+            linear_num_value_heads: 0,
+            linear_num_key_heads: 0,
+            linear_key_head_dim: 0,
+            linear_value_head_dim: 0,
+            linear_conv_kernel_dim: 0,
+            tie_word_embeddings: false,
+            attention_bias: false,
+            head_dim: None,
+            full_attention_interval: 4,
+            num_experts: 0,
+            num_experts_per_tok: 0,
+            decoder_sparse_step: 1,
+            shared_expert_intermediate_size: 0,
+            moe_intermediate_size: 0,
+            norm_topk_prob: None,
+            mlp_only_layers: Vec::new(),
+            rope_theta: None,
+            partial_rotary_factor: None,
+            rope_scaling: None,
+        }
+    }
 }
 
 enum Mixer {

@@ -5,6 +5,7 @@
 use super::decoder::{Decoder, Ffn};
 use super::layers::{Act, Mlp};
 use super::llama::{build, LlamaConfig, Variant};
+use super::load::FamilyConfig;
 use super::moe::{MoeSpec, SparseMoe};
 use super::weights::Weights;
 use super::ModelInfo;
@@ -13,20 +14,31 @@ use serde::Deserialize;
 use serde_json::Value;
 
 #[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
 struct MoeConfig {
     num_experts: i32,
     num_experts_per_tok: i32,
-    #[serde(default = "one")]
     decoder_sparse_step: i32,
-    #[serde(default)]
     mlp_only_layers: Vec<i32>,
     moe_intermediate_size: i32,
-    #[serde(default)]
     norm_topk_prob: bool,
 }
 
-fn one() -> i32 {
-    1
+impl FamilyConfig for MoeConfig {
+    const REQUIRED: &'static [&'static str] = &["num_experts", "num_experts_per_tok", "moe_intermediate_size"];
+}
+
+impl Default for MoeConfig {
+    fn default() -> MoeConfig {
+        MoeConfig {
+            num_experts: 0,
+            num_experts_per_tok: 0,
+            decoder_sparse_step: 1,
+            mlp_only_layers: Vec::new(),
+            moe_intermediate_size: 0,
+            norm_topk_prob: false,
+        }
+    }
 }
 
 pub fn load(config: &Value, w: &mut Weights, info: ModelInfo) -> Result<Decoder> {

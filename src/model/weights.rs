@@ -1,11 +1,12 @@
 //! A checkpoint's tensors by name, taken one by one while a model is built, so
-//! a missing or misshapen tensor fails the load with its name.
+//! a missing or misshapen tensor fails the load with its name, and one the
+//! model never took fails it too (`Weights::finish`).
 
 use super::layers::{Embedding, Kernels, Linear, QuantSpec};
 use super::moe::SwitchLinear;
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 /// Per-checkpoint quantization settings: a default and per-module overrides
 /// (keyed by module path, e.g. `model.embed_tokens`), as in MLX configs.
@@ -43,7 +44,7 @@ impl Weights {
     /// Renames every tensor (and quantization override) under `prefix` to
     /// its name without it: the text model of a multimodal checkpoint
     /// (`language_model.model.…`) read as a text-only one. Other tensors stay
-    /// as they are (and are left over).
+    /// as they are (and must be `ignorable` by `finish`).
     pub fn strip_prefix(&mut self, prefix: &str) {
         let names: Vec<String> = self.tensors.keys().filter(|k| k.starts_with(prefix)).cloned().collect();
         for n in names {
@@ -162,11 +163,66 @@ impl Weights {
         Ok((w, scales, biases, spec))
     }
 
-    /// Names left over after the model took what it needs (sorted).
-    pub fn leftover(&self) -> Vec<String> {
-        let set: BTreeMap<_, _> = self.tensors.keys().map(|k| (k.clone(), ())).collect();
-        set.into_keys().collect()
+    /// Drops the tensors of module `prefix` (`.weight`, `.scales`,
+    /// `.biases`, `.bias`) that a checkpoint carries but the model does not
+    /// use: a tied `lm_head`, keys of KV-shared layers (as mlx-lm drops them).
+    pub fn discard(&mut self, prefix: &str) {
+        for suffix in ["weight", "scales", "biases", "bias"] {
+            self.tensors.remove(&format!("{prefix}.{suffix}"));
+        }
     }
+
+    /// Fails naming the first few tensors (sorted) that the model did not
+    /// take and `ignorable` does not cover: loading is strict, as in mlx-lm,
+    /// so a checkpoint built for another architecture (a Qwen3 labelled
+    /// `llama`, whose q/k norms a Llama would never read) fails instead of
+    /// running without some of its weights.
+    pub fn finish(self, model_type: &str) -> Result<()> {
+        let mut left: Vec<&String> = self.tensors.keys().filter(|n| !ignorable(n)).collect();
+        if left.is_empty() {
+            return Ok(());
+        }
+        left.sort();
+        const SHOWN: usize = 5;
+        let names: Vec<String> = left.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+        let more = if left.len() > SHOWN { format!(" and {} more", left.len() - SHOWN) } else { String::new() };
+        Err(Error::model(format!(
+            "the checkpoint has {} tensor(s) a `{model_type}` model does not use: {}{more} (is `model_type` right?)",
+            left.len(),
+            names.join(", ")
+        )))
+    }
+}
+
+/// Tensors a checkpoint may carry that no text model reads, dropped as
+/// mlx-lm's `sanitize` methods drop them:
+/// - precomputed rotary frequencies (`…rotary_emb.inv_freq`; recomputed
+///   from the config);
+/// - the vision and audio towers, their projectors and embedders of a
+///   multimodal checkpoint (`vision_tower.`, `multi_modal_projector.`,
+///   `audio_tower.`, `embed_vision.`, `embed_audio.`, `vision_embedder.`,
+///   `visual.`, with or without a leading `model.`): only the text model is
+///   loaded;
+/// - multi-token-prediction heads (`mtp.`, Qwen3-Next and Qwen3.5);
+/// - Gemma 4's activation clipping bounds (`input_min`, `input_max`,
+///   `output_min`, `output_max`).
+pub fn ignorable(name: &str) -> bool {
+    const TOWERS: &[&str] = &[
+        "vision_tower.",
+        "multi_modal_projector.",
+        "audio_tower.",
+        "embed_vision.",
+        "embed_audio.",
+        "vision_embedder.",
+        "visual.",
+    ];
+    const CLIPS: &[&str] = &["input_min", "input_max", "output_min", "output_max"];
+    let unprefixed = name.strip_prefix("model.").unwrap_or(name);
+    name.contains("rotary_emb.")
+        || TOWERS.iter().any(|t| unprefixed.starts_with(t))
+        || name.starts_with("mtp.")
+        || name.contains(".mtp.")
+        || CLIPS.iter().any(|c| name.ends_with(c))
 }
 
 pub fn check_shape(name: &str, a: &Array, want: &[i32]) -> Result<()> {
