@@ -232,8 +232,9 @@ fn text_config(config: &Value, vocab: i64, heads: i64, kv_heads: i64) -> Value {
 }
 
 /// A family's config struct: `#[serde(default)]` over an `impl Default` that
-/// holds mlx-lm's defaults, and the keys mlx-lm requires (their values in
-/// `Default` are placeholders never used).
+/// holds the defaults for keys config.json may omit, and the keys it must
+/// have (checked before parsing, so their placeholders in `Default` are
+/// never used).
 pub(crate) trait FamilyConfig: serde::de::DeserializeOwned + Default {
     const REQUIRED: &'static [&'static str];
 }

@@ -5,7 +5,7 @@
 //! JSON object of tensors with a known dtype, a shape of integers in
 //! `0..2^31` and `data_offsets` inside the data section whose length is
 //! exactly dtype × shape, no two tensors overlapping; `__metadata__`, when
-//! present, maps strings to strings.
+//! present, is null or maps strings to strings.
 
 use crate::error::{Error, Result};
 use serde_json::Value;
@@ -63,9 +63,10 @@ pub fn check_header(header: &[u8], data_len: u64) -> Result<()> {
     let mut spans = Vec::new();
     for (name, v) in &entries {
         if name == "__metadata__" {
-            let ok = v.as_object().is_some_and(|m| m.values().all(Value::is_string));
+            // MLX writes `null` when a file has no metadata.
+            let ok = v.is_null() || v.as_object().is_some_and(|m| m.values().all(Value::is_string));
             if !ok {
-                return Err(Error::model("`__metadata__` is not an object of strings"));
+                return Err(Error::model("`__metadata__` is not null or an object of strings"));
             }
             continue;
         }
@@ -120,6 +121,8 @@ mod tests {
 
     #[test]
     fn accepts_a_valid_header() {
+        let h = json!({"__metadata__": null, "a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}});
+        check_header(h.to_string().as_bytes(), 4).unwrap();
         let h = json!({"__metadata__": {"format": "mlx"},
             "a": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]},
             "b": {"dtype": "BF16", "shape": [4], "data_offsets": [24, 32]}});
