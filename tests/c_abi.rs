@@ -27,19 +27,6 @@ fn compile(name: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
-/// Makes the program load the library `cargo test` just built. cargo's
-/// LD_LIBRARY_PATH lists target/<profile> (where only `cargo build` copies
-/// the library, so it may be stale) before deps/, and it overrides the
-/// binary's RUNPATH.
-fn this_library(cmd: &mut Command) -> &mut Command {
-    let mut path = std::ffi::OsString::from(lib_dir());
-    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
-        path.push(":");
-        path.push(old);
-    }
-    cmd.env("LD_LIBRARY_PATH", path)
-}
-
 fn run(cmd: &mut Command, what: &str) {
     let scratch = tempdir(what);
     let out = this_library(cmd).arg(model_path()).arg(&scratch).output().expect("run test_abi");

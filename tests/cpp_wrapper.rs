@@ -23,7 +23,7 @@ fn build_and_run(name: &str, extra: &[&str], env: &[(&str, &str)]) {
         .args(["-lpthread", "-o"])
         .arg(&bin);
     assert!(cmd.status().expect("run the C++ compiler").success(), "compiling failed: {cmd:?}");
-    let out = Command::new(&bin).arg(model_path()).envs(env.iter().copied()).output().expect("run");
+    let out = this_library(&mut Command::new(&bin)).arg(model_path()).envs(env.iter().copied()).output().expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "{name} failed ({})", out.status);

@@ -30,7 +30,7 @@ fn build(file: &str, compiler: &str, std: &str) -> PathBuf {
 }
 
 fn run(bin: PathBuf, args: &[&str]) -> (String, String) {
-    let out: Output = Command::new(&bin).arg(model_path()).args(args).output().expect("run the example");
+    let out: Output = this_library(&mut Command::new(&bin)).arg(model_path()).args(args).output().expect("run the example");
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     eprintln!("{}:\n{stdout}\n{stderr}", bin.display());
     assert!(out.status.success(), "{} failed ({})", bin.display(), out.status);

@@ -65,7 +65,7 @@ fn build(name: &str, extra: &[&str]) -> PathBuf {
 }
 
 fn run(mut cmd: Command, what: &str) {
-    let out = cmd.arg(model_path()).output().expect("run test_objc");
+    let out = this_library(&mut cmd).arg(model_path()).output().expect("run test_objc");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "{what}: test_objc failed ({})", out.status);

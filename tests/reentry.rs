@@ -76,11 +76,9 @@ fn compile_c(name: &str, out: &str, extra: &[&str]) -> PathBuf {
     bin
 }
 
-/// Runs a compiled C test. cargo's LD_LIBRARY_PATH lists target/<profile>
-/// before deps/ and would win over the rpath, loading whatever `cargo build`
-/// left there: point it at the library this test run built.
+/// Runs a compiled C test against the library this test run built.
 fn run_c(cmd: &mut Command, what: &str) {
-    let out = cmd.env("LD_LIBRARY_PATH", lib_dir()).arg(model_path()).output().expect("run the C test");
+    let out = this_library(cmd).arg(model_path()).output().expect("run the C test");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "{what} failed ({})", out.status);

@@ -371,8 +371,9 @@ class Engine {
   Engine &operator=(const Engine &) = delete;
   ~Engine() { mlxrt_engine_destroy(e_); }
 
-  /// Submits a request; `on_event` receives its events (DELTA*, then one
-  /// DONE or ERROR) on the delivery thread (an empty handler ignores them).
+  /// Submits a request; `on_event` receives its events (DELTA and TOOL_CALL
+  /// events, then one DONE or ERROR) on the delivery thread (an empty
+  /// handler ignores them).
   /// Throws on failure; then the handler is never called.
   Request submit(const RequestParams &params, EventHandler on_event) const {
     auto handler = std::make_unique<EventHandler>(std::move(on_event));

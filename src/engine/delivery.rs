@@ -143,3 +143,50 @@ pub(crate) fn run(rx: Receiver<Msg>, shared: Arc<Shared>) {
 fn deliver(sink: &mut Box<dyn EventSink>, ev: &Event) {
     let _ = catch_unwind(AssertUnwindSafe(|| sink.deliver(ev)));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::request::{FinishReason, Usage};
+    use std::sync::Mutex;
+
+    fn tool_call() -> Event {
+        Event::ToolCall { id: "call_0".into(), name: "f".into(), arguments: "{}".into() }
+    }
+
+    fn done() -> Event {
+        Event::Done { finish: FinishReason::ToolCalls, stop_index: None, usage: Usage::default() }
+    }
+
+    /// Tool calls are not terminal: the DONE after them reaches the
+    /// callback sink and the pull stream, and the sink is dropped after it.
+    #[test]
+    fn tool_calls_do_not_end_a_request() {
+        let shared = Arc::new(Shared::default());
+        shared.in_flight.fetch_add(2, Ordering::AcqRel);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let thread = {
+            let shared = shared.clone();
+            std::thread::spawn(move || run(rx, shared))
+        };
+        let log = seen.clone();
+        tx.send(Msg::Open(1, Box::new(move |ev: &Event| log.lock().unwrap().push(ev.clone())))).unwrap();
+        let mut outlet = Outlet::delivery(1, tx.clone());
+        for ev in [tool_call(), tool_call(), done()] {
+            outlet.send(ev);
+        }
+        assert!(outlet.is_ended());
+        let (qtx, qrx) = crossbeam_channel::unbounded();
+        let mut stream = Outlet::queue(2, qtx, shared.clone());
+        stream.send(tool_call());
+        assert!(!stream.is_ended());
+        stream.send(done());
+        tx.send(Msg::Shutdown).unwrap();
+        thread.join().unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![tool_call(), tool_call(), done()]);
+        assert_eq!(qrx.try_iter().collect::<Vec<_>>(), vec![tool_call(), done()]);
+        assert_eq!(shared.in_flight.load(Ordering::Acquire), 0, "each request released its place once");
+        assert_eq!(shared.completed.load(Ordering::Relaxed), 2);
+    }
+}

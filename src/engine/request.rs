@@ -232,8 +232,9 @@ pub enum Event {
 }
 
 impl Event {
+    /// `Done` and `Error` end a request; deltas and tool calls do not.
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, Event::Delta { .. })
+        matches!(self, Event::Done { .. } | Event::Error(_))
     }
 }
 

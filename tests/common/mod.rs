@@ -32,6 +32,19 @@ pub fn lib_dir() -> PathBuf {
     dir
 }
 
+/// Makes a compiled C/C++/Objective-C program load the library this test run
+/// built. cargo's LD_LIBRARY_PATH lists target/<profile> (where only `cargo
+/// build` copies the library, so it may be stale) before deps/, and it
+/// overrides the program's RUNPATH.
+pub fn this_library(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    let mut path = std::ffi::OsString::from(lib_dir());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        path.push(":");
+        path.push(old);
+    }
+    cmd.env("LD_LIBRARY_PATH", path)
+}
+
 pub fn python() -> PathBuf {
     let p = repo_root().join(".venv/bin/python");
     assert!(p.exists(), "{} is missing: run scripts/setup.sh", p.display());
