@@ -310,8 +310,7 @@ impl Engine {
         }
         let submitted = Instant::now();
         options.validate()?;
-        let (prompt, output_format) = self.render_input(&options)?;
-        let boundary = self.boundary(&options, &prompt);
+        let Rendered { prompt, format: output_format, boundary } = self.render_input(&options)?;
         if prompt.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -411,42 +410,44 @@ impl Engine {
         positions * self.info.kv_bytes_per_token + self.info.state_bytes_per_sequence
     }
 
-    /// For a chat, the prompt length of the conversation before its last
-    /// message (a prefix the next turns repeat): where a prompt-cache
-    /// snapshot pays off. None when it is not a prefix of `prompt`.
-    fn boundary(&self, options: &RequestOptions, prompt: &[u32]) -> Option<usize> {
-        let Input::Messages(serde_json::Value::Array(m)) = &options.input else { return None };
-        if m.len() < 2 || !options.prompt_cache {
-            return None;
-        }
-        let template = self.text.template.as_ref()?;
-        let head = serde_json::Value::Array(m[..m.len() - 1].to_vec());
-        let text = template.render(&head, options.tools.as_ref(), false, Some(&template_kwargs(options))).ok()?;
-        let ids = self.text.tokenizer.encode(&text, true).ok()?;
-        (!ids.is_empty() && prompt.starts_with(&ids) && ids.len() < prompt.len()).then_some(ids.len())
-    }
-
     /// The prompt token ids `options` stands for.
     pub fn tokenize_input(&self, options: &RequestOptions) -> Result<Vec<u32>> {
-        Ok(self.render_input(options)?.0)
+        Ok(self.render_input(options)?.prompt)
     }
 
-    /// The prompt ids and how to read the output (for chats: reasoning and
-    /// tool-call formats of the template).
-    fn render_input(&self, options: &RequestOptions) -> Result<(Vec<u32>, OutputFormat)> {
+    /// Renders (chats) and tokenizes the input, once.
+    fn render_input(&self, options: &RequestOptions) -> Result<Rendered> {
         let tok = &self.text.tokenizer;
+        let plain = |prompt| Rendered { prompt, format: OutputFormat::PLAIN, boundary: None };
         match &options.input {
-            Input::Tokens(ids) => Ok((ids.clone(), OutputFormat::PLAIN)),
-            Input::Prompt(p) => Ok((tok.encode(p, true)?, OutputFormat::PLAIN)),
+            Input::Tokens(ids) => Ok(plain(ids.clone())),
+            Input::Prompt(p) => Ok(plain(tok.encode(p, true)?)),
             Input::Messages(m) => {
                 let template = self
                     .text
                     .template
                     .as_ref()
                     .ok_or_else(|| Error::invalid("the model has no chat template; send a raw prompt instead"))?;
-                let rendered = template.render(m, options.tools.as_ref(), true, Some(&template_kwargs(options)))?;
+                let kwargs = template_kwargs(options);
+                let rendered = template.render(m, options.tools.as_ref(), true, Some(&kwargs))?;
                 let format = OutputFormat::detect(template.source(), options.tools.is_some(), &rendered);
-                Ok((tok.encode(&rendered, true)?, format))
+                // The conversation before its last message is a prefix the
+                // next turns repeat: where a prompt-cache snapshot pays off.
+                let head = match m {
+                    serde_json::Value::Array(m) if m.len() >= 2 && options.prompt_cache => {
+                        let head = serde_json::Value::Array(m[..m.len() - 1].to_vec());
+                        template.render(&head, options.tools.as_ref(), false, Some(&kwargs)).ok()
+                    }
+                    _ => None,
+                };
+                match head.filter(|h| !h.is_empty() && rendered.starts_with(h.as_str())) {
+                    Some(h) => {
+                        let (prompt, within) = tok.encode_split(&rendered, h.len())?;
+                        let boundary = (within > 0 && within < prompt.len()).then_some(within);
+                        Ok(Rendered { prompt, format, boundary })
+                    }
+                    None => Ok(Rendered { prompt: tok.encode(&rendered, true)?, format, boundary: None }),
+                }
             }
         }
     }
@@ -468,6 +469,17 @@ impl Engine {
         self.tx.send(make(tx)).map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine has stopped"))?;
         rx.recv().map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine stopped before answering"))?
     }
+}
+
+/// A request's input as the model sees it.
+struct Rendered {
+    prompt: Vec<u32>,
+    /// How to read the output (for chats: the template's reasoning and
+    /// tool-call formats).
+    format: OutputFormat,
+    /// For a chat, the prompt length of the conversation before its last
+    /// message, when that is a proper prefix of the prompt.
+    boundary: Option<usize>,
 }
 
 /// Extra chat-template variables: the caller's, plus `enable_thinking` when

@@ -208,3 +208,20 @@ fn chat_templates_match_transformers() {
         }
     }
 }
+
+/// `encode_split` tokenizes once and finds where a prefix of the text ends
+/// in tokens: the same ids as `encode`, and the prefix's own token count
+/// where the prefix ends on a token boundary (as a chat turn does).
+#[test]
+fn encode_split_finds_the_prefix_boundary() {
+    let tok = &smollm().1;
+    let head = "<|im_start|>system\nYou are kind.<|im_end|>\n<|im_start|>user\nHi, ça va?<|im_end|>\n";
+    let full = format!("{head}<|im_start|>assistant\nOui!<|im_end|>\n<|im_start|>user\nEt toi?<|im_end|>\n");
+    let (ids, within) = tok.encode_split(&full, head.len()).unwrap();
+    assert_eq!(ids, tok.encode(&full, true).unwrap());
+    assert_eq!(within, tok.encode(head, true).unwrap().len());
+    assert!(within > 0 && within < ids.len());
+    // A split inside a word counts only the tokens wholly before it.
+    let (_, part) = tok.encode_split(&full, head.len() - "?<|im_end|>\n".len() - 2).unwrap();
+    assert!(part < within, "{part} < {within}");
+}

@@ -187,6 +187,16 @@ impl Tokenizer {
         Ok(t.encode_fast(text, false)?.get_ids().to_vec())
     }
 
+    /// Token ids of `text` with special tokens parsed (as `encode(text,
+    /// true)`), and how many of the first ids lie wholly within
+    /// `text[..split]`: where `text[..split]` ends in token terms, found
+    /// without tokenizing it separately.
+    pub fn encode_split(&self, text: &str, split: usize) -> Result<(Vec<u32>, usize)> {
+        let enc = self.parse.encode(text, false)?;
+        let within = enc.get_offsets().iter().take_while(|&&(_, end)| end <= split).count();
+        Ok((enc.get_ids().to_vec(), within))
+    }
+
     /// Text of `ids` (invalid UTF-8 becomes U+FFFD), optionally without special tokens.
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         if let Some(&bad) = ids.iter().find(|&&id| self.parse.id_to_token(id).is_none()) {
