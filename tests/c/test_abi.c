@@ -216,6 +216,23 @@ static void test_create_errors(const char *scratch) {
   }
   expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_UNSUPPORTED, "unknown model_type");
 
+  /* A 64-byte GGUF whose first metadata key claims 2^63 bytes: MLX's own
+   * reader follows that length and crashed the process; now MODEL_LOAD. */
+  snprintf(file, sizeof file, "%s/hostile.gguf", scratch);
+  f = fopen(file, "wb");
+  CHECK(f != NULL, "cannot write %s", file);
+  if (f) {
+    unsigned char g[64] = {'G', 'G', 'U', 'F', 3};    /* magic, version 3 (LE) */
+    g[16] = 1;                                          /* 0 tensors (u64 at 8), 1 metadata entry (u64 at 16) */
+    g[31] = 0x80;                                       /* key length 2^63 (LE u64 at 24) */
+    fwrite(g, 1, sizeof g, f);
+    fclose(f);
+  }
+  c.model_path = file;
+  expect_error_naming(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_MODEL_LOAD, "hostile GGUF",
+                      "key 0");
+  CHECK(e == NULL, "out_engine set after a failed create");
+
   mlxrt_engine_config_init(&c);
   c.model_path = "x";
   c.struct_size = 8;
