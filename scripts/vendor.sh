@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Refreshes vendor/, the cargo local registry that .cargo/config.toml puts in
-# place of crates.io, so that `cargo build --offline` works from a clean
+# place of the public registry, so that `cargo build --offline` works from a clean
 # checkout with an empty cargo home. Run it (online) after Cargo.lock or
 # fuzz/Cargo.lock changes, then commit vendor/.
 #
