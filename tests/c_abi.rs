@@ -8,25 +8,6 @@ use common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-fn compile(name: &str, extra: &[&str]) -> PathBuf {
-    let root = repo_root();
-    let out = lib_dir().join(name);
-    let lib = lib_dir();
-    let mut cmd = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    cmd.args(["-std=c11", "-g", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .args(extra)
-        .arg(format!("-I{}", root.join("include").display()))
-        .arg(root.join("tests/c/test_abi.c"))
-        .arg(format!("-L{}", lib.display()))
-        .arg("-lmlxrt")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .args(["-lpthread", "-o"])
-        .arg(&out);
-    let st = cmd.status().expect("run the C compiler");
-    assert!(st.success(), "compiling test_abi.c failed: {cmd:?}");
-    out
-}
-
 fn run(cmd: &mut Command, what: &str) {
     let scratch = tempdir(what);
     let out = this_library(cmd).arg(model_path()).arg(&scratch).output().expect("run test_abi");
@@ -44,20 +25,20 @@ fn tempdir(what: &str) -> PathBuf {
 
 #[test]
 fn c_abi_plain() {
-    let bin = compile("test_abi", &[]);
+    let bin = compile_c("test_abi", "test_abi", &[]);
     run(&mut Command::new(bin), "plain");
 }
 
 #[test]
 fn c_abi_under_address_sanitizer() {
-    let bin = compile("test_abi_asan", &["-fsanitize=address", "-fno-omit-frame-pointer"]);
+    let bin = compile_c("test_abi", "test_abi_asan", &["-fsanitize=address", "-fno-omit-frame-pointer"]);
     // Leak checking is on by default with ASan on Linux; make it explicit.
     run(Command::new(bin).env("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0"), "asan");
 }
 
 #[test]
 fn c_abi_under_valgrind() {
-    let bin = compile("test_abi_vg", &[]);
+    let bin = compile_c("test_abi", "test_abi_vg", &[]);
     let mut cmd = Command::new("valgrind");
     cmd.args([
         "--error-exitcode=99",

@@ -6,7 +6,6 @@ mod common;
 
 use common::*;
 use mlxrt::engine::Event;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -55,25 +54,6 @@ fn destroying_another_engine_from_a_callback_joins_its_delivery_thread() {
     .expect("submit to A");
     let joined = rx.recv_timeout(Duration::from_secs(300)).expect("A's callback destroyed B");
     assert!(joined, "destroying engine B from engine A's callback returned before B's delivery thread finished");
-}
-
-/// Compiles tests/c/`name`.c against the built cdylib.
-fn compile_c(name: &str, out: &str, extra: &[&str]) -> PathBuf {
-    let (root, lib) = (repo_root(), lib_dir());
-    let bin = lib.join(out);
-    let mut cmd = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
-    cmd.args(["-std=c11", "-g", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .args(extra)
-        .arg(format!("-I{}", root.join("include").display()))
-        .arg(root.join(format!("tests/c/{name}.c")))
-        .arg(format!("-L{}", lib.display()))
-        .arg("-lmlxrt")
-        .arg(format!("-Wl,-rpath,{}", lib.display()))
-        .args(["-lpthread", "-o"])
-        .arg(&bin);
-    let st = cmd.status().expect("run the C compiler");
-    assert!(st.success(), "compiling {name}.c failed: {cmd:?}");
-    bin
 }
 
 /// Runs a compiled C test against the library this test run built.

@@ -32,6 +32,27 @@ pub fn lib_dir() -> PathBuf {
     dir
 }
 
+/// Compiles tests/c/`source`.c with the system C compiler (C11, warnings as
+/// errors, plus `extra` flags) against the built cdylib into `out`, next to
+/// the library.
+pub fn compile_c(source: &str, out: &str, extra: &[&str]) -> PathBuf {
+    let (root, lib) = (repo_root(), lib_dir());
+    let bin = lib.join(out);
+    let mut cmd = std::process::Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()));
+    cmd.args(["-std=c11", "-g", "-O1", "-Wall", "-Wextra", "-Werror"])
+        .args(extra)
+        .arg(format!("-I{}", root.join("include").display()))
+        .arg(root.join(format!("tests/c/{source}.c")))
+        .arg(format!("-L{}", lib.display()))
+        .arg("-lmlxrt")
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lpthread", "-o"])
+        .arg(&bin);
+    let st = cmd.status().expect("run the C compiler");
+    assert!(st.success(), "compiling {source}.c failed: {cmd:?}");
+    bin
+}
+
 /// Makes a compiled C/C++/Objective-C program load the library this test run
 /// built. cargo's LD_LIBRARY_PATH lists target/<profile> (where only `cargo
 /// build` copies the library, so it may be stale) before deps/, and it
