@@ -101,6 +101,28 @@ PRESETS = {
         enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
         tie_word_embeddings=True,
     ),
+    # KV-memory tests (quantized and rotating KV): MLX quantizes in groups of
+    # 32, 64 or 128 along head_dim, so these have head_dim 64; Gemma 3's
+    # window is short enough that a test prompt is several windows long.
+    "llama_kv": dict(
+        model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5,
+        vocab_size=VOCAB, rope_theta=10000.0, tie_word_embeddings=True,
+        max_position_embeddings=8192,
+    ),
+    "qwen3_kv": dict(
+        model_type="qwen3", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, rope_theta=1000000.0, tie_word_embeddings=False,
+        max_position_embeddings=8192,
+    ),
+    "gemma3_kv": dict(
+        model_type="gemma3_text", hidden_size=128, num_hidden_layers=4, intermediate_size=256,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        query_pre_attn_scalar=64, sliding_window=16, sliding_window_pattern=2,
+        max_position_embeddings=8192,
+    ),
     # Benchmark models (bench/families.py): realistic widths (Qwen3-0.6B-like,
     # and a Qwen3.5-like hybrid), few layers so the CPU runs stay short.
     "qwen3_bench": dict(
