@@ -140,6 +140,15 @@ PRESETS = {
         rope_parameters={"type": "default", "rope_theta": 10000000.0,
                          "partial_rotary_factor": 0.25},
     ),
+    # bench/kv_memory.py's sliding-window model: Gemma 3's attention, three
+    # sliding layers and one global layer (mlx-lm needs one at index pattern-1).
+    "gemma3_sliding_bench": dict(
+        model_type="gemma3_text", hidden_size=256, num_hidden_layers=4, intermediate_size=512,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-6,
+        vocab_size=VOCAB, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        query_pre_attn_scalar=64, sliding_window=512, sliding_window_pattern=4,
+        max_position_embeddings=32768,
+    ),
 }
 
 
