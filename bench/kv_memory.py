@@ -41,7 +41,7 @@ SCHEME is f32 | affine8 | affine4 | turboquant.
 Usage:
     kv_memory.py --model GGUF [--context 4096] [--gen-tokens 64] [--rounds 2]
         [--schemes affine8,affine4,turboquant] [--budget-rows 4] [--capacity-positions 1024]
-        [--no-reference] [--kernels auto|stock] [--results-dir DIR]
+        [--no-reference | --reference-decode SAVED.json] [--kernels auto|stock] [--results-dir DIR]
 """
 import argparse
 import json
@@ -81,6 +81,9 @@ def main():
     ap.add_argument("--budget-rows", type=int, default=4)
     ap.add_argument("--capacity-positions", type=int, default=1024)
     ap.add_argument("--reference", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--reference-decode", type=Path,
+                    help="reuse this saved output of `mlxlm_kv_memory.py decode` (same model, "
+                         "context and gen tokens; mlx-lm's 4k prefill takes minutes)")
     ap.add_argument("--models-dir", type=Path, default=common.REPO / "target/bench-models")
     ap.add_argument("--python", default=sys.executable)
     common.add_kernels_arg(ap)
@@ -163,9 +166,18 @@ def main():
 
         # the reference
         if args.reference:
-            ref = run([args.python, str(common.REPO / "bench/mlxlm_kv_memory.py"), "decode", "--model",
+            ref_cmd = [args.python, str(common.REPO / "bench/mlxlm_kv_memory.py"), "decode", "--model",
                        str(args.model), "--prompt-ids", str(ids_file), "--gen-tokens", str(args.gen_tokens),
-                       "--schemes", ",".join(s for s in schemes if s in ("f32", "affine8", "affine4"))], env)
+                       "--schemes", ",".join(s for s in schemes if s in ("f32", "affine8", "affine4"))]
+            if args.reference_decode:
+                ref = common.last_json_object(args.reference_decode.read_text())
+                positions = {v["kv_positions"] for v in ref["schemes"].values()}
+                if positions != {args.context - 1}:
+                    sys.exit(f"{args.reference_decode} holds {positions} positions, not {args.context - 1}")
+                payload["reference_decode_from"] = str(args.reference_decode)
+            else:
+                ref = run(ref_cmd, env)
+            payload["reference_cmd"] = shlex.join(ref_cmd)
             payload["provenance"]["reference"] = ref.pop("provenance")
             rs = ref["schemes"]
             for s, v in rs.items():
