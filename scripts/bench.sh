@@ -6,6 +6,7 @@
 #   scripts/bench.sh cpu_kernels [--reps N]       -> cpu_kernels.json
 #   scripts/bench.sh prompt_cache [options]       -> prompt_cache.json
 #   scripts/bench.sh families [options]           -> families.json
+#   scripts/bench.sh kv_memory [options]          -> kv_memory.json
 # All but cpu_kernels take --kernels auto|stock (mlxrt's own CPU kernels, the
 # default, or MLX's stock ones as mlx-lm uses); single_stream, batching and
 # prompt_cache take --name NAME (-> NAME.json).
@@ -39,5 +40,9 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_single_stream
     "$VENV/bin/python" bench/families.py --gguf "$MLXRT_MODEL" "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families)" >&2; exit 2 ;;
+  kv_memory)
+    cargo build --release --quiet --example mlxrt_kv_memory
+    "$VENV/bin/python" bench/kv_memory.py --model "$MLXRT_MODEL" "$@"
+    ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory)" >&2; exit 2 ;;
 esac
