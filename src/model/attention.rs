@@ -7,8 +7,7 @@
 use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm, Rope};
 use super::weights::Weights;
 use crate::cache::{AttnMask, LayerCache, Positions};
-use crate::error::Error;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::mlx::{fast, Array};
 use std::rc::Rc;
 

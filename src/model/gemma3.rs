@@ -123,6 +123,7 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let sliding = (i + 1) % cfg.sliding_window_pattern != 0;
+        let window = sliding.then_some(cfg.sliding_window);
         let spec = AttnSpec {
             dim: d,
             heads: cfg.num_attention_heads,
@@ -133,10 +134,9 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
             norm_offset: true,
             scale: cfg.query_pre_attn_scalar.powf(-0.5),
             output_gate: false,
-            window: sliding.then_some(cfg.sliding_window),
+            window,
         };
         let rope = if sliding { local.clone() } else { global.clone() };
-        let spec_window = spec.window;
         blocks.push(Block {
             attn: Attention::load(w, &format!("{p}.self_attn"), &spec, rope)?,
             mlp: Mlp::load(w, &format!("{p}.mlp"), d, cfg.intermediate_size, Act::GeluTanh)?,
@@ -144,7 +144,7 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
             post_attn_norm: norm(w, &format!("{p}.post_attention_layernorm.weight"), d)?,
             pre_ff_norm: norm(w, &format!("{p}.pre_feedforward_layernorm.weight"), d)?,
             post_ff_norm: norm(w, &format!("{p}.post_feedforward_layernorm.weight"), d)?,
-            window: spec_window,
+            window,
         });
     }
     let norm = norm(w, "model.norm.weight", d)?;
