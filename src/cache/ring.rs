@@ -505,6 +505,26 @@ mod tests {
     }
 
     #[test]
+    fn a_window_longer_than_a_growth_step() {
+        let mut rng = Rng(5);
+        let w = 300;
+        let mut p = Pair::new(1, w);
+        p.step(&mut rng, 10);
+        let mut caps = vec![];
+        // One by one past the first growth step (256) and the wrap.
+        for _ in 0..310 {
+            p.step(&mut rng, 1);
+            caps.push(p.ring.nbytes() / (2 * H * D * 4) as usize);
+        }
+        caps.dedup();
+        assert_eq!(caps, vec![256, 300]);
+        for l in [5, 1, 1, 400, 1] {
+            p.step(&mut rng, l);
+        }
+        assert_eq!(p.ring.nbytes(), (2 * H * w * D * 4) as usize);
+    }
+
+    #[test]
     fn a_row_tail_restores_the_row() {
         let mut rng = Rng(4);
         let mut a = Pair::new(1, 5);
