@@ -104,35 +104,6 @@ impl KvCache {
         Ok(AttnMask::Array(causal.logical_and(&not_pad)?))
     }
 
-    /// For a sliding-window layer (each query sees itself and the `window - 1`
-    /// positions before it): the first key position any of the `n` new
-    /// queries can see, and the mask over the keys from there on. Attention
-    /// may skip the keys before that position, so its cost stays bounded by
-    /// the window however long the cache grows (the cache itself keeps every
-    /// position, so prompt-cache snapshots and row slices work as for a full
-    /// layer).
-    pub fn window_mask(&self, n: i32, window: i32) -> Result<(i32, AttnMask)> {
-        let (len, pad) = (self.t.len(), self.t.pads());
-        let start = (len - window + 1).max(0);
-        let total = len + n;
-        // The window bites inside the new block when its last query cannot
-        // see `start`.
-        let bites = total - 1 - (window - 1) > start;
-        let pad_visible = pad.iter().any(|&p| p > start);
-        if !bites && !pad_visible {
-            return Ok((start, if n > 1 { AttnMask::Causal } else { AttnMask::None }));
-        }
-        let b = self.rows() as i32;
-        let span = total - start;
-        let keys = Array::arange(start, total)?.reshape(&[1, 1, 1, span])?;
-        let queries = Array::arange(len, total)?.reshape(&[1, 1, n, 1])?;
-        let causal = queries.greater_equal(&keys)?;
-        let near = keys.add(&Array::scalar_i32(window)?)?.greater(&queries)?;
-        let pad = Array::from_i32(pad, &[b, 1, 1, 1])?;
-        let not_pad = keys.greater_equal(&pad)?;
-        Ok((start, AttnMask::Array(causal.logical_and(&near)?.logical_and(&not_pad)?)))
-    }
-
     /// Appends `k`, `v` (`[B, kv_heads, L, head_dim]`) for every row and
     /// returns views of all cached keys and values including them.
     pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
@@ -330,26 +301,6 @@ mod tests {
         assert!(matches!(a.positions().unwrap(), Positions::Same(2)));
         let (k, _) = a.update_and_fetch(&kv(7.0, 1), &kv(7.0, 1)).unwrap();
         assert_eq!(k.to_vec_f32().unwrap(), vec![100.0, -100.0, 101.0, -101.0, 7.0, -7.0]);
-    }
-
-    #[test]
-    fn window_mask_bounds_the_keys() {
-        let mut c = KvCache::new(1);
-        c.update_and_fetch(&kv(0.0, 6), &kv(0.0, 6)).unwrap();
-        // Decoding one token with a window of 4: keys 3..=6, all visible.
-        let (start, m) = c.window_mask(1, 4).unwrap();
-        assert_eq!(start, 3);
-        assert!(matches!(m, AttnMask::None));
-        // Three new tokens (6, 7, 8): keys from 3; token 8 no longer sees 3, 4.
-        let (start, m) = c.window_mask(3, 4).unwrap();
-        assert_eq!(start, 3);
-        let AttnMask::Array(m) = m else { panic!("the window bites") };
-        assert_eq!(m.shape(), vec![1, 1, 3, 6]);
-        assert_eq!(m.to_vec_i32().unwrap(), vec![1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1]);
-        // A window longer than the history is plain causal attention.
-        let (start, m) = c.window_mask(3, 100).unwrap();
-        assert_eq!(start, 0);
-        assert!(matches!(m, AttnMask::Causal));
     }
 
     #[test]

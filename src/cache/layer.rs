@@ -1,15 +1,17 @@
-//! The cache of one model layer, whatever its kind: keys and values of an
-//! attention layer (`KvCache`, full or sliding-window), or the recurrent
-//! state of a linear-attention layer (`StateCache`). The engine drives every
+//! The cache of one model layer, whatever its kind: keys and values of a
+//! full-attention layer (`KvCache`), the ring of a sliding-window layer
+//! (`RingCache`), or the recurrent state of a linear-attention layer
+//! (`StateCache`). The engine drives every
 //! kind through the same methods; a model builds the kinds it needs
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
-use super::{KvCache, Positions, StateCache, Timeline};
+use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
 
 pub enum LayerCache {
     Kv(KvCache),
+    Ring(RingCache),
     State(StateCache),
 }
 
@@ -18,13 +20,16 @@ impl LayerCache {
     pub fn empty_like(&self, rows: usize) -> LayerCache {
         match self {
             LayerCache::Kv(_) => LayerCache::Kv(KvCache::new(rows)),
+            LayerCache::Ring(c) => LayerCache::Ring(RingCache::new(rows, c.window())),
             LayerCache::State(_) => LayerCache::State(StateCache::new(rows)),
         }
     }
 
     /// Whether the cache can be cut back to a prefix of what it holds (KV can;
-    /// a recurrent state cannot). A prompt-cache entry of a model with any
-    /// non-trimmable layer is only usable at exactly its length.
+    /// a recurrent state cannot, nor can a ring once it has wrapped: it is
+    /// reported non-trimmable from the start, since the engine decides once
+    /// per model). A prompt-cache entry of a model with any non-trimmable
+    /// layer is only usable at exactly its length.
     pub fn trimmable(&self) -> bool {
         matches!(self, LayerCache::Kv(_))
     }
@@ -32,6 +37,7 @@ impl LayerCache {
     pub fn set_padding(&mut self, pads: &[i32]) {
         match self {
             LayerCache::Kv(c) => c.set_padding(pads),
+            LayerCache::Ring(c) => c.set_padding(pads),
             LayerCache::State(c) => c.set_padding(pads),
         }
     }
@@ -40,6 +46,7 @@ impl LayerCache {
     pub fn timeline(&self) -> &Timeline {
         match self {
             LayerCache::Kv(c) => c.timeline(),
+            LayerCache::Ring(c) => c.timeline(),
             LayerCache::State(c) => c.timeline(),
         }
     }
@@ -64,12 +71,16 @@ impl LayerCache {
 
     /// RoPE positions of the next tokens (attention layers only).
     pub fn positions(&self) -> Result<Positions> {
-        self.kv()?.positions()
+        match self {
+            LayerCache::Ring(c) => c.positions(),
+            c => c.kv()?.positions(),
+        }
     }
 
     pub fn kv(&self) -> Result<&KvCache> {
         match self {
             LayerCache::Kv(c) => Ok(c),
+            LayerCache::Ring(_) => Err(Error::internal("a full-attention layer got a sliding-window cache")),
             LayerCache::State(_) => Err(Error::internal("an attention layer got a recurrent-state cache")),
         }
     }
@@ -77,14 +88,23 @@ impl LayerCache {
     pub fn kv_mut(&mut self) -> Result<&mut KvCache> {
         match self {
             LayerCache::Kv(c) => Ok(c),
+            LayerCache::Ring(_) => Err(Error::internal("a full-attention layer got a sliding-window cache")),
             LayerCache::State(_) => Err(Error::internal("an attention layer got a recurrent-state cache")),
+        }
+    }
+
+    /// The ring of a sliding-window layer, if this is one.
+    pub fn ring(&self) -> Option<&RingCache> {
+        match self {
+            LayerCache::Ring(c) => Some(c),
+            _ => None,
         }
     }
 
     pub fn state_mut(&mut self) -> Result<&mut StateCache> {
         match self {
             LayerCache::State(c) => Ok(c),
-            LayerCache::Kv(_) => Err(Error::internal("a recurrent layer got a KV cache")),
+            _ => Err(Error::internal("a recurrent layer got a KV cache")),
         }
     }
 
@@ -92,6 +112,7 @@ impl LayerCache {
     pub fn extend(&mut self, other: LayerCache) -> Result<()> {
         match (self, other) {
             (LayerCache::Kv(a), LayerCache::Kv(b)) => a.extend(b),
+            (LayerCache::Ring(a), LayerCache::Ring(b)) => a.extend(b),
             (LayerCache::State(a), LayerCache::State(b)) => a.extend(b),
             _ => Err(Error::internal("extending a cache with one of another kind")),
         }
@@ -101,6 +122,7 @@ impl LayerCache {
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
         match self {
             LayerCache::Kv(c) => c.filter(keep),
+            LayerCache::Ring(c) => c.filter(keep),
             LayerCache::State(c) => c.filter(keep),
         }
     }
@@ -109,6 +131,7 @@ impl LayerCache {
     pub fn state(&self) -> Vec<&Array> {
         match self {
             LayerCache::Kv(c) => c.state(),
+            LayerCache::Ring(c) => c.state(),
             LayerCache::State(c) => c.state(),
         }
     }
@@ -116,17 +139,23 @@ impl LayerCache {
     pub fn nbytes(&self) -> usize {
         match self {
             LayerCache::Kv(c) => c.nbytes(),
+            LayerCache::Ring(c) => c.nbytes(),
             LayerCache::State(c) => c.nbytes(),
         }
     }
 
     /// Row `row`'s first `len` positions as a snapshot (contiguous copies).
-    /// A recurrent state can only be taken at the row's current length.
+    /// A recurrent state can only be taken at the row's current length, a
+    /// ring at a length whose window it still holds.
     pub fn snapshot_row(&self, row: usize, len: i32) -> Result<LayerSnapshot> {
         Ok(match self {
             LayerCache::Kv(c) => {
                 let (keys, values) = c.row_slice(row, 0, len)?;
                 LayerSnapshot::Kv { keys, values }
+            }
+            LayerCache::Ring(c) => {
+                let (keys, values) = c.row_tail(row, len)?;
+                LayerSnapshot::Ring { keys, values, len, window: Array::from_f32(&[c.window() as f32], &[1])? }
             }
             LayerCache::State(c) => {
                 let (conv, state) = c.row_state(row, len)?;
@@ -143,6 +172,10 @@ pub enum LayerSnapshot {
     Kv { keys: Array, values: Array },
     /// The state after exactly `len` tokens.
     State { conv: Array, state: Array, len: i32 },
+    /// A sliding-window layer after `len` tokens: its last `min(len, window)`
+    /// positions in temporal order (`[1, kv_heads, min(len, window),
+    /// head_dim]`), and the window (f32 `[1]`, stored with them).
+    Ring { keys: Array, values: Array, len: i32, window: Array },
 }
 
 impl LayerSnapshot {
@@ -159,14 +192,32 @@ impl LayerSnapshot {
             LayerSnapshot::State { len, .. } => {
                 Err(Error::internal(format!("a recurrent state of {len} positions cannot stand for {n}")))
             }
+            // A shorter prefix only while nothing was dropped (`len` within
+            // the window): once wrapped, exactly `len`.
+            LayerSnapshot::Ring { keys, values, len, window } => {
+                let w = window.item_f32()? as i32;
+                if n > *len || (n < *len && *len > w) {
+                    return Err(Error::internal(format!("a ring of {len} positions (window {w}) cannot stand for {n}")));
+                }
+                let held = n.min(w);
+                Ok(LayerCache::Ring(RingCache::from_snapshot(
+                    keys.slice_axis(2, 0, held)?,
+                    values.slice_axis(2, 0, held)?,
+                    n,
+                    w,
+                )?))
+            }
         }
     }
 
     /// The tensors with their names in an entry file (`<layer>.<name>`).
-    pub fn tensors(&self) -> [(&'static str, &Array); 2] {
+    pub fn tensors(&self) -> Vec<(&'static str, &Array)> {
         match self {
-            LayerSnapshot::Kv { keys, values } => [("keys", keys), ("values", values)],
-            LayerSnapshot::State { conv, state, .. } => [("conv", conv), ("state", state)],
+            LayerSnapshot::Kv { keys, values } => vec![("keys", keys), ("values", values)],
+            LayerSnapshot::State { conv, state, .. } => vec![("conv", conv), ("state", state)],
+            LayerSnapshot::Ring { keys, values, window, .. } => {
+                vec![("ring.keys", keys), ("ring.values", values), ("ring.window", window)]
+            }
         }
     }
 
@@ -176,6 +227,20 @@ impl LayerSnapshot {
         len: i32,
         mut get: impl FnMut(&str) -> std::result::Result<Option<Array>, String>,
     ) -> std::result::Result<LayerSnapshot, String> {
+        if let Some(keys) = get("ring.keys")? {
+            let values = get("ring.values")?.ok_or("ring keys without values")?;
+            let window = get("ring.window")?.ok_or("ring keys without a window")?;
+            let w = match window.to_vec_f32() {
+                Ok(v) if window.shape() == [1] && v[0] >= 1.0 && v[0].fract() == 0.0 => v[0] as i32,
+                _ => return Err(format!("ring window of shape {:?} is not one positive integer", window.shape())),
+            };
+            for (n, a) in [("ring.keys", &keys), ("ring.values", &values)] {
+                if a.ndim() != 4 || a.dim(0) != 1 || a.dim(2) != len.min(w) {
+                    return Err(format!("{n} has shape {:?} for {len} tokens in a window of {w}", a.shape()));
+                }
+            }
+            return Ok(LayerSnapshot::Ring { keys, values, len, window });
+        }
         if let Some(keys) = get("keys")? {
             let values = get("values")?.ok_or("keys without values")?;
             for (n, a) in [("keys", &keys), ("values", &values)] {

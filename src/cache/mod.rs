@@ -1,10 +1,12 @@
 //! Caches owned by the scheduler thread: per-layer caches for batches of rows
-//! (KV of attention layers, recurrent state of linear-attention layers), and
+//! (KV of attention layers, a ring of the last positions for sliding-window
+//! layers, recurrent state of linear-attention layers), and
 //! the prompt (prefix) cache.
 
 pub mod kv;
 pub mod layer;
 pub mod prefix;
+pub mod ring;
 pub mod state;
 pub mod store;
 pub mod timeline;
@@ -12,6 +14,7 @@ mod radix;
 
 pub use kv::KvCache;
 pub use layer::{LayerCache, LayerSnapshot};
+pub use ring::RingCache;
 pub use state::StateCache;
 pub use timeline::Timeline;
 

@@ -40,7 +40,7 @@ impl Snapshot {
     /// Row `row`'s positions `0..len` of a batch's per-layer caches.
     pub fn of_row(cache: &[LayerCache], row: usize, len: i32) -> Result<Snapshot> {
         let layers = cache.iter().map(|c| c.snapshot_row(row, len)).collect::<Result<Vec<_>>>()?;
-        let arrays: Vec<&Array> = layers.iter().flat_map(|l| l.tensors().map(|(_, a)| a)).collect();
+        let arrays: Vec<&Array> = layers.iter().flat_map(|l| l.tensors().into_iter().map(|(_, a)| a)).collect();
         mlx::async_eval(&arrays)?;
         let bytes = layers.iter().map(LayerSnapshot::nbytes).sum();
         Ok(Snapshot { layers, bytes, persisted: false })
@@ -75,7 +75,7 @@ impl Snapshot {
             };
             parts.push(LayerSnapshot::from_tensors(e.tokens.len() as i32, get).map_err(|why| format!("layer {i}: {why}"))?);
         }
-        if e.tensors.len() != 2 * layers {
+        if e.tensors.len() != parts.iter().map(|p| p.tensors().len()).sum::<usize>() {
             return Err(format!("{} tensors for a model of {layers} layer caches", e.tensors.len()));
         }
         let bytes = parts.iter().map(LayerSnapshot::nbytes).sum();

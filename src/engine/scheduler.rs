@@ -190,8 +190,11 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
     }
     let tokenizer = m.text.tokenizer.to_json_string().unwrap_or_default();
     let info = m.model.info();
+    let caches = m.model.new_cache(1);
+    // Sliding-window layers are stored as rings (their last window only).
+    let ring = caches.iter().find_map(|c| c.ring()).map_or(String::new(), |r| format!(";ring={}", r.window()));
     let compat = format!(
-        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv=f32",
+        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv=f32{ring}",
         m.fingerprint,
         crc32fast::hash(tokenizer.as_bytes()),
         mlx::version(),
@@ -199,7 +202,6 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         info.architecture,
         info.num_layers,
     );
-    let caches = m.model.new_cache(1);
     let setup = CacheSetup {
         memory_bytes: config.prompt_cache_bytes,
         dir: config.prompt_cache_dir.clone(),

@@ -1,28 +1,38 @@
 //! Grouped-query self-attention as the Llama, Qwen and Gemma families use it:
 //! fused q/k/v projections (biases where the checkpoint has them), optional
 //! per-head RMSNorm of queries and keys, RoPE (possibly over part of each
-//! head), the layer's KV cache, an optional sliding window, and an optional
+//! head), the layer's KV cache (a ring for a sliding window), and an optional
 //! sigmoid output gate computed by the query projection (Qwen3-Next).
 
 use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm, Rope};
 use super::weights::Weights;
-use crate::cache::{AttnMask, KvCache, Positions};
-use crate::error::Result;
+use crate::cache::{AttnMask, LayerCache, Positions};
+use crate::error::{Error, Result};
 use crate::mlx::{fast, Array};
 use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
-/// caches share one timeline).
+/// caches share one timeline): for full-attention layers from their KV
+/// caches, for sliding-window layers over the keys their rings return.
 pub struct Masks {
-    pub full: AttnMask,
-    /// For sliding-window layers: the first key position any new query can
-    /// see, and the mask from there on.
-    pub window: Option<(i32, AttnMask)>,
+    full: Option<AttnMask>,
+    window: Option<AttnMask>,
 }
 
 impl Masks {
-    pub fn new(cache: &KvCache, n: i32, window: Option<i32>) -> Result<Masks> {
-        Ok(Masks { full: cache.mask(n)?, window: window.map(|w| cache.window_mask(n, w)).transpose()? })
+    /// The masks for `n` new tokens over a model's layer caches.
+    pub fn new(cache: &[LayerCache], n: i32) -> Result<Masks> {
+        let full = cache.iter().find_map(|c| c.kv().ok()).map(|c| c.mask(n)).transpose()?;
+        let window = cache.iter().find_map(LayerCache::ring).map(|c| c.mask(n)).transpose()?;
+        Ok(Masks { full, window })
+    }
+
+    pub fn full(&self) -> Result<&AttnMask> {
+        self.full.as_ref().ok_or_else(|| Error::internal("a full-attention layer in a model without its cache"))
+    }
+
+    pub fn window(&self) -> Result<&AttnMask> {
+        self.window.as_ref().ok_or_else(|| Error::internal("a sliding-window layer in a model without its cache"))
     }
 }
 
@@ -95,7 +105,9 @@ impl Attention {
         })
     }
 
-    pub fn forward(&self, x: &Array, cache: &mut KvCache, pos: &Positions, masks: &Masks) -> Result<Array> {
+    /// Attends through `cache`: a `KvCache` for a full layer, a `RingCache`
+    /// of the layer's window for a sliding one.
+    pub fn forward(&self, x: &Array, cache: &mut LayerCache, pos: &Positions, masks: &Masks) -> Result<Array> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         let mut qkv = self.qkv.forward(x)?.into_iter();
@@ -122,18 +134,16 @@ impl Attention {
         let v = heads(next(), self.kv_heads, &None)?;
         let q = self.rope.forward(&q, pos)?;
         let k = self.rope.forward(&k, pos)?;
-        let (mut k, mut v) = cache.update_and_fetch(&k, &v)?;
-        let mask = match (self.window, &masks.window) {
-            (Some(_), Some((start, m))) => {
-                // Keys before `start` are outside every new query's window.
-                if *start > 0 {
-                    let end = k.dim(2);
-                    k = k.slice_axis(2, *start, end)?;
-                    v = v.slice_axis(2, *start, end)?;
-                }
-                m
+        let (k, v, mask) = match (self.window, cache) {
+            (Some(w), LayerCache::Ring(c)) if c.window() == w => {
+                let (k, v) = c.update_and_fetch(&k, &v)?;
+                (k, v, masks.window()?)
             }
-            _ => &masks.full,
+            (None, c) => {
+                let (k, v) = c.kv_mut()?.update_and_fetch(&k, &v)?;
+                (k, v, masks.full()?)
+            }
+            (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };
         let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_mask())?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;

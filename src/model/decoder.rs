@@ -62,10 +62,10 @@ impl LanguageModel for Decoder {
             return Err(Error::internal("cache has the wrong number of layers"));
         }
         let pos = cache[0].positions()?;
-        let masks = Masks::new(cache[0].kv()?, tokens.dim(1), None)?;
+        let masks = Masks::new(cache, tokens.dim(1))?;
         let mut h = self.embed.forward(tokens)?;
         for (blk, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            let a = blk.attn.forward(&blk.input_norm.forward(&h)?, c.kv_mut()?, &pos, &masks)?;
+            let a = blk.attn.forward(&blk.input_norm.forward(&h)?, c, &pos, &masks)?;
             h = h.add(&a)?;
             let m = blk.ffn.forward(&blk.post_norm.forward(&h)?)?;
             h = h.add(&m)?;

@@ -5,10 +5,9 @@
 //! (tanh-approximated GELU); embeddings scaled by √hidden (rounded to bf16,
 //! as the reference does); queries scaled by `query_pre_attn_scalar^-½`.
 //!
-//! Sliding layers keep a full-length KV cache and attend through a window
-//! mask over the last `sliding_window` positions only (see
-//! `KvCache::window_mask`): exact, and the attention cost is bounded by the
-//! window, but their memory grows with the context like a global layer's.
+//! Sliding layers keep a ring of their last `sliding_window` positions
+//! (`RingCache`, mlx-lm's `RotatingKVCache`): their memory and attention cost
+//! stay bounded by the window however long the context grows.
 
 use super::attention::{AttnSpec, Attention, Masks};
 use super::layers::{output_positions, Act, Embedding, Head, Mlp, RmsNorm, Rope};
@@ -16,7 +15,7 @@ use super::load::FamilyConfig;
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
-use crate::cache::{KvCache, LayerCache};
+use crate::cache::{KvCache, LayerCache, RingCache};
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
 use serde::Deserialize;
@@ -78,6 +77,8 @@ struct Block {
     post_attn_norm: RmsNorm,
     pre_ff_norm: RmsNorm,
     post_ff_norm: RmsNorm,
+    /// The sliding window, for sliding layers.
+    window: Option<i32>,
 }
 
 pub struct Gemma3 {
@@ -87,7 +88,6 @@ pub struct Gemma3 {
     blocks: Vec<Block>,
     norm: RmsNorm,
     head: Head,
-    window: i32,
     info: ModelInfo,
 }
 
@@ -123,6 +123,7 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let sliding = (i + 1) % cfg.sliding_window_pattern != 0;
+        let window = sliding.then_some(cfg.sliding_window);
         let spec = AttnSpec {
             dim: d,
             heads: cfg.num_attention_heads,
@@ -133,7 +134,7 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
             norm_offset: true,
             scale: cfg.query_pre_attn_scalar.powf(-0.5),
             output_gate: false,
-            window: sliding.then_some(cfg.sliding_window),
+            window,
         };
         let rope = if sliding { local.clone() } else { global.clone() };
         blocks.push(Block {
@@ -143,7 +144,7 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
             post_attn_norm: norm(w, &format!("{p}.post_attention_layernorm.weight"), d)?,
             pre_ff_norm: norm(w, &format!("{p}.pre_feedforward_layernorm.weight"), d)?,
             post_ff_norm: norm(w, &format!("{p}.post_feedforward_layernorm.weight"), d)?,
-
+            window,
         });
     }
     let norm = norm(w, "model.norm.weight", d)?;
@@ -154,7 +155,7 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
     info.hidden_size = d;
     info.context_length = cfg.max_position_embeddings;
     info.kv_bytes_per_token = cfg.num_hidden_layers as usize * bytes_per_position(cfg.num_key_value_heads, hd, Dtype::F32);
-    Ok(Gemma3 { embed, embed_scale: round_bf16((d as f32).sqrt()), blocks, norm, head, window: cfg.sliding_window, info })
+    Ok(Gemma3 { embed, embed_scale: round_bf16((d as f32).sqrt()), blocks, norm, head, info })
 }
 
 impl LanguageModel for Gemma3 {
@@ -163,7 +164,8 @@ impl LanguageModel for Gemma3 {
     }
 
     fn new_cache(&self, rows: usize) -> Vec<LayerCache> {
-        (0..self.blocks.len()).map(|_| LayerCache::Kv(KvCache::new(rows))).collect()
+        let ring = |w| LayerCache::Ring(RingCache::new(rows, w));
+        self.blocks.iter().map(|b| b.window.map_or_else(|| LayerCache::Kv(KvCache::new(rows)), ring)).collect()
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
@@ -171,11 +173,11 @@ impl LanguageModel for Gemma3 {
             return Err(Error::internal("cache has the wrong number of layers"));
         }
         let pos = cache[0].positions()?;
-        let masks = Masks::new(cache[0].kv()?, tokens.dim(1), Some(self.window))?;
+        let masks = Masks::new(cache, tokens.dim(1))?;
         let mut h = self.embed.forward(tokens)?;
         h = h.multiply(&h.scalar_like(self.embed_scale)?)?;
         for (b, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            let r = b.attn.forward(&b.input_norm.forward(&h)?, c.kv_mut()?, &pos, &masks)?;
+            let r = b.attn.forward(&b.input_norm.forward(&h)?, c, &pos, &masks)?;
             h = residual(&h, &b.post_attn_norm.forward(&r)?)?;
             let r = b.mlp.forward(&b.pre_ff_norm.forward(&h)?)?;
             h = residual(&h, &b.post_ff_norm.forward(&r)?)?;

@@ -15,8 +15,9 @@
 //!   per-expert scales, GeGLU experts); a learned scalar per layer;
 //! - final logits soft-capped: `tanh(x / cap) * cap`.
 //!
-//! Sliding layers keep a full-length KV cache with a window mask, as in
-//! gemma3.rs.
+//! Sliding layers keep a ring of their last `sliding_window` positions
+//! (`RingCache`), as in gemma3.rs; a KV-shared sliding layer attends to the
+//! keys its donor's ring returned, with the same mask.
 
 use super::attention::Masks;
 use super::layers::{gelu_tanh, output_positions, Act, Embedding, FusedLinear, Head, Linear, LinearGroup, Mlp, RmsNorm, Rope};
@@ -25,7 +26,7 @@ use super::moe::SwitchGlu;
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
-use crate::cache::{AttnMask, KvCache, LayerCache, Positions};
+use crate::cache::{AttnMask, KvCache, LayerCache, Positions, RingCache};
 use crate::error::{Error, Result};
 use crate::mlx::{fast, Array, Dtype};
 use serde::Deserialize;
@@ -125,10 +126,10 @@ impl Attn {
     fn forward(
         &self,
         x: &Array,
-        cache: Option<&mut KvCache>,
+        cache: Option<&mut LayerCache>,
         shared: Option<&(Array, Array)>,
         pos: &Positions,
-        (start, mask): (i32, &AttnMask),
+        mask: &AttnMask,
     ) -> Result<(Array, (Array, Array))> {
         let s = x.shape();
         let (b, l, hd) = (s[0], s[1], self.head_dim);
@@ -144,15 +145,12 @@ impl Attn {
                 let k = self.k_norm.as_ref().expect("layers with keys have k_norm").forward(&k)?;
                 let k = self.rope.forward(&k.transpose(&[0, 2, 1, 3])?, pos)?;
                 let v = fast::rms_norm_plain(&v, self.eps)?.transpose(&[0, 2, 1, 3])?;
-                let cache = cache.ok_or_else(|| Error::internal("a layer with keys got no cache"))?;
-                let (k, v) = cache.update_and_fetch(&k, &v)?;
-                // Keys before `start` are outside every new query's window;
-                // the layers sharing these keys see the same cut.
-                if start > 0 {
-                    let end = k.dim(2);
-                    (k.slice_axis(2, start, end)?, v.slice_axis(2, start, end)?)
-                } else {
-                    (k, v)
+                // A ring returns only the keys inside the new queries'
+                // windows; the layers sharing them see the same.
+                match (cache, self.sliding) {
+                    (Some(LayerCache::Ring(c)), true) => c.update_and_fetch(&k, &v)?,
+                    (Some(c), false) => c.kv_mut()?.update_and_fetch(&k, &v)?,
+                    _ => return Err(Error::internal("a layer with keys got no cache of its kind")),
                 }
             }
         };
@@ -431,7 +429,13 @@ impl LanguageModel for Gemma4 {
     }
 
     fn new_cache(&self, rows: usize) -> Vec<LayerCache> {
-        (0..self.cached_layers).map(|_| LayerCache::Kv(KvCache::new(rows))).collect()
+        self.blocks[..self.cached_layers]
+            .iter()
+            .map(|b| match b.attn.sliding {
+                true => LayerCache::Ring(RingCache::new(rows, self.window)),
+                false => LayerCache::Kv(KvCache::new(rows)),
+            })
+            .collect()
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
@@ -439,19 +443,16 @@ impl LanguageModel for Gemma4 {
             return Err(Error::internal("cache has the wrong number of layers"));
         }
         let pos = cache[0].positions()?;
-        let masks = Masks::new(cache[0].kv()?, tokens.dim(1), Some(self.window))?;
+        let masks = Masks::new(cache, tokens.dim(1))?;
         let h0 = self.embed.forward(tokens)?;
         let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
         let per_layer = self.per_layer_inputs(tokens, &h)?;
         let mut kvs: Vec<Option<(Array, Array)>> = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
-            let mask = match (&masks.window, b.attn.sliding) {
-                (Some((s, m)), true) => (*s, m),
-                _ => (0, &masks.full),
-            };
+            let mask = if b.attn.sliding { masks.window()? } else { masks.full()? };
             let own = b.kv_from == i;
             let shared = if own { None } else { kvs[b.kv_from].as_ref() };
-            let c = if own { Some(cache[i].kv_mut()?) } else { None };
+            let c = if own { Some(&mut cache[i]) } else { None };
             let (r, kv) = b.attn.forward(&b.input_norm.forward(&h)?, c, shared, &pos, mask)?;
             h = h.add(&b.post_attn_norm.forward(&r)?)?;
             h = h.add(&b.post_ff_norm.forward(&b.ffn(&h)?)?)?;

@@ -266,7 +266,7 @@ impl LanguageModel for Hybrid {
         let n = tokens.dim(1);
         let kv = cache.iter().find_map(|c| c.kv().ok()).ok_or_else(|| Error::internal("no attention layer cache"))?;
         let pos = kv.positions()?;
-        let masks = Masks::new(kv, n, None)?;
+        let masks = Masks::new(cache, n)?;
         let token_mask = match cache.iter_mut().find_map(|c| c.state_mut().ok()) {
             Some(s) => s.token_mask(n)?,
             None => None,
@@ -276,7 +276,7 @@ impl LanguageModel for Hybrid {
             let x = b.input_norm.forward(&h)?;
             let r = match &b.mixer {
                 Mixer::Linear(l) => l.forward(&x, c.state_mut()?, token_mask.as_ref())?,
-                Mixer::Attn(a) => a.forward(&x, c.kv_mut()?, &pos, &masks)?,
+                Mixer::Attn(a) => a.forward(&x, c, &pos, &masks)?,
             };
             h = h.add(&r)?;
             h = h.add(&b.ffn.forward(&b.post_norm.forward(&h)?)?)?;

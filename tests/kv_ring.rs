@@ -1,0 +1,299 @@
+//! Rotating KV caches for sliding-window layers (`RingCache`) against Python
+//! mlx-lm, whose Gemma 3 and Gemma 4 keep `RotatingKVCache(max_size=window)`
+//! for those layers. Tiny random-weight models (tests/oracle/make_tiny.py:
+//! `gemma3_kv`, window 16; `gemma4_text`, window 8, KV-shared layers) get
+//! prompts several windows long; mlx-lm's greedy tokens and last-position
+//! logits (f32, max |Δ| ≤ 1e-3, the families' tolerance) must come out
+//! whatever the prefill chunk (shorter than the window, longer than two
+//! windows, whole), through the model API and through the engine with rows
+//! of different lengths batched; a sliding layer's memory must stay flat
+//! past the window; prompt-cache hits (memory and disk) must give the cold
+//! result.
+
+mod common;
+
+use common::*;
+use mlxrt::cache::LayerCache;
+use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
+use mlxrt::mlx::{self, Array};
+use mlxrt::model::{load, LoadOptions, LoadedModel, Output};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{mpsc, Mutex};
+use std::time::Duration;
+
+/// `gemma3_kv`'s sliding window.
+const W: usize = 16;
+const STEPS: usize = 24;
+const LOGIT_STEPS: &str = "0,1,12,23";
+const LOGIT_TOL: f32 = 1e-3;
+
+fn py(args: &[&str]) {
+    let out = Command::new(python()).args(args).output().expect("run python");
+    assert!(out.status.success(), "python {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Prompt ids (any ids of the vocabulary do): one shorter than the window,
+/// the others 3 to 7 windows long.
+fn prompts() -> Vec<(String, Vec<u32>)> {
+    [7, 3 * W + 5, 5 * W + 1, 7 * W + 2]
+        .iter()
+        .map(|&n| {
+            let ids = (0..n).map(|i| (100 + (i * 7919 + n * 131) % 40000) as u32).collect();
+            (format!("len{n}"), ids)
+        })
+        .collect()
+}
+
+/// Builds the tiny model of `family` (f32) and records mlx-lm's outputs for
+/// `prompts()`, once per change of the scripts or prompts (cached under
+/// target/oracle/kv_ring).
+fn oracle(family: &str) -> (PathBuf, PathBuf) {
+    // Tests run in parallel and share the files.
+    static BUILD: Mutex<()> = Mutex::new(());
+    let _once = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = repo_root().join("target/oracle/kv_ring");
+    std::fs::create_dir_all(&dir).unwrap();
+    let folder = dir.join(format!("tiny-{family}"));
+    let reference = dir.join(format!("tiny-{family}.reference.safetensors"));
+    let prompts_file = dir.join("prompts.json");
+    let list: Vec<_> = prompts().into_iter().map(|(name, ids)| serde_json::json!({"name": name, "ids": ids})).collect();
+    let text = serde_json::json!({ "prompts": list }).to_string();
+    if std::fs::read_to_string(&prompts_file).ok().as_deref() != Some(text.as_str()) {
+        std::fs::write(&prompts_file, &text).unwrap();
+    }
+    let scripts = repo_root().join("tests/oracle");
+    let inputs = [scripts.join("make_tiny.py"), scripts.join("mlxlm_reference.py"), prompts_file.clone()];
+    let newest_input = inputs.iter().filter_map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).max();
+    let fresh = std::fs::metadata(&reference).and_then(|m| m.modified()).ok().zip(newest_input).is_some_and(|(r, i)| r > i);
+    if !fresh {
+        let _ = std::fs::remove_dir_all(&folder);
+        let gguf = model_path();
+        py(&[
+            scripts.join("make_tiny.py").to_str().unwrap(),
+            "--family",
+            family,
+            "--out",
+            folder.to_str().unwrap(),
+            "--gguf",
+            gguf.to_str().unwrap(),
+        ]);
+        py(&[
+            scripts.join("mlxlm_reference.py").to_str().unwrap(),
+            "--model",
+            folder.to_str().unwrap(),
+            "--prompts",
+            prompts_file.to_str().unwrap(),
+            "--steps",
+            &STEPS.to_string(),
+            "--logit-steps",
+            LOGIT_STEPS,
+            "--out",
+            reference.to_str().unwrap(),
+        ]);
+    }
+    (folder, reference)
+}
+
+fn eval(cache: &[LayerCache]) {
+    let state: Vec<&Array> = cache.iter().flat_map(|c| c.state()).collect();
+    mlx::eval(&state).unwrap();
+}
+
+/// Greedy decoding through the model API, prefilling as the engine does (all
+/// but the last token in chunks of `chunk`, then the last one alone).
+fn greedy(m: &LoadedModel, prompt: &[u32], chunk: usize, keep: &[usize]) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut cache = m.model.new_cache(1);
+    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let n = ids.len();
+    for part in ids[..n - 1].chunks(chunk) {
+        let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
+        m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
+        eval(&cache);
+    }
+    let mut next = ids[n - 1];
+    let (mut tokens, mut kept) = (vec![], vec![]);
+    for step in 0..STEPS {
+        let x = Array::from_i32(&[next], &[1, 1]).unwrap();
+        let logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
+        next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
+        if keep.contains(&step) {
+            kept.push(logits.to_vec_f32().unwrap());
+        }
+        tokens.push(next as u32);
+    }
+    (tokens, kept)
+}
+
+/// Every prompt through the model API with each prefill chunk: mlx-lm's
+/// tokens and logits.
+fn check_model(label: &str, folder: &Path, cases: &[Case], window: usize) {
+    let m = load(folder, &LoadOptions::default()).unwrap();
+    let rings = m.model.new_cache(1).iter().filter(|c| c.ring().is_some_and(|r| r.window() == window as i32)).count();
+    assert!(rings > 0, "{label}: no sliding layer keeps a ring of {window}");
+    let mut worst = 0f32;
+    for chunk in [5, 2 * window + 3, 4096] {
+        for c in cases {
+            let (tokens, logits) = greedy(&m, &c.prompt, chunk, &c.logit_steps);
+            assert_eq!(tokens, c.tokens, "{label}/{} chunk {chunk}: greedy tokens differ from mlx-lm", c.name);
+            for (i, step) in c.logit_steps.iter().enumerate() {
+                let d = logits[i].iter().zip(&c.logits[i]).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+                assert!(d <= LOGIT_TOL, "{label}/{} chunk {chunk} step {step}: max |Δ logits| {d} > {LOGIT_TOL}", c.name);
+                worst = worst.max(d);
+            }
+        }
+    }
+    eprintln!("{label}: {} prompts × chunks 5, 2W+3, whole: tokens identical to mlx-lm; max |Δ logits| = {worst:.2e}", cases.len());
+}
+
+#[test]
+fn gemma3_rotating_kv_matches_mlx_lm() {
+    let (folder, reference) = oracle("gemma3_kv");
+    let cases = reference_cases(&reference);
+    assert!(cases.iter().filter(|c| c.prompt.len() >= 3 * W).count() >= 3);
+    check_model("gemma3_kv", &folder, &cases, W);
+}
+
+#[test]
+fn gemma4_rotating_kv_with_shared_layers_matches_mlx_lm() {
+    let (folder, reference) = oracle("gemma4_text");
+    check_model("gemma4_text", &folder, &reference_cases(&reference), 8);
+}
+
+/// KV bytes of the sliding layers, and of the others, after `n` tokens fed
+/// `chunk` at a time.
+fn kv_bytes(m: &LoadedModel, n: usize, chunk: usize) -> (usize, usize) {
+    let mut cache = m.model.new_cache(1);
+    let ids: Vec<i32> = (0..n as i32).map(|i| 100 + i * 37 % 30000).collect();
+    for part in ids.chunks(chunk) {
+        let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
+        m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
+        eval(&cache);
+    }
+    let (rings, others): (Vec<&LayerCache>, Vec<&LayerCache>) = cache.iter().partition(|c| c.ring().is_some());
+    (rings.iter().map(|c| c.nbytes()).sum(), others.iter().map(|c| c.nbytes()).sum())
+}
+
+#[test]
+fn sliding_layer_memory_is_flat_past_the_window() {
+    let (folder, _) = oracle("gemma3_kv");
+    let m = load(&folder, &LoadOptions::default()).unwrap();
+    // 2 sliding layers × K and V × 2 heads × W positions × 64 dims × f32.
+    let window_bytes = 2 * 2 * 2 * W * 64 * 4;
+    for chunk in [1, 5, 2 * W + 3, 4096] {
+        let (at_2w, _) = kv_bytes(&m, 2 * W, chunk);
+        let (at_5w, _) = kv_bytes(&m, 5 * W, chunk);
+        let (at_20w, full) = kv_bytes(&m, 20 * W, chunk);
+        assert_eq!((at_2w, at_5w, at_20w), (window_bytes, window_bytes, window_bytes), "chunk {chunk}");
+        assert!(full > window_bytes, "the global layers keep everything ({full} bytes)");
+    }
+}
+
+fn request(prompt: &[u32], chunk: Option<usize>) -> RequestOptions {
+    let mut o = RequestOptions::new(Input::Tokens(prompt.to_vec()));
+    o.max_tokens = STEPS as u32;
+    o.stop_at_eos = false;
+    o.prefill_chunk = chunk;
+    o
+}
+
+/// Submits every case, the later ones while the first decode (they join a
+/// running batch), and returns each one's tokens.
+fn batched(e: &Engine, cases: &[Case], chunk: Option<usize>) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if i == 2 {
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            let (tx, rx) = mpsc::channel();
+            e.submit(request(&c.prompt, chunk), Box::new(move |ev: &Event| {
+                let _ = tx.send(ev.clone());
+            }))
+            .unwrap();
+            rx
+        })
+        .collect();
+    rxs.iter().map(|rx| tokens_of(&collect(rx))).collect()
+}
+
+#[test]
+fn batched_rows_equal_each_row_alone() {
+    let (folder, reference) = oracle("gemma3_kv");
+    let cases = reference_cases(&reference);
+    let mut cfg = EngineConfig::new(&folder);
+    cfg.max_rows = 8;
+    let e = Engine::new(cfg).unwrap();
+    let mut cfg = EngineConfig::new(&folder);
+    cfg.max_rows = 1;
+    let alone = Engine::new(cfg).unwrap();
+    for chunk in [None, Some(5), Some(2 * W + 3)] {
+        let got = batched(&e, &cases, chunk);
+        for (c, got) in cases.iter().zip(got) {
+            let one = tokens_of(&run(&alone, request(&c.prompt, chunk)));
+            assert_eq!(got, one, "{} chunk {chunk:?}: batched differs from alone", c.name);
+            assert_eq!(got, c.tokens, "{} chunk {chunk:?}: differs from mlx-lm", c.name);
+        }
+    }
+}
+
+fn chat(messages: serde_json::Value, cache: bool) -> RequestOptions {
+    let mut o = RequestOptions::new(Input::Messages(messages));
+    o.max_tokens = STEPS as u32;
+    o.stop_at_eos = false;
+    o.prompt_cache = cache;
+    o.prefill_chunk = Some(2 * W + 3);
+    o
+}
+
+/// (tokens, cached prompt tokens)
+fn go(e: &Engine, o: RequestOptions) -> (Vec<u32>, u32) {
+    let ev = run(e, o);
+    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{ev:?}") };
+    (tokens_of(&ev), usage.cached_tokens)
+}
+
+#[test]
+fn prompt_cache_hits_give_the_cold_result() {
+    let (folder, _) = oracle("gemma3_kv");
+    let system = "You are the assistant of a small bakery in the old town. It opens at seven in the morning, \
+                  closes at six in the evening, and sells bread, pastries, tarts and birthday cakes; orders \
+                  above twenty euros are delivered for free within the city, and cakes need two days notice.";
+    let ask = |user: &str| serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": user}]);
+    let dir = std::env::temp_dir().join(format!("mlxrt-kv-ring-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let warm_engine = || {
+        let mut cfg = EngineConfig::new(&folder);
+        cfg.prompt_cache_bytes = 64 << 20;
+        cfg.prompt_cache_min_tokens = 8;
+        cfg.prompt_cache_dir = Some(dir.clone());
+        Engine::new(cfg).unwrap()
+    };
+    let cold = Engine::new(EngineConfig::new(&folder)).unwrap();
+    let warm = warm_engine();
+
+    // The first request snapshots its prompt at the boundary (the system
+    // message, several windows long: the rings have wrapped).
+    let first = ask("When do you open?");
+    let (t1, c1) = go(&warm, chat(first.clone(), true));
+    assert_eq!(c1, 0);
+    assert_eq!(t1, go(&cold, chat(first.clone(), false)).0, "prefill stopping at the boundary changed the result");
+    // Another question after the same system message: a memory hit.
+    let second = ask("Do you deliver cakes?");
+    let (t2, c2) = go(&warm, chat(second.clone(), true));
+    assert!(c2 as usize > 3 * W, "the boundary snapshot was not used ({c2} cached tokens)");
+    let cold2 = go(&cold, chat(second.clone(), false)).0;
+    assert_eq!(t2, cold2, "a memory hit changed the result");
+    // Disk: a new engine over the same directory.
+    warm.flush_prompt_cache().unwrap();
+    drop(warm);
+    let again = warm_engine();
+    let (t4, c4) = go(&again, chat(second, true));
+    assert_eq!(c4, c2, "the entry was not loaded from disk");
+    assert_eq!(t4, cold2, "a disk hit changed the result");
+    let s = wait_idle(&again);
+    assert!(s.prompt_cache_hits >= 1, "{s:?}");
+    drop(again);
+    let _ = std::fs::remove_dir_all(&dir);
+}
