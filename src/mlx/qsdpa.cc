@@ -97,74 +97,112 @@ inline int kernel_pos(int d, int bits, int lanes) {
 struct Task {
   const Problem* p;
   const Kernels* k;
-  int mblocks, nchunks, chunk, stride;  // stride: floats per partial
+  int mblocks;  // row blocks per (b, h)
+  int chunk;    // keys per kernel call
+  int nchunks;  // chunks over T
+  int per;      // chunks per task
+  int splits;   // tasks per (b, h, row block): ceil(nchunks / per)
+  int stride;   // floats per partial: rows * Dv accumulators, rows maxima, rows sums
   float* partials;
 };
 
-// One (b, h, row block, key chunk) partial.
-void run_chunk(const Task& job, int i) {
+// Folds a chunk's (acc, mx, sum) into a running partial (flash attention's
+// online softmax): both rescaled to the larger maximum. An empty chunk or
+// partial has maximum -inf.
+void fold(int rows, int dv, const float* acc, const float* mx, const float* sum, float* pacc,
+          float* pmx, float* psum) {
+  for (int r = 0; r < rows; ++r) {
+    if (mx[r] == -std::numeric_limits<float>::infinity()) continue;
+    float* a = pacc + static_cast<size_t>(r) * dv;
+    const float* c = acc + static_cast<size_t>(r) * dv;
+    if (pmx[r] == -std::numeric_limits<float>::infinity()) {
+      std::memcpy(a, c, sizeof(float) * dv);
+      pmx[r] = mx[r];
+      psum[r] = sum[r];
+      continue;
+    }
+    const float top = std::max(pmx[r], mx[r]);
+    const float fa = std::exp(pmx[r] - top), fc = std::exp(mx[r] - top);
+    for (int d = 0; d < dv; ++d) a[d] = fa * a[d] + fc * c[d];
+    psum[r] = fa * psum[r] + fc * sum[r];
+    pmx[r] = top;
+  }
+}
+
+// One (b, h, row block, range of key chunks) partial.
+void run_task(const Task& job, int i) {
   const Problem& p = *job.p;
-  const int rows_max = job.k->rows;
-  const int c = i % job.nchunks, mb = (i / job.nchunks) % job.mblocks;
-  const int bh = i / (job.nchunks * job.mblocks), b = bh / p.H, h = bh % p.H;
+  const int rows_max = job.k->rows, dv = p.v.dim;
+  const int s = i % job.splits, mb = (i / job.splits) % job.mblocks;
+  const int bh = i / (job.splits * job.mblocks), b = bh / p.H, h = bh % p.H;
   const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
-  int t0 = c * job.chunk, t1 = std::min(p.T, t0 + job.chunk);
-  float* acc = job.partials + static_cast<size_t>(i) * job.stride;
-  float* mx = acc + static_cast<size_t>(rows_max) * p.v.dim;
-  float* sum = mx + rows_max;
+  float* pacc = job.partials + static_cast<size_t>(i) * job.stride;
+  float* pmx = pacc + static_cast<size_t>(rows_max) * dv;
+  float* psum = pmx + rows_max;
+  for (int r = 0; r < rows; ++r) pmx[r] = -std::numeric_limits<float>::infinity();
+
+  // Under the causal mask, keys past every row's last visible one add
+  // exactly 0 to rows that see some key; rows that see none need all of
+  // them (their softmax is uniform).
+  int end = p.T;
   if (p.mask == MaskKind::Causal) {
-    // Keys past every row's last visible one add exactly 0 to rows that see
-    // some key; rows that see none need the whole (uniform) computation.
     int lo = p.causal_last(m0), hi = lo;
     for (int m = m0; m < m0 + rows; ++m) {
       lo = std::min(lo, p.causal_last(m));
       hi = std::max(hi, p.causal_last(m));
     }
-    if (lo >= 0) {
-      if (t0 > hi) {
-        for (int m = 0; m < rows; ++m) mx[m] = -std::numeric_limits<float>::infinity();
-        return;
-      }
-      t1 = std::min(t1, hi + 1);
-    }
+    if (lo >= 0) end = std::min(end, hi + 1);
   }
+
   thread_local std::vector<float> buf;
   thread_local float* scratch = aligned(buf, kScratchFloats);
-  job.k->chunk(p, b, h, m0, rows, t0, t1, scratch, acc, mx, sum);
-}
-
-// Merges the chunks of one (b, h, row block) into the output rows.
-void merge(const Task& job, int i, float* out, int rep) {
-  const Problem& p = *job.p;
-  const int rows_max = job.k->rows, Dv = p.v.dim, lanes = job.k->lanes;
-  const int mb = i % job.mblocks, bh = i / job.mblocks, b = bh / p.H, h = bh % p.H;
-  const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
-  const float* first = job.partials + static_cast<size_t>(i) * job.nchunks * job.stride;
-  std::vector<float> acc(Dv);
-  for (int r = 0; r < rows; ++r) {
-    auto part = [&](int c) { return first + static_cast<size_t>(c) * job.stride; };
-    auto mx_of = [&](int c) { return part(c)[static_cast<size_t>(rows_max) * Dv + r]; };
-    auto sum_of = [&](int c) { return part(c)[static_cast<size_t>(rows_max) * Dv + rows_max + r]; };
-    float top = -std::numeric_limits<float>::infinity();
-    for (int c = 0; c < job.nchunks; ++c) top = std::max(top, mx_of(c));
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    float den = 0.0f;
-    for (int c = 0; c < job.nchunks; ++c) {
-      if (mx_of(c) == -std::numeric_limits<float>::infinity()) continue;  // empty chunk
-      const float f = std::exp(mx_of(c) - top);
-      den += f * sum_of(c);
-      const float* a = part(c) + static_cast<size_t>(r) * Dv;
-      for (int d = 0; d < Dv; ++d) acc[d] += f * a[d];
-    }
-    const int m = m0 + r;
-    float* o = out + ((static_cast<size_t>(b) * p.H * rep + h * rep + m / p.L) * p.L + m % p.L) * Dv;
-    for (int d = 0; d < Dv; ++d) o[d] = acc[kernel_pos(d, p.bits, lanes)] / den;
+  thread_local std::vector<float> cbuf;
+  float* cacc = aligned(cbuf, static_cast<size_t>(rows_max) * (dv + 2));
+  float* cmx = cacc + static_cast<size_t>(rows_max) * dv;
+  float* csum = cmx + rows_max;
+  const int c1 = std::min(job.nchunks, (s + 1) * job.per);
+  for (int c = s * job.per; c < c1; ++c) {
+    const int t0 = c * job.chunk, t1 = std::min(end, t0 + job.chunk);
+    if (t0 >= t1) break;
+    job.k->chunk(p, b, h, m0, rows, t0, t1, scratch, cacc, cmx, csum);
+    fold(rows, dv, cacc, cmx, csum, pacc, pmx, psum);
   }
 }
 
+// Merges the partials of one (b, h, row block) into the output rows.
+void merge(const Task& job, int i, float* out, int rep) {
+  const Problem& p = *job.p;
+  const int rows_max = job.k->rows, dv = p.v.dim;
+  const int mb = i % job.mblocks, bh = i / job.mblocks, b = bh / p.H, h = bh % p.H;
+  const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
+  const float* first = job.partials + static_cast<size_t>(i) * job.splits * job.stride;
+  std::vector<float> acc(static_cast<size_t>(rows_max) * (dv + 2));
+  float* mx = acc.data() + static_cast<size_t>(rows_max) * dv;
+  float* sum = mx + rows_max;
+  std::fill(mx, mx + rows_max, -std::numeric_limits<float>::infinity());
+  for (int s = 0; s < job.splits; ++s) {
+    const float* part = first + static_cast<size_t>(s) * job.stride;
+    const float* pmx = part + static_cast<size_t>(rows_max) * dv;
+    fold(rows, dv, part, pmx, pmx + rows_max, acc.data(), mx, sum);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int m = m0 + r;
+    float* o = out + ((static_cast<size_t>(b) * p.H * rep + h * rep + m / p.L) * p.L + m % p.L) * dv;
+    const float* a = acc.data() + static_cast<size_t>(r) * dv;
+    for (int d = 0; d < dv; ++d) o[d] = a[kernel_pos(d, p.bits, job.k->lanes)] / sum[r];
+  }
+}
+
+// f(i) for i in [0, n) on the quantized matmul's pool, in at most 4096
+// pieces (the pool takes at most 65535).
 template <class F>
 void parallel(int n, F& f) {
-  qmm::pool_for(n, [](void* ctx, int i) { (*static_cast<F*>(ctx))(i); }, &f);
+  const int per = (n + 4095) / 4096;
+  auto piece = [&](int g) {
+    for (int i = g * per, e = std::min(n, (g + 1) * per); i < e; ++i) f(i);
+  };
+  using P = decltype(piece);
+  qmm::pool_for((n + per - 1) / per, [](void* ctx, int g) { (*static_cast<P*>(ctx))(g); }, &piece);
 }
 
 // Everything eval_cpu's task needs, captured by value.
@@ -206,24 +244,28 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
     p.mask_stride[3] = ms[3];
   }
 
-  // Flash-decoding split: chunks of keys, halved until every thread has a
-  // few tasks (decode has only B * H row blocks).
+  // Flash-decoding split: the keys of each (b, h, row block) go to
+  // `splits` tasks, enough that every thread has several (decode has only
+  // B * H row blocks), each folding its chunks as it goes; chunks shrink
+  // for short T so that there are that many.
   const int threads = static_cast<int>(qmm::pool_threads());
   const int mblocks = (M + k->rows - 1) / k->rows;
-  int chunk = kChunk, nchunks = (T + chunk - 1) / chunk;
-  while (chunk > 32 && static_cast<int64_t>(B) * H * mblocks * nchunks < 4 * threads) {
-    chunk /= 2;
-    nchunks = (T + chunk - 1) / chunk;
-  }
+  const int64_t blocks = static_cast<int64_t>(B) * H * mblocks;
+  const int want = static_cast<int>(std::max<int64_t>(1, (8 * threads + blocks - 1) / blocks));
+  int chunk = kChunk;
+  while (chunk > 32 && (T + chunk - 1) / chunk < want) chunk /= 2;
+  const int nchunks = (T + chunk - 1) / chunk;
+  const int per = (nchunks + std::min(want, nchunks) - 1) / std::min(want, nchunks);
+  const int splits = (nchunks + per - 1) / per;
   const int stride = k->rows * (Dv + 2);
-  const int tasks = B * H * mblocks * nchunks;
+  const int tasks = static_cast<int>(blocks) * splits;
   thread_local std::vector<float> pbuf;
-  Task job{&p, k, mblocks, nchunks, chunk, stride,
+  Task job{&p, k, mblocks, chunk, nchunks, per, splits, stride,
            aligned(pbuf, static_cast<size_t>(tasks) * stride)};
-  auto body = [&](int i) { run_chunk(job, i); };
+  auto body = [&](int i) { run_task(job, i); };
   parallel(tasks, body);
-  auto fold = [&](int i) { merge(job, i, out, rep); };
-  parallel(B * H * mblocks, fold);
+  auto combine = [&](int i) { merge(job, i, out, rep); };
+  parallel(static_cast<int>(blocks), combine);
 }
 
 bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
@@ -269,8 +311,7 @@ std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const arr
                                       const array& mask, int32_t group_size, int32_t bits,
                                       uint8_t isa) {
   const Kernels* k = select_kernels(isa);
-  if (mask_kind > static_cast<uint8_t>(MaskKind::Causal) + 1)
-    throw std::invalid_argument("unknown mask kind " + std::to_string(mask_kind));
+  if (mask_kind > 2) throw std::invalid_argument("unknown mask kind " + std::to_string(mask_kind));
   if (mx::default_device() != mx::Device::cpu) return nullptr;
   if (bits != 4 && bits != 8) return nullptr;
   if (group_size != 32 && group_size != 64 && group_size != 128) return nullptr;
@@ -290,9 +331,9 @@ std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const arr
     return nullptr;
   if (static_cast<int64_t>(B) * Hq * L * std::max(D, Dv) >= INT32_MAX) return nullptr;
 
-  auto kind = static_cast<MaskKind>(mask_kind);
+  auto kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
   std::vector<array> inputs{q, kw, ks, kb, vw, vs, vb};
-  if (kind == MaskKind::Bool) {  // (the bridge's code 2: an array mask)
+  if (mask_kind == 2) {
     array m = mask;
     if (m.ndim() > 4 || m.ndim() < 1) return nullptr;
     // mlx-lm lines a 3-D mask up with [rep, L, T] when rep > 1.
@@ -301,6 +342,7 @@ std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const arr
     if (m.shape(1) != 1 && m.shape(1) != H) return nullptr;
     for (int a : {0, 2, 3})
       if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return nullptr;
+    kind = MaskKind::Bool;
     if (m.dtype() != mx::bool_) {
       kind = MaskKind::Additive;
       m = mx::astype(m, mx::float32);

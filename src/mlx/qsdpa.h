@@ -46,9 +46,9 @@ class QuantizedSdpa : public mlx::core::UnaryPrimitive {
 
 // The primitive's output node, or null when it does not apply (default device
 // not the CPU, dtypes, shapes or a mask it does not handle): the caller then
-// uses the MLX-op composition, which also reports invalid input. `mask_kind`
-// is a `MaskKind` code; `mask` is read only for Bool/Additive (a bool mask is
-// Bool, any other dtype Additive). `isa` as for the quantized matmul.
+// uses the MLX-op composition, which also reports invalid input. `mask_kind`:
+// 0 none, 1 causal, 2 the array `mask` (bool: false masks; any other dtype is
+// added); `mask` is not read otherwise. `isa` as for the quantized matmul.
 std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const array& ks,
                                       const array& kb, const array& vw, const array& vs,
                                       const array& vb, float scale, uint8_t mask_kind,
