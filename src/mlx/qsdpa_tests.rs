@@ -271,6 +271,25 @@ fn reads_a_cache_sliced_from_a_larger_buffer_and_transposed_queries() {
 }
 
 #[test]
+fn copies_planes_whose_rows_are_strided() {
+    // Planes quantized as [B, T, H, D] and transposed: a (b, h) block's rows
+    // are H rows apart, so the kernel reads a dense copy.
+    let (b, h, rep, l, t, d, group, bits) = (1, 3, 2, 1, 70, 64, 32, 8);
+    let planes = |seed| {
+        let p = Planes::new(&randn(&[b, t, h, d], seed), group, bits);
+        let tr = |a: &Array| a.transpose(&[0, 2, 1, 3]).unwrap();
+        Planes { w: tr(&p.w), s: tr(&p.s), b: tr(&p.b), dense: tr(&p.dense), mag: tr(&p.mag) }
+    };
+    let (k, v) = (planes(91), planes(92));
+    let q = randn(&[b, h * rep, l, d], 93);
+    let fused = quantized_sdpa(&q, k.refs(), v.refs(), 0.125, Mask::None, group, bits).unwrap();
+    assert!(qsdpa_isa_of(&fused).is_some());
+    let ops = quantized_sdpa_ops(&q, k.refs(), v.refs(), 0.125, Mask::None, group, bits).unwrap();
+    let err = worst_error(&fused, &ops, &bound(&q, &k, &v, 0.125, &Mask::None));
+    assert!(err <= TOL, "{err:e}");
+}
+
+#[test]
 fn unsupported_cases_use_the_ops_and_errors_are_errors() {
     let (group, bits) = (64, 4);
     let q = randn(&[1, 2, 1, 64], 61);
