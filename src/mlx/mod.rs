@@ -8,6 +8,10 @@ mod qmm;
 mod qmm_sys;
 #[cfg(test)]
 mod qmm_tests;
+mod qsdpa;
+mod qsdpa_sys;
+#[cfg(test)]
+mod qsdpa_tests;
 mod swiglu;
 mod swiglu_sys;
 #[cfg(test)]
@@ -20,6 +24,7 @@ pub use qmm::{
     blas_info, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_isa, qmm_threads,
     BlasInfo, QmmIsa,
 };
+pub use qsdpa::{qsdpa_isa_of, quantized_sdpa, quantized_sdpa_isa, quantized_sdpa_ops};
 pub use swiglu::{fast_swiglu, fast_swiglu_isa, fast_swiglu_isa_of, fast_swiglu_packed, fast_swiglu_packed_isa};
 
 use sys::ffi;

@@ -448,6 +448,11 @@ uint8_t fast_node_isa(const array& a) {
 
 size_t pool_threads() { return static_cast<size_t>(Pool::get().size()); }
 
+void pool_for(int n, void (*fn)(void*, int), void* ctx) {
+  auto body = [&](int i) { fn(ctx, i); };
+  Pool::get().parallel_for(n, body);
+}
+
 #if defined(__linux__)
 namespace {
 

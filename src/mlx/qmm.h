@@ -53,6 +53,9 @@ bool isa_available(uint8_t isa);
 uint8_t fast_node_isa(const array& a);
 // Threads the kernel's pool uses (including the calling thread).
 size_t pool_threads();
+// Calls fn(ctx, i) for i in [0, n) on that pool and the calling thread (for
+// mlxrt's other CPU primitives, e.g. qsdpa.cc); returns when all are done.
+void pool_for(int n, void (*fn)(void*, int), void* ctx);
 
 // The file of the library MLX's dense CPU matmul gets `cblas_sgemm` from
 // (the first loaded object defining it, see qmm.cc); empty if none.

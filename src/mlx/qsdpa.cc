@@ -1,0 +1,364 @@
+#include "mlxrt/src/mlx/qsdpa.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlxrt/src/mlx/qmm.h"
+
+namespace mx = mlx::core;
+
+namespace mlxrt::qsdpa {
+
+namespace {
+
+const Kernels* compiled(Isa isa) {
+  switch (isa) {
+    case Isa::Avx512: return kernels_avx512();
+    case Isa::Avx2: return kernels_avx2();
+    case Isa::Portable: return kernels_portable();
+    default: return nullptr;
+  }
+}
+
+// The same choice as the quantized matmul: Auto is the best variant the CPU
+// runs (capped by MLXRT_QMM_ISA); naming one it cannot run is an error.
+const Kernels* select_kernels(uint8_t code) {
+  if (code > static_cast<uint8_t>(Isa::Avx512))
+    throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
+  if (code == static_cast<uint8_t>(Isa::Auto)) code = qmm::best_isa();
+  const Kernels* k = qmm::isa_available(code) ? compiled(static_cast<Isa>(code)) : nullptr;
+  if (!k) throw std::invalid_argument("this CPU or build cannot run the requested instruction set");
+  return k;
+}
+
+// A 4-D array of 4-byte elements as the kernel reads it: each (b, h) block of
+// rows dense (true of a KV cache sliced along T from a larger buffer), any
+// strides between blocks. Anything else is copied dense first.
+struct Rows {
+  const uint8_t* data;
+  int64_t bh[2];  // elements between consecutive b, h
+  std::vector<uint32_t> copy;
+
+  explicit Rows(const array& a) {
+    const auto& sh = a.shape();
+    const auto& st = a.strides();
+    const bool rows_dense = st[3] == 1 && (sh[2] <= 1 || st[2] == sh[3]);
+    if (rows_dense) {
+      data = a.data<uint8_t>();
+      bh[0] = st[0];
+      bh[1] = st[1];
+      return;
+    }
+    copy.resize(a.size());
+    const auto* src = a.data<uint32_t>();
+    size_t i = 0;
+    for (int b = 0; b < sh[0]; ++b)
+      for (int h = 0; h < sh[1]; ++h)
+        for (int t = 0; t < sh[2]; ++t)
+          for (int d = 0; d < sh[3]; ++d)
+            copy[i++] = src[b * st[0] + h * st[1] + t * st[2] + d * st[3]];
+    data = reinterpret_cast<const uint8_t*>(copy.data());
+    bh[0] = static_cast<int64_t>(sh[1]) * sh[2] * sh[3];
+    bh[1] = static_cast<int64_t>(sh[2]) * sh[3];
+  }
+};
+
+Plane plane(const Rows& w, const Rows& s, const Rows& b, int dim) {
+  return Plane{w.data,
+               reinterpret_cast<const float*>(s.data),
+               reinterpret_cast<const float*>(b.data),
+               {w.bh[0] * 4, w.bh[1] * 4},
+               {s.bh[0], s.bh[1]},
+               {b.bh[0], b.bh[1]},
+               dim};
+}
+
+// A float buffer starting on a cache line (see qmm.cc).
+float* aligned(std::vector<float>& buf, size_t n) {
+  buf.resize(n + 16);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
+}
+
+// Index of value d inside a kernel's value order: 4-bit values are permuted
+// in each block of 2 * lanes (even d first, then odd d).
+inline int kernel_pos(int d, int bits, int lanes) {
+  if (bits != 4) return d;
+  const int base = d - d % (2 * lanes), j = d - base;
+  return base + (j % 2) * lanes + j / 2;
+}
+
+struct Task {
+  const Problem* p;
+  const Kernels* k;
+  int mblocks;  // row blocks per (b, h)
+  int chunk;    // keys per kernel call
+  int nchunks;  // chunks over T
+  int per;      // chunks per task
+  int splits;   // tasks per (b, h, row block): ceil(nchunks / per)
+  int stride;   // floats per partial: rows * Dv accumulators, rows maxima, rows sums
+  float* partials;
+};
+
+// Folds a chunk's (acc, mx, sum) into a running partial (flash attention's
+// online softmax): both rescaled to the larger maximum. An empty chunk or
+// partial has maximum -inf.
+void fold(int rows, int dv, const float* acc, const float* mx, const float* sum, float* pacc,
+          float* pmx, float* psum) {
+  for (int r = 0; r < rows; ++r) {
+    if (mx[r] == -std::numeric_limits<float>::infinity()) continue;
+    float* a = pacc + static_cast<size_t>(r) * dv;
+    const float* c = acc + static_cast<size_t>(r) * dv;
+    if (pmx[r] == -std::numeric_limits<float>::infinity()) {
+      std::memcpy(a, c, sizeof(float) * dv);
+      pmx[r] = mx[r];
+      psum[r] = sum[r];
+      continue;
+    }
+    const float top = std::max(pmx[r], mx[r]);
+    const float fa = std::exp(pmx[r] - top), fc = std::exp(mx[r] - top);
+    for (int d = 0; d < dv; ++d) a[d] = fa * a[d] + fc * c[d];
+    psum[r] = fa * psum[r] + fc * sum[r];
+    pmx[r] = top;
+  }
+}
+
+// One (b, h, row block, range of key chunks) partial.
+void run_task(const Task& job, int i) {
+  const Problem& p = *job.p;
+  const int rows_max = job.k->rows, dv = p.v.dim;
+  const int s = i % job.splits, mb = (i / job.splits) % job.mblocks;
+  const int bh = i / (job.splits * job.mblocks), b = bh / p.H, h = bh % p.H;
+  const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
+  float* pacc = job.partials + static_cast<size_t>(i) * job.stride;
+  float* pmx = pacc + static_cast<size_t>(rows_max) * dv;
+  float* psum = pmx + rows_max;
+  for (int r = 0; r < rows; ++r) pmx[r] = -std::numeric_limits<float>::infinity();
+
+  // Under the causal mask, keys past every row's last visible one add
+  // exactly 0 to rows that see some key; rows that see none need all of
+  // them (their softmax is uniform).
+  int end = p.T;
+  if (p.mask == MaskKind::Causal) {
+    int lo = p.causal_last(m0), hi = lo;
+    for (int m = m0; m < m0 + rows; ++m) {
+      lo = std::min(lo, p.causal_last(m));
+      hi = std::max(hi, p.causal_last(m));
+    }
+    if (lo >= 0) end = std::min(end, hi + 1);
+  }
+
+  thread_local std::vector<float> buf;
+  thread_local float* scratch = aligned(buf, kScratchFloats);
+  thread_local std::vector<float> cbuf;
+  float* cacc = aligned(cbuf, static_cast<size_t>(rows_max) * (dv + 2));
+  float* cmx = cacc + static_cast<size_t>(rows_max) * dv;
+  float* csum = cmx + rows_max;
+  const int c1 = std::min(job.nchunks, (s + 1) * job.per);
+  for (int c = s * job.per; c < c1; ++c) {
+    const int t0 = c * job.chunk, t1 = std::min(end, t0 + job.chunk);
+    if (t0 >= t1) break;
+    job.k->chunk(p, b, h, m0, rows, t0, t1, scratch, cacc, cmx, csum);
+    fold(rows, dv, cacc, cmx, csum, pacc, pmx, psum);
+  }
+}
+
+// Merges the partials of one (b, h, row block) into the output rows.
+void merge(const Task& job, int i, float* out, int rep) {
+  const Problem& p = *job.p;
+  const int rows_max = job.k->rows, dv = p.v.dim;
+  const int mb = i % job.mblocks, bh = i / job.mblocks, b = bh / p.H, h = bh % p.H;
+  const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
+  const float* first = job.partials + static_cast<size_t>(i) * job.splits * job.stride;
+  std::vector<float> acc(static_cast<size_t>(rows_max) * (dv + 2));
+  float* mx = acc.data() + static_cast<size_t>(rows_max) * dv;
+  float* sum = mx + rows_max;
+  std::fill(mx, mx + rows_max, -std::numeric_limits<float>::infinity());
+  for (int s = 0; s < job.splits; ++s) {
+    const float* part = first + static_cast<size_t>(s) * job.stride;
+    const float* pmx = part + static_cast<size_t>(rows_max) * dv;
+    fold(rows, dv, part, pmx, pmx + rows_max, acc.data(), mx, sum);
+  }
+  for (int r = 0; r < rows; ++r) {
+    const int m = m0 + r;
+    float* o = out + ((static_cast<size_t>(b) * p.H * rep + h * rep + m / p.L) * p.L + m % p.L) * dv;
+    const float* a = acc.data() + static_cast<size_t>(r) * dv;
+    for (int d = 0; d < dv; ++d) o[d] = a[kernel_pos(d, p.bits, job.k->lanes)] / sum[r];
+  }
+}
+
+// f(i) for i in [0, n) on the quantized matmul's pool, in at most 4096
+// pieces (the pool takes at most 65535).
+template <class F>
+void parallel(int n, F& f) {
+  const int per = (n + 4095) / 4096;
+  auto piece = [&](int g) {
+    for (int i = g * per, e = std::min(n, (g + 1) * per); i < e; ++i) f(i);
+  };
+  using P = decltype(piece);
+  qmm::pool_for((n + per - 1) / per, [](void* ctx, int g) { (*static_cast<P*>(ctx))(g); }, &piece);
+}
+
+// Everything eval_cpu's task needs, captured by value.
+struct Inputs {
+  array q, kw, ks, kb, vw, vs, vb, mask;
+};
+
+void compute(const Inputs& in, float* out, float scale, int group, int bits, MaskKind mask,
+             const Kernels* k) {
+  const int B = in.q.shape(0), Hq = in.q.shape(1), L = in.q.shape(2), D = in.q.shape(3);
+  const int H = in.kw.shape(1), T = in.kw.shape(2), rep = Hq / H, M = rep * L;
+  const int Dv = in.vw.shape(3) * 32 / bits;
+
+  // q * scale (as mlx-lm's `queries *= scale`), rows of each kv head
+  // together, 4-bit: permuted like the keys' nibbles.
+  thread_local std::vector<float> qbuf;
+  float* qp = aligned(qbuf, static_cast<size_t>(B) * H * M * D);
+  const auto& qs = in.q.strides();
+  const float* qd = in.q.data<float>();
+  for (int b = 0; b < B; ++b)
+    for (int hq = 0; hq < Hq; ++hq)
+      for (int l = 0; l < L; ++l) {
+        const float* src = qd + b * qs[0] + hq * qs[1] + l * qs[2];
+        const int m = (hq % rep) * L + l;
+        float* dst = qp + ((static_cast<size_t>(b) * H + hq / rep) * M + m) * D;
+        for (int d = 0; d < D; ++d) dst[kernel_pos(d, bits, k->lanes)] = src[d * qs[3]] * scale;
+      }
+
+  const Rows kw(in.kw), ks(in.ks), kb(in.kb), vw(in.vw), vs(in.vs), vb(in.vb);
+  Problem p{qp, plane(kw, ks, kb, D), plane(vw, vs, vb, Dv), B, H, M, L, T, group, bits, mask,
+            nullptr, {0, 0, 0, 0}};
+  if (mask == MaskKind::Bool || mask == MaskKind::Additive) {
+    p.mask_data = mask == MaskKind::Bool ? static_cast<const void*>(in.mask.data<bool>())
+                                         : static_cast<const void*>(in.mask.data<float>());
+    const auto& ms = in.mask.strides();
+    p.mask_stride[0] = ms[0];
+    p.mask_stride[1] = in.mask.shape(1) == 1 ? 0 : ms[1];
+    p.mask_stride[2] = ms[2];
+    p.mask_stride[3] = ms[3];
+  }
+
+  // Flash-decoding split: the keys of each (b, h, row block) go to
+  // `splits` tasks, enough that every thread has several (decode has only
+  // B * H row blocks), each folding its chunks as it goes; chunks shrink
+  // for short T so that there are that many.
+  const int threads = static_cast<int>(qmm::pool_threads());
+  const int mblocks = (M + k->rows - 1) / k->rows;
+  const int64_t blocks = static_cast<int64_t>(B) * H * mblocks;
+  const int want = static_cast<int>(std::max<int64_t>(1, (8 * threads + blocks - 1) / blocks));
+  int chunk = kChunk;
+  while (chunk > 32 && (T + chunk - 1) / chunk < want) chunk /= 2;
+  const int nchunks = (T + chunk - 1) / chunk;
+  const int per = (nchunks + std::min(want, nchunks) - 1) / std::min(want, nchunks);
+  const int splits = (nchunks + per - 1) / per;
+  const int stride = k->rows * (Dv + 2);
+  const int tasks = static_cast<int>(blocks) * splits;
+  thread_local std::vector<float> pbuf;
+  Task job{&p, k, mblocks, chunk, nchunks, per, splits, stride,
+           aligned(pbuf, static_cast<size_t>(tasks) * stride)};
+  auto body = [&](int i) { run_task(job, i); };
+  parallel(tasks, body);
+  auto combine = [&](int i) { merge(job, i, out, rep); };
+  parallel(static_cast<int>(blocks), combine);
+}
+
+bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
+  return s.ndim() == 4 && s.dtype() == mx::float32 && s.shape(0) == B && s.shape(1) == H &&
+         s.shape(2) == T && s.shape(3) == cols;
+}
+
+}  // namespace
+
+void QuantizedSdpa::eval_cpu(const std::vector<array>& inputs, array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  auto weak = [&](int i) { return array::unsafe_weak_copy(inputs[i]); };
+  Inputs in{weak(0), weak(1), weak(2), weak(3), weak(4), weak(5), weak(6),
+            inputs.size() > 7 ? weak(7) : weak(0)};
+  enc.dispatch([in = std::move(in), o = out.data<float>(), scale = scale_, group = group_,
+                bits = bits_, mask = mask_, k = kernels_]() {
+    compute(in, o, scale, group, bits, mask, k);
+  });
+}
+
+void QuantizedSdpa::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("QuantizedSdpa has no GPU implementation");
+}
+
+bool QuantizedSdpa::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const QuantizedSdpa*>(&other);
+  return o && o->scale_ == scale_ && o->group_ == group_ && o->bits_ == bits_ &&
+         o->mask_ == mask_ && o->kernels_ == kernels_;
+}
+
+std::vector<mx::Shape> QuantizedSdpa::output_shapes(const std::vector<array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = inputs[4].shape(3) * 32 / bits_;
+  return {shape};
+}
+
+std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const array& ks,
+                                      const array& kb, const array& vw, const array& vs,
+                                      const array& vb, float scale, uint8_t mask_kind,
+                                      const array& mask, int32_t group_size, int32_t bits,
+                                      uint8_t isa) {
+  const Kernels* k = select_kernels(isa);
+  if (mask_kind > 2) throw std::invalid_argument("unknown mask kind " + std::to_string(mask_kind));
+  if (mx::default_device() != mx::Device::cpu) return nullptr;
+  if (bits != 4 && bits != 8) return nullptr;
+  if (group_size != 32 && group_size != 64 && group_size != 128) return nullptr;
+  if (group_size % (2 * k->lanes) != 0) return nullptr;
+  if (q.ndim() != 4 || q.dtype() != mx::float32 || kw.ndim() != 4 || vw.ndim() != 4 ||
+      kw.dtype() != mx::uint32 || vw.dtype() != mx::uint32)
+    return nullptr;
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int H = kw.shape(1), T = kw.shape(2);
+  if (B < 1 || L < 1 || T < 1 || H < 1 || Hq % H != 0) return nullptr;
+  if (static_cast<int64_t>(kw.shape(3)) * 32 / bits != D || D % group_size != 0) return nullptr;
+  const int Dv = static_cast<int64_t>(vw.shape(3)) * 32 / bits;
+  if (Dv < 1 || Dv % group_size != 0) return nullptr;
+  if (kw.shape(0) != B || vw.shape(0) != B || vw.shape(1) != H || vw.shape(2) != T) return nullptr;
+  if (!is_f32_plane(ks, B, H, T, D / group_size) || !is_f32_plane(kb, B, H, T, D / group_size) ||
+      !is_f32_plane(vs, B, H, T, Dv / group_size) || !is_f32_plane(vb, B, H, T, Dv / group_size))
+    return nullptr;
+  if (static_cast<int64_t>(B) * Hq * L * std::max(D, Dv) >= INT32_MAX) return nullptr;
+
+  auto kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
+  std::vector<array> inputs{q, kw, ks, kb, vw, vs, vb};
+  if (mask_kind == 2) {
+    array m = mask;
+    if (m.ndim() > 4 || m.ndim() < 1) return nullptr;
+    // mlx-lm lines a 3-D mask up with [rep, L, T] when rep > 1.
+    if (m.ndim() == 3 && Hq != H && m.shape(0) != 1) return nullptr;
+    while (m.ndim() < 4) m = mx::expand_dims(m, 0);
+    if (m.shape(1) != 1 && m.shape(1) != H) return nullptr;
+    for (int a : {0, 2, 3})
+      if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return nullptr;
+    kind = MaskKind::Bool;
+    if (m.dtype() != mx::bool_) {
+      kind = MaskKind::Additive;
+      m = mx::astype(m, mx::float32);
+    }
+    inputs.push_back(mx::broadcast_to(m, {B, m.shape(1), L, T}));
+  }
+  auto prim = std::make_shared<QuantizedSdpa>(mx::default_stream(mx::Device::cpu), scale,
+                                              group_size, bits, kind, k);
+  return std::make_unique<array>(mx::Shape{B, Hq, L, Dv}, mx::float32, std::move(prim),
+                                 std::move(inputs));
+}
+
+uint8_t qsdpa_node_isa(const array& a) {
+  if (!a.has_primitive()) return 0;
+  auto* p = dynamic_cast<QuantizedSdpa*>(&a.primitive());
+  return p ? static_cast<uint8_t>(p->isa()) : 0;
+}
+
+}  // namespace mlxrt::qsdpa

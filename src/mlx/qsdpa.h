@@ -1,0 +1,61 @@
+// Attention over an affine-quantized KV cache (mlx-lm's
+// quantized_scaled_dot_product_attention) as one MLX custom primitive for the
+// CPU: scores from the packed keys, softmax and the value sum in one pass per
+// chunk of keys, chunks spread over the quantized matmul's thread pool
+// (flash-decoding partials, merged at the end). Kernels in qsdpa_impl.h;
+// bridged to Rust by qsdpa_sys.rs, safe API (and the MLX-op composition used
+// everywhere else) in qsdpa.rs.
+#pragma once
+
+#include <memory>
+
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "mlxrt/src/mlx/qsdpa_kernels.h"
+
+namespace mlxrt::qsdpa {
+
+using mlx::core::array;
+
+// Inputs: q [B, Hq, L, D] f32; key planes w [B, H, T, D * bits / 32] uint32,
+// scales and biases [B, H, T, D / group] f32; the value planes likewise (Dv);
+// for Bool / Additive masks a mask broadcast to [B, 1 or H, L, T] (bool, or
+// f32 added to the scores). Output [B, Hq, L, Dv] f32. CPU only.
+class QuantizedSdpa : public mlx::core::UnaryPrimitive {
+ public:
+  QuantizedSdpa(mlx::core::Stream s, float scale, int group, int bits, MaskKind mask,
+                const Kernels* k)
+      : UnaryPrimitive(s), scale_(scale), group_(group), bits_(bits), mask_(mask), kernels_(k) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override;
+  void eval_gpu(const std::vector<array>& inputs, array& out) override;
+  const char* name() const override { return "QuantizedSdpa"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
+
+  Isa isa() const { return kernels_->isa; }
+
+ private:
+  float scale_;
+  int group_, bits_;
+  MaskKind mask_;
+  const Kernels* kernels_;
+};
+
+// ---- bridged to Rust (qsdpa_sys.rs) ----
+
+// The primitive's output node, or null when it does not apply (default device
+// not the CPU, dtypes, shapes or a mask it does not handle): the caller then
+// uses the MLX-op composition, which also reports invalid input. `mask_kind`:
+// 0 none, 1 causal, 2 the array `mask` (bool: false masks; any other dtype is
+// added); `mask` is not read otherwise. `isa` as for the quantized matmul.
+std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const array& ks,
+                                      const array& kb, const array& vw, const array& vs,
+                                      const array& vb, float scale, uint8_t mask_kind,
+                                      const array& mask, int32_t group_size, int32_t bits,
+                                      uint8_t isa);
+// The `Isa` code of the kernel that computes `a`, or 0 if `a` is not the
+// output of a QuantizedSdpa.
+uint8_t qsdpa_node_isa(const array& a);
+
+}  // namespace mlxrt::qsdpa
