@@ -103,7 +103,9 @@ struct Task {
   int per;      // chunks per task
   int splits;   // tasks per (b, h, row block): ceil(nchunks / per)
   int stride;   // floats per partial: rows * Dv accumulators, rows maxima, rows sums
-  float* partials;
+  float* partials;  // splits > 1 only: one partial per task, merged afterwards
+  float* out;
+  int rep;
 };
 
 // Folds a chunk's (acc, mx, sum) into a running partial (flash attention's
@@ -129,14 +131,32 @@ void fold(int rows, int dv, const float* acc, const float* mx, const float* sum,
   }
 }
 
-// One (b, h, row block, range of key chunks) partial.
+// Normalizes a block's accumulators into its output rows (back in value
+// order: the kernels keep 4-bit values permuted like q).
+void write_rows(const Task& job, int b, int h, int m0, int rows, const float* acc,
+                const float* sum) {
+  const Problem& p = *job.p;
+  const int dv = p.v.dim;
+  for (int r = 0; r < rows; ++r) {
+    const int m = m0 + r;
+    const size_t hq = static_cast<size_t>(b) * p.H * job.rep + h * job.rep + m / p.L;
+    float* o = job.out + (hq * p.L + m % p.L) * dv;
+    const float* a = acc + static_cast<size_t>(r) * dv;
+    for (int d = 0; d < dv; ++d) o[d] = a[kernel_pos(d, p.bits, job.k->lanes)] / sum[r];
+  }
+}
+
+// One (b, h, row block, range of key chunks): its partial, or with one
+// split its output rows.
 void run_task(const Task& job, int i) {
   const Problem& p = *job.p;
   const int rows_max = job.k->rows, dv = p.v.dim;
   const int s = i % job.splits, mb = (i / job.splits) % job.mblocks;
   const int bh = i / (job.splits * job.mblocks), b = bh / p.H, h = bh % p.H;
   const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
-  float* pacc = job.partials + static_cast<size_t>(i) * job.stride;
+  thread_local std::vector<float> own;
+  float* pacc = job.splits > 1 ? job.partials + static_cast<size_t>(i) * job.stride
+                               : aligned(own, job.stride);
   float* pmx = pacc + static_cast<size_t>(rows_max) * dv;
   float* psum = pmx + rows_max;
   for (int r = 0; r < rows; ++r) pmx[r] = -std::numeric_limits<float>::infinity();
@@ -167,10 +187,11 @@ void run_task(const Task& job, int i) {
     job.k->chunk(p, b, h, m0, rows, t0, t1, scratch, cacc, cmx, csum);
     fold(rows, dv, cacc, cmx, csum, pacc, pmx, psum);
   }
+  if (job.splits == 1) write_rows(job, b, h, m0, rows, pacc, psum);
 }
 
 // Merges the partials of one (b, h, row block) into the output rows.
-void merge(const Task& job, int i, float* out, int rep) {
+void merge(const Task& job, int i) {
   const Problem& p = *job.p;
   const int rows_max = job.k->rows, dv = p.v.dim;
   const int mb = i % job.mblocks, bh = i / job.mblocks, b = bh / p.H, h = bh % p.H;
@@ -185,12 +206,7 @@ void merge(const Task& job, int i, float* out, int rep) {
     const float* pmx = part + static_cast<size_t>(rows_max) * dv;
     fold(rows, dv, part, pmx, pmx + rows_max, acc.data(), mx, sum);
   }
-  for (int r = 0; r < rows; ++r) {
-    const int m = m0 + r;
-    float* o = out + ((static_cast<size_t>(b) * p.H * rep + h * rep + m / p.L) * p.L + m % p.L) * dv;
-    const float* a = acc.data() + static_cast<size_t>(r) * dv;
-    for (int d = 0; d < dv; ++d) o[d] = a[kernel_pos(d, p.bits, job.k->lanes)] / sum[r];
-  }
+  write_rows(job, b, h, m0, rows, acc.data(), sum);
 }
 
 // f(i) for i in [0, n) on the quantized matmul's pool, in at most 4096
@@ -218,7 +234,7 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
 
   // q * scale (as mlx-lm's `queries *= scale`), rows of each kv head
   // together, 4-bit: permuted like the keys' nibbles.
-  thread_local std::vector<float> qbuf;
+  std::vector<float> qbuf;
   float* qp = aligned(qbuf, static_cast<size_t>(B) * H * M * D);
   const auto& qs = in.q.strides();
   const float* qd = in.q.data<float>();
@@ -259,13 +275,15 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
   const int splits = (nchunks + per - 1) / per;
   const int stride = k->rows * (Dv + 2);
   const int tasks = static_cast<int>(blocks) * splits;
-  thread_local std::vector<float> pbuf;
-  Task job{&p, k, mblocks, chunk, nchunks, per, splits, stride,
-           aligned(pbuf, static_cast<size_t>(tasks) * stride)};
+  std::vector<float> pbuf;
+  float* partials = splits > 1 ? aligned(pbuf, static_cast<size_t>(tasks) * stride) : nullptr;
+  Task job{&p, k, mblocks, chunk, nchunks, per, splits, stride, partials, out, rep};
   auto body = [&](int i) { run_task(job, i); };
   parallel(tasks, body);
-  auto combine = [&](int i) { merge(job, i, out, rep); };
-  parallel(static_cast<int>(blocks), combine);
+  if (splits > 1) {
+    auto combine = [&](int i) { merge(job, i); };
+    parallel(static_cast<int>(blocks), combine);
+  }
 }
 
 bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
