@@ -6,13 +6,15 @@
 pub mod kv;
 pub mod layer;
 pub mod prefix;
+pub mod quant_attention;
 pub mod ring;
+pub mod scheme;
 pub mod state;
 pub mod store;
 pub mod timeline;
 mod radix;
 
-pub use kv::KvCache;
+pub use kv::{AffineKv, KvCache, KvView};
 pub use layer::{LayerCache, LayerSnapshot};
 pub use ring::RingCache;
 pub use state::StateCache;

@@ -397,7 +397,9 @@ mod tests {
             let (rk, rv) = self.ring.update_and_fetch(&k, &v).unwrap();
             assert!(rk.dim(2) <= (w - 1 + l).max(w), "{} keys for a window of {w}", rk.dim(2));
             let got = fast::scaled_dot_product_attention(&q, &rk, &rv, 0.5, mask.as_mask()).unwrap();
-            let (dk, dv) = self.dense.update_and_fetch(&k, &v).unwrap();
+            let crate::cache::KvView::Dense { keys: dk, values: dv } = self.dense.update(&k, &v).unwrap() else {
+                panic!("a dense cache gives dense views")
+            };
             let t = len + l;
             let mut m = vec![];
             for &pad in &pads {

@@ -143,6 +143,7 @@ fn main(
         let t0 = std::time::Instant::now();
         let opts = LoadOptions { cpu_f32_scales: true, kernels: config.kernels, progress: config.progress.clone() };
         let m = model::load(&config.model_path, &opts)?;
+        config.kv.validate(&m.model.kv_layers())?;
         log_startup(&config, &m, t0.elapsed());
         Ok(m)
     })();
@@ -163,6 +164,8 @@ fn main(
     let text = Arc::new(loaded.text);
     let mut info = loaded.model.info().clone();
     info.device = if mlx::device::default_is_gpu() { "gpu" } else { "cpu" }.into();
+    info.kv_layers = loaded.model.kv_layers();
+    info.kv_scheme = config.kv.scheme.name();
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
     let mut s = Scheduler {
         model: loaded.model,
@@ -186,6 +189,13 @@ fn main(
 /// device and the KV layout.
 fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Sender<Command>) -> Result<Option<PromptCache>> {
     if config.prompt_cache_bytes == 0 {
+        return Ok(None);
+    }
+    if config.kv.scheme.is_quantized() {
+        config.logger.log(
+            LogLevel::Info,
+            format!("prompt cache off: snapshots of a quantized KV cache ({}) are not supported yet", config.kv.scheme.name()),
+        );
         return Ok(None);
     }
     let tokenizer = m.text.tokenizer.to_json_string().unwrap_or_default();
@@ -410,7 +420,7 @@ impl Scheduler<'_> {
             Admit::NewCohort(n) => {
                 let entrants = self.open_missed(n);
                 if !entrants.is_empty() {
-                    self.cohort = Some(Cohort::new(self.model.as_ref(), entrants));
+                    self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?);
                 }
                 Ok(())
             }
@@ -433,7 +443,7 @@ impl Scheduler<'_> {
                     // Evicted since the probe: start from scratch.
                     Ok(None) => {
                         let e = self.entrant(row);
-                        self.cohort = Some(Cohort::new(self.model.as_ref(), vec![e]));
+                        self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, vec![e])?);
                     }
                 }
                 Ok(())
@@ -567,6 +577,10 @@ impl Scheduler<'_> {
         s.queued.store(self.queue.len(), Ordering::Relaxed);
         s.active.store(self.batch.len() + cohort_rows, Ordering::Relaxed);
         s.kv_bytes.store(kv, Ordering::Relaxed);
+        let (dense, quant) = self.batch.kv_bytes_by_kind();
+        let (cd, cq) = self.cohort.as_ref().map_or((0, 0), Cohort::kv_bytes_by_kind);
+        s.kv_bytes_dense.store(dense + cd, Ordering::Relaxed);
+        s.kv_bytes_quantized.store(quant + cq, Ordering::Relaxed);
         s.kv_reserved.store(self.kv_reserved, Ordering::Relaxed);
         s.active_memory.store(mlx::memory::active(), Ordering::Relaxed);
         s.peak_memory.store(mlx::memory::peak(), Ordering::Relaxed);

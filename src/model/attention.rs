@@ -6,9 +6,10 @@
 
 use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm, Rope};
 use super::weights::Weights;
-use crate::cache::{AttnMask, LayerCache, Positions};
+use crate::cache::scheme::KvLayer;
+use crate::cache::{AttnMask, KvView, LayerCache, Positions};
 use crate::error::{Error, Result};
-use crate::mlx::{fast, Array};
+use crate::mlx::Array;
 use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
@@ -134,23 +135,25 @@ impl Attention {
         let v = heads(next(), self.kv_heads, &None)?;
         let q = self.rope.forward(&q, pos)?;
         let k = self.rope.forward(&k, pos)?;
-        let (k, v, mask) = match (self.window, cache) {
+        let (kv, mask) = match (self.window, cache) {
             (Some(w), LayerCache::Ring(c)) if c.window() == w => {
-                let (k, v) = c.update_and_fetch(&k, &v)?;
-                (k, v, masks.window()?)
+                let (keys, values) = c.update_and_fetch(&k, &v)?;
+                (KvView::Dense { keys, values }, masks.window()?)
             }
-            (None, c) => {
-                let (k, v) = c.kv_mut()?.update_and_fetch(&k, &v)?;
-                (k, v, masks.full()?)
-            }
+            (None, c) => (c.kv_mut()?.update(&k, &v)?, masks.full()?),
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_mask())?;
+        let o = kv.attend(&q, self.scale, mask)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         match gate {
             Some(g) => self.o.forward(&o.multiply(&g.sigmoid()?)?),
             None => self.o.forward(&o),
         }
+    }
+
+    /// The shape of this layer's cache entries.
+    pub fn kv_layer(&self) -> KvLayer {
+        KvLayer { kv_heads: self.kv_heads, k_dim: self.head_dim, v_dim: self.head_dim, window: self.window }
     }
 
     pub fn arrays(&self) -> Vec<&Array> {

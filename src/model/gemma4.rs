@@ -26,7 +26,7 @@ use super::moe::SwitchGlu;
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
-use crate::cache::{AttnMask, KvCache, LayerCache, Positions, RingCache};
+use crate::cache::{AttnMask, KvCache, KvView, LayerCache, Positions, RingCache};
 use crate::error::{Error, Result};
 use crate::mlx::{fast, Array, Dtype};
 use serde::Deserialize;
@@ -127,17 +127,17 @@ impl Attn {
         &self,
         x: &Array,
         cache: Option<&mut LayerCache>,
-        shared: Option<&(Array, Array)>,
+        shared: Option<&KvView>,
         pos: &Positions,
         mask: &AttnMask,
-    ) -> Result<(Array, (Array, Array))> {
+    ) -> Result<(Array, KvView)> {
         let s = x.shape();
         let (b, l, hd) = (s[0], s[1], self.head_dim);
         let parts = self.proj.forward(x)?;
         let q = self.q_norm.forward(&parts[0].reshape(&[b, l, self.heads, hd])?)?;
         let q = self.rope.forward(&q.transpose(&[0, 2, 1, 3])?, pos)?;
-        let (k, v) = match (shared, self.has_kv) {
-            (Some(kv), _) => (kv.0.share(), kv.1.share()),
+        let kv = match (shared, self.has_kv) {
+            (Some(kv), _) => kv.share(),
             (None, false) => return Err(Error::internal("a KV-shared layer got no keys")),
             (None, true) => {
                 let k = parts[1].reshape(&[b, l, self.kv_heads, hd])?;
@@ -148,15 +148,18 @@ impl Attn {
                 // A ring returns only the keys inside the new queries'
                 // windows; the layers sharing them see the same.
                 match (cache, self.sliding) {
-                    (Some(LayerCache::Ring(c)), true) => c.update_and_fetch(&k, &v)?,
-                    (Some(c), false) => c.kv_mut()?.update_and_fetch(&k, &v)?,
+                    (Some(LayerCache::Ring(c)), true) => {
+                        let (keys, values) = c.update_and_fetch(&k, &v)?;
+                        KvView::Dense { keys, values }
+                    }
+                    (Some(c), false) => c.kv_mut()?.update(&k, &v)?,
                     _ => return Err(Error::internal("a layer with keys got no cache of its kind")),
                 }
             }
         };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, mask.as_mask())?;
+        let o = kv.attend(&q, 1.0, mask)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * hd])?;
-        Ok((self.o.forward(&o)?, (k, v)))
+        Ok((self.o.forward(&o)?, kv))
     }
 }
 
@@ -438,6 +441,16 @@ impl LanguageModel for Gemma4 {
             .collect()
     }
 
+    fn kv_layers(&self) -> Vec<Option<crate::cache::scheme::KvLayer>> {
+        let layer = |a: &Attn| crate::cache::scheme::KvLayer {
+            kv_heads: a.kv_heads,
+            k_dim: a.head_dim,
+            v_dim: a.head_dim,
+            window: a.sliding.then_some(self.window),
+        };
+        self.blocks[..self.cached_layers].iter().map(|b| Some(layer(&b.attn))).collect()
+    }
+
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
         if cache.len() != self.cached_layers {
             return Err(Error::internal("cache has the wrong number of layers"));
@@ -447,7 +460,7 @@ impl LanguageModel for Gemma4 {
         let h0 = self.embed.forward(tokens)?;
         let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
         let per_layer = self.per_layer_inputs(tokens, &h)?;
-        let mut kvs: Vec<Option<(Array, Array)>> = Vec::with_capacity(self.blocks.len());
+        let mut kvs: Vec<Option<KvView>> = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
             let mask = if b.attn.sliding { masks.window()? } else { masks.full()? };
             let own = b.kv_from == i;
