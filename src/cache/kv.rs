@@ -23,6 +23,7 @@ use super::scheme::KvScheme;
 use super::{AttnMask, Positions, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::{quantize, Array, Dtype};
+use crate::model::Kernels;
 
 /// Buffer growth granularity in positions (as in mlx-lm).
 const STEP: i32 = 256;
@@ -156,14 +157,6 @@ pub struct AffineKv {
 }
 
 impl AffineKv {
-    fn window_from(&self, start: i32) -> Result<AffineKv> {
-        let cut = |p: &[Array; 3]| -> Result<[Array; 3]> {
-            let end = p[0].dim(2);
-            Ok([p[0].slice_axis(2, start, end)?, p[1].slice_axis(2, start, end)?, p[2].slice_axis(2, start, end)?])
-        };
-        Ok(AffineKv { keys: cut(&self.keys)?, values: cut(&self.values)?, group_size: self.group_size, bits: self.bits })
-    }
-
     fn share(&self) -> AffineKv {
         let s = |p: &[Array; 3]| [p[0].share(), p[1].share(), p[2].share()];
         AffineKv { keys: s(&self.keys), values: s(&self.values), group_size: self.group_size, bits: self.bits }
@@ -181,21 +174,6 @@ pub enum KvView {
 }
 
 impl KvView {
-    /// The view of positions `start..` (a sliding window's keys).
-    pub fn window_from(self, start: i32) -> Result<KvView> {
-        if start == 0 {
-            return Ok(self);
-        }
-        let cut = |a: &Array| -> Result<Array> { Ok(a.slice_axis(2, start, a.dim(2))?) };
-        Ok(match self {
-            KvView::Dense { keys, values } => KvView::Dense { keys: cut(&keys)?, values: cut(&values)? },
-            KvView::Affine(q) => KvView::Affine(q.window_from(start)?),
-            KvView::Mixed { keys, values, quant, use_float } => {
-                KvView::Mixed { keys: cut(&keys)?, values: cut(&values)?, quant: quant.window_from(start)?, use_float }
-            }
-        })
-    }
-
     /// Another handle on the same arrays (layers sharing another's KV).
     pub fn share(&self) -> KvView {
         match self {
@@ -212,12 +190,16 @@ impl KvView {
 
     /// Scaled dot-product attention of `queries` (`[B, heads, L, D]`) over
     /// these keys and values: `[B, heads, L, Dv]`.
-    pub fn attend(&self, queries: &Array, scale: f32, mask: &AttnMask) -> Result<Array> {
+    /// `kernels` picks the quantized attention's implementation (see
+    /// `quant_attention`).
+    pub fn attend(&self, queries: &Array, scale: f32, mask: &AttnMask, kernels: Kernels) -> Result<Array> {
         use crate::mlx::fast;
         let dense = |k: &Array, v: &Array| -> Result<Array> {
             Ok(fast::scaled_dot_product_attention(queries, k, v, scale, mask.as_mask())?)
         };
-        let quant = |q: &AffineKv| super::quant_attention::quantized_attention(queries, &q.keys, &q.values, scale, mask, q.group_size, q.bits);
+        let quant = |q: &AffineKv| {
+            super::quant_attention::quantized_attention(queries, &q.keys, &q.values, scale, mask, q.group_size, q.bits, kernels)
+        };
         match self {
             KvView::Dense { keys, values } => dense(keys, values),
             KvView::Affine(q) => quant(q),

@@ -4,7 +4,7 @@
 //! head), the layer's KV cache (a ring for a sliding window), and an optional
 //! sigmoid output gate computed by the query projection (Qwen3-Next).
 
-use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm, Rope};
+use super::layers::{FusedLinear, Kernels, Linear, LinearGroup, RmsNorm, Rope};
 use super::weights::Weights;
 use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvView, LayerCache, Positions};
@@ -68,6 +68,7 @@ pub struct Attention {
     scale: f32,
     window: Option<i32>,
     output_gate: bool,
+    kernels: Kernels,
 }
 
 impl Attention {
@@ -103,6 +104,7 @@ impl Attention {
             scale: s.scale,
             window: s.window,
             output_gate: s.output_gate,
+            kernels: w.kernels(),
         })
     }
 
@@ -143,7 +145,7 @@ impl Attention {
             (None, c) => (c.kv_mut()?.update(&k, &v)?, masks.full()?),
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };
-        let o = kv.attend(&q, self.scale, mask)?;
+        let o = kv.attend(&q, self.scale, mask, self.kernels)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         match gate {
             Some(g) => self.o.forward(&o.multiply(&g.sigmoid()?)?),

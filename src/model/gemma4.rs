@@ -20,7 +20,7 @@
 //! keys its donor's ring returned, with the same mask.
 
 use super::attention::Masks;
-use super::layers::{gelu_tanh, output_positions, Act, Embedding, FusedLinear, Head, Linear, LinearGroup, Mlp, RmsNorm, Rope};
+use super::layers::{gelu_tanh, output_positions, Act, Embedding, FusedLinear, Head, Kernels, Linear, LinearGroup, Mlp, RmsNorm, Rope};
 use super::load::FamilyConfig;
 use super::moe::SwitchGlu;
 use super::weights::Weights;
@@ -118,6 +118,7 @@ struct Attn {
     kv_heads: i32,
     head_dim: i32,
     sliding: bool,
+    kernels: Kernels,
 }
 
 impl Attn {
@@ -157,7 +158,7 @@ impl Attn {
                 }
             }
         };
-        let o = kv.attend(&q, 1.0, mask)?;
+        let o = kv.attend(&q, 1.0, mask, self.kernels)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * hd])?;
         Ok((self.o.forward(&o)?, kv))
     }
@@ -314,6 +315,7 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Box<
             kv_heads,
             head_dim: hd,
             sliding,
+            kernels: w.kernels(),
         };
         let kv_from = if has_kv {
             last_of_type.insert(sliding, i as usize);
