@@ -270,19 +270,23 @@ fn tiny_gemma3_matches_mlx_lm() {
     tiny("gemma3_kv", &[(4, 16), (8, 32)]);
 }
 
-/// Submits every (prompt, start) at once; returns each one's tokens.
+/// Submits the first (prompt, start), waits until it runs (prefills), then
+/// the others, so that they join its prefill cohort or the decode batch;
+/// returns each one's tokens.
 fn batched(e: &Engine, rows: &[(Vec<u32>, i32)], chunk: Option<usize>) -> Vec<Vec<u32>> {
-    let rxs: Vec<_> = rows
-        .iter()
-        .map(|(p, s)| {
-            let (tx, rx) = mpsc::channel();
-            e.submit(request(p, Some(*s), chunk), Box::new(move |ev: &Event| {
-                let _ = tx.send(ev.clone());
-            }))
-            .unwrap();
-            rx
-        })
-        .collect();
+    let submit = |(p, s): &(Vec<u32>, i32)| {
+        let (tx, rx) = mpsc::channel();
+        e.submit(request(p, Some(*s), chunk), Box::new(move |ev: &Event| {
+            let _ = tx.send(ev.clone());
+        }))
+        .unwrap();
+        rx
+    };
+    let mut rxs = vec![submit(&rows[0])];
+    while e.stats().active == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    rxs.extend(rows[1..].iter().map(submit));
     rxs.iter().map(|rx| tokens_of(&collect(rx))).collect()
 }
 
@@ -290,9 +294,9 @@ fn batched(e: &Engine, rows: &[(Vec<u32>, i32)], chunk: Option<usize>) -> Vec<Ve
 fn batched_rows_convert_as_alone() {
     // Rows of lengths 3..90 with different starts (0, during prefill, past
     // the prompt: converting during decode), batched with chunks that do not
-    // divide the starts, and arriving while the first row prefills (the long
-    // prompt first, in small chunks): each row's tokens are those it gets
-    // alone.
+    // divide the starts, the others arriving once the longest row runs (with
+    // chunk 5 they join its prefill cohort midway): each row's tokens are
+    // those it gets alone.
     let f = folder("llama_kv");
     let cases = reference_cases(&repo_root().join("target/oracle/kv").join(format!("llama_kv-kvb4-g64-s16-p{CHUNK}.safetensors")));
     let mut prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt.clone()).collect();
