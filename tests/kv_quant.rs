@@ -40,6 +40,10 @@ const TINY_TOL: f32 = 5e-2;
 /// `smollm2_matches_mlx_lm`).
 const SMOLLM2_TOL_8: f32 = 1.0;
 
+/// Tests run in parallel: one builds a model folder or reference file while
+/// no other reads or writes it.
+static ORACLE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn py(args: &[&str]) {
     let out = Command::new(python()).args(args).output().expect("run python");
     assert!(out.status.success(), "python {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
@@ -52,6 +56,7 @@ fn modified(p: &Path) -> Option<std::time::SystemTime> {
 /// The MLX folder of `model` ("smollm2": the default GGUF converted; else a
 /// tiny preset of tests/oracle/make_tiny.py), built once.
 fn folder(model: &str) -> PathBuf {
+    let _one_writer = ORACLE.lock().unwrap_or_else(|e| e.into_inner());
     let scripts = repo_root().join("tests/oracle");
     let dir = repo_root().join("target/oracle/kv");
     std::fs::create_dir_all(&dir).unwrap();
@@ -75,6 +80,7 @@ fn folder(model: &str) -> PathBuf {
 /// start` and prefill step `CHUNK`; cached per setting.
 fn reference(model: &str, bits: i32, start: i32) -> Vec<Case> {
     let folder = folder(model);
+    let _one_writer = ORACLE.lock().unwrap_or_else(|e| e.into_inner());
     let scripts = repo_root().join("tests/oracle");
     // Gemma's sliding-window layers stay float on both sides (mlx-lm cannot
     // quantize its rotating cache).
@@ -298,7 +304,7 @@ fn batched_rows_convert_as_alone() {
     // chunk 5 they join its prefill cohort midway): each row's tokens are
     // those it gets alone.
     let f = folder("llama_kv");
-    let cases = reference_cases(&repo_root().join("target/oracle/kv").join(format!("llama_kv-kvb4-g64-s16-p{CHUNK}.safetensors")));
+    let cases = reference("llama_kv", 4, 16);
     let mut prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt.clone()).collect();
     prompts.sort_by_key(|p| std::cmp::Reverse(p.len()));
     prompts.push(prompts[0][..37].to_vec());
