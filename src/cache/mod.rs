@@ -8,6 +8,7 @@ pub mod prefix;
 pub mod state;
 pub mod store;
 pub mod timeline;
+pub mod turbo;
 mod radix;
 
 pub use kv::KvCache;
