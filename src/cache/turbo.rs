@@ -79,28 +79,35 @@ pub struct Values {
 pub struct TurboCodec {
     key_bits: i32,
     value_bits: i32,
-    dim: i32,
+    k_dim: i32,
+    v_dim: i32,
     signs: Array,
-    centroids: Array,
     boundaries: Array,
+    /// Centroids of every index chunk (see `chunk_bits`): `[2^c, c/bits]`.
+    lut: Array,
 }
 
 impl TurboCodec {
-    /// Key bits 2..=8 (8 is signed int8), value bits 1..=4; `head_dim` a
-    /// multiple of 32 that is 2^k or 12·2^k (see `check`).
-    pub fn new(key_bits: i32, value_bits: i32, head_dim: i32) -> Result<TurboCodec> {
-        check(key_bits, value_bits, head_dim)?;
-        let signs: Vec<f32> = sign_table(head_dim as usize, SIGN_SEED);
+    /// Key bits 2..=8 (8 is signed int8), value bits 1..=4; head dims
+    /// multiples of 32 that are 2^k or 12·2^k (see `check`).
+    pub fn new(key_bits: i32, value_bits: i32, k_dim: i32, v_dim: i32) -> Result<TurboCodec> {
+        check(key_bits, value_bits, k_dim, v_dim)?;
+        let signs: Vec<f32> = sign_table(v_dim as usize, SIGN_SEED);
         let c = codebook(value_bits as u32);
-        let centroids: Vec<f32> = c.iter().map(|&x| x as f32).collect();
         let boundaries: Vec<f32> = c.windows(2).map(|w| ((w[0] + w[1]) / 2.0) as f32).collect();
+        // Every chunk value → the centroids of the indices it holds, LSB first.
+        let (cb, b) = (chunk_bits(value_bits) as u32, value_bits as u32);
+        let per = cb / b;
+        let lut: Vec<f32> =
+            (0..1u32 << cb).flat_map(|v| (0..per).map(move |j| c[((v >> (b * j)) & ((1 << b) - 1)) as usize] as f32)).collect();
         Ok(TurboCodec {
             key_bits,
             value_bits,
-            dim: head_dim,
-            signs: Array::from_f32(&signs, &[head_dim])?,
-            centroids: Array::from_f32(&centroids, &[centroids.len() as i32])?,
+            k_dim,
+            v_dim,
+            signs: Array::from_f32(&signs, &[v_dim])?,
             boundaries: Array::from_f32(&boundaries, &[boundaries.len() as i32])?,
+            lut: Array::from_f32(&lut, &[1 << cb, per as i32])?,
         })
     }
 
@@ -113,7 +120,7 @@ impl TurboCodec {
 
     /// Encodes keys `[.., D]` (any float dtype).
     pub fn encode_keys(&self, k: &Array) -> Result<Keys> {
-        let g = groups(&k.astype(Dtype::F32)?, self.dim)?;
+        let g = groups(&k.astype(Dtype::F32)?, self.k_dim)?;
         let (hi, lo) = (g.max(-1, true)?, g.min(-1, true)?);
         let big = hi.abs()?.maximum(&lo.abs()?)?;
         let signed = self.key_bits == 8;
@@ -133,8 +140,8 @@ impl TurboCodec {
 
     /// Decodes keys to f32 `[.., D]`.
     pub fn decode_keys(&self, k: &Keys) -> Result<Array> {
-        let q = if self.key_bits == 8 { k.idx.share() } else { unpack(&k.idx, self.key_bits, self.dim)? };
-        let q = groups(&q.astype(Dtype::F32)?, self.dim)?;
+        let q = if self.key_bits == 8 { k.idx.share() } else { unpack(&k.idx, self.key_bits, self.k_dim)? };
+        let q = groups(&q.astype(Dtype::F32)?, self.k_dim)?;
         let z = k.zero.astype(Dtype::F32)?.expand_dims(-1)?;
         let s = k.scale.astype(Dtype::F32)?.expand_dims(-1)?;
         flat(&q.add(&z)?.multiply(&s)?)
@@ -151,12 +158,12 @@ impl TurboCodec {
     }
 
     fn norm(&self) -> f32 {
-        1.0 / (self.dim as f32).sqrt()
+        1.0 / (self.v_dim as f32).sqrt()
     }
 
     /// Encodes values `[.., D]` (rotating them first).
     pub fn encode_values(&self, v: &Array) -> Result<Values> {
-        let g = groups(&self.rotate(v)?, self.dim)?;
+        let g = groups(&self.rotate(v)?, self.v_dim)?;
         let r = f16_round(&g.square()?.mean(-1, true)?.sqrt()?)?;
         let u = g.divide(&nonzero(&r)?)?;
         // Index = number of boundaries below the coordinate.
@@ -166,9 +173,28 @@ impl TurboCodec {
     }
 
     /// Decodes values to f32 `[.., D]` in the rotated domain (`ŷ`).
+    ///
+    /// One table lookup per chunk of indices (12 bits at 3 bits, else a
+    /// byte) rather than per index: MLX's CPU gather costs per index, and
+    /// this is the bulk of a decode step's work.
     pub fn decode_values_rotated(&self, v: &Values) -> Result<Array> {
-        let q = unpack(&v.idx, self.value_bits, self.dim)?;
-        let y = groups(&self.centroids.take(&q.astype(Dtype::U32)?, 0)?, self.dim)?;
+        let mut s = v.idx.shape();
+        s.pop();
+        let chunks = if self.value_bits == 3 {
+            // 3 bytes = one 24-bit word = two 12-bit chunks.
+            let mut s3 = s.clone();
+            s3.extend([self.v_dim / 8, 3]);
+            let b = v.idx.reshape(&s3)?.astype(Dtype::U32)?;
+            let byte = |i: i32| b.slice_axis(-1, i, i + 1);
+            let w = byte(0)?.bitwise_or(&byte(1)?.left_shift(&scalar_of(8, Dtype::U32)?)?)?;
+            let w = w.bitwise_or(&byte(2)?.left_shift(&scalar_of(16, Dtype::U32)?)?)?;
+            w.right_shift(&shifts(12, 2, Dtype::U32)?)?.bitwise_and(&scalar_of(0xfff, Dtype::U32)?)?
+        } else {
+            v.idx.astype(Dtype::U32)?
+        };
+        let y = self.lut.take(&chunks, 0)?;
+        s.push(self.v_dim);
+        let y = groups(&y.reshape(&s)?, self.v_dim)?;
         flat(&y.multiply(&v.scale.astype(Dtype::F32)?.expand_dims(-1)?)?)
     }
 
@@ -197,8 +223,18 @@ pub fn bytes_per_position(key_bits: i32, value_bits: i32, dk: i32, dv: i32) -> u
     (keys + values) as usize
 }
 
+/// Bits of index data the value decoder looks up at once: 12 (four 3-bit
+/// indices; 3 bytes hold two chunks), else 8 (a byte).
+fn chunk_bits(value_bits: i32) -> i32 {
+    if value_bits == 3 {
+        12
+    } else {
+        8
+    }
+}
+
 /// Refuses widths and head dimensions the codec cannot take.
-pub fn check(key_bits: i32, value_bits: i32, head_dim: i32) -> Result<()> {
+pub fn check(key_bits: i32, value_bits: i32, k_dim: i32, v_dim: i32) -> Result<()> {
     if !(2..=8).contains(&key_bits) {
         return Err(Error::invalid(format!("turboquant key bits must be 2..8, got {key_bits}")));
     }
@@ -207,14 +243,16 @@ pub fn check(key_bits: i32, value_bits: i32, head_dim: i32) -> Result<()> {
     }
     // MLX's Hadamard sizes are 2^k·{1, 12, 20, 28}; only 2^k and 2^k·12 give a
     // symmetric matrix (its own inverse), which `unrotate` relies on.
-    let mut odd = head_dim;
-    while odd > 0 && odd % 2 == 0 {
-        odd /= 2;
-    }
-    if head_dim <= 0 || head_dim % GROUP != 0 || ![1, 3].contains(&odd) {
-        return Err(Error::invalid(format!(
-            "turboquant needs a head_dim that is a multiple of 32 and a power of two, or 12 times one; got {head_dim}"
-        )));
+    for head_dim in [k_dim, v_dim] {
+        let mut odd = head_dim;
+        while odd > 0 && odd % 2 == 0 {
+            odd /= 2;
+        }
+        if head_dim <= 0 || head_dim % GROUP != 0 || ![1, 3].contains(&odd) {
+            return Err(Error::invalid(format!(
+                "turboquant needs head dims that are multiples of 32 and a power of two, or 12 times one; got {head_dim}"
+            )));
+        }
     }
     Ok(())
 }
@@ -482,9 +520,24 @@ mod tests {
     }
 
     #[test]
+    fn chunked_lookup_equals_per_index_centroids() {
+        let d = 64;
+        let x = Array::from_f32(&normal(5 * d as usize, 9), &[5, d]).unwrap();
+        for bits in 1..=4 {
+            let c = TurboCodec::new(8, bits, d, d).unwrap();
+            let v = c.encode_values(&x).unwrap();
+            let q = unpack(&v.idx, bits, d).unwrap().to_bytes().unwrap();
+            let s = v.scale.to_vec_f32().unwrap();
+            let book = codebook(bits as u32);
+            let want: Vec<f32> = q.iter().enumerate().map(|(i, &j)| book[j as usize] as f32 * s[i / 32]).collect();
+            assert_eq!(c.decode_values_rotated(&v).unwrap().to_vec_f32().unwrap(), want, "v{bits}");
+        }
+    }
+
+    #[test]
     fn rotation_is_orthogonal_and_inverted() {
         for d in [64, 96, 128, 192] {
-            let c = TurboCodec::new(8, 3, d).unwrap();
+            let c = TurboCodec::new(8, 3, d, d).unwrap();
             let x = Array::from_f32(&normal(4 * d as usize, 3), &[4, d]).unwrap();
             let y = c.rotate(&x).unwrap();
             let n = |a: &Array| a.square().unwrap().sum(-1, false).unwrap().to_vec_f32().unwrap();
@@ -493,9 +546,9 @@ mod tests {
             }
             assert!(mse(&c.unrotate(&y).unwrap(), &x) < 1e-12, "d={d}");
         }
-        assert!(TurboCodec::new(8, 3, 80).is_err());
-        assert!(TurboCodec::new(8, 3, 160).is_err(), "2^k·20 is not self-inverse in MLX");
-        assert!(TurboCodec::new(8, 5, 64).is_err());
+        assert!(TurboCodec::new(8, 3, 80, 80).is_err());
+        assert!(TurboCodec::new(8, 3, 160, 160).is_err(), "2^k·20 is not self-inverse in MLX");
+        assert!(TurboCodec::new(8, 5, 64, 64).is_err());
     }
 
     /// Relative MSE per coordinate on 4096 N(0,1) vectors of 128 matches the
@@ -507,7 +560,7 @@ mod tests {
         let x = Array::from_f32(&normal(n * d as usize, 7), &[n as i32, d]).unwrap();
         let energy = x.square().unwrap().mean(-1, false).unwrap().mean(0, false).unwrap().item_f32().unwrap() as f64;
         for (bits, theory) in [(2, 0.1175), (3, 0.03455), (4, 0.0095)] {
-            let c = TurboCodec::new(8, bits, d).unwrap();
+            let c = TurboCodec::new(8, bits, d, d).unwrap();
             let v = c.encode_values(&x).unwrap();
             assert_eq!(v.idx.shape(), vec![n as i32, d * bits / 8]);
             assert_eq!(v.scale.dtype(), Dtype::F16);
@@ -524,7 +577,7 @@ mod tests {
         let (n, d) = (4096, 128);
         let x = Array::from_f32(&normal(n * d as usize, 11), &[n as i32, d]).unwrap();
         for bits in [8, 4] {
-            let c = TurboCodec::new(bits, 3, d).unwrap();
+            let c = TurboCodec::new(bits, 3, d, d).unwrap();
             let k = c.encode_keys(&x).unwrap();
             let want_idx = if bits == 8 { (d, Dtype::I8) } else { (d * bits / 8, Dtype::U8) };
             assert_eq!((k.idx.dim(-1), k.idx.dtype()), want_idx);
@@ -542,14 +595,14 @@ mod tests {
         v[32..].fill(-3.25);
         let x = Array::from_f32(&v, &[1, 64]).unwrap();
         for bits in [8, 4, 2] {
-            let c = TurboCodec::new(bits, 3, 64).unwrap();
+            let c = TurboCodec::new(bits, 3, 64, 64).unwrap();
             let got = c.decode_keys(&c.encode_keys(&x).unwrap()).unwrap().to_vec_f32().unwrap();
             for (a, b) in got.iter().zip(&v) {
                 assert!((a - b).abs() <= 2e-3 * b.abs(), "k{bits}: {a} vs {b}");
                 assert!(a.is_finite());
             }
         }
-        let c = TurboCodec::new(8, 3, 64).unwrap();
+        let c = TurboCodec::new(8, 3, 64, 64).unwrap();
         let z = Array::zeros(&[2, 64], Dtype::F32).unwrap();
         let got = c.decode_values(&c.encode_values(&z).unwrap()).unwrap().to_vec_f32().unwrap();
         assert!(got.iter().all(|&a| a == 0.0), "{got:?}");
@@ -558,7 +611,7 @@ mod tests {
     #[test]
     fn deferred_attention_equals_decoded_attention() {
         let (b, hq, hkv, l, t, d) = (2, 6, 2, 3, 37, 64);
-        let c = TurboCodec::new(8, 3, d).unwrap();
+        let c = TurboCodec::new(8, 3, d, d).unwrap();
         let q = Array::from_f32(&normal((b * hq * l * d) as usize, 1), &[b, hq, l, d]).unwrap();
         let k = Array::from_f32(&normal((b * hkv * t * d) as usize, 2), &[b, hkv, t, d]).unwrap();
         let v = Array::from_f32(&normal((b * hkv * t * d) as usize, 3), &[b, hkv, t, d]).unwrap();
@@ -581,7 +634,7 @@ mod tests {
             let tq = bytes_per_position(8, 3, d, d);
             assert!(tq as f64 / f16 as f64 <= 0.40, "D={d}: {tq} vs {f16}");
             // The arrays the codec makes take exactly that.
-            let c = TurboCodec::new(8, 3, d).unwrap();
+            let c = TurboCodec::new(8, 3, d, d).unwrap();
             let x = Array::from_f32(&normal(16 * d as usize, 5), &[16, d]).unwrap();
             let (k, v) = (c.encode_keys(&x).unwrap(), c.encode_values(&x).unwrap());
             let held: usize = [&k.idx, &k.scale, &k.zero, &v.idx, &v.scale].iter().map(|a| a.nbytes()).sum();
