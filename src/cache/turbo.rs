@@ -50,6 +50,7 @@
 use crate::error::{Error, Result};
 use crate::mlx::fast::{self, Mask};
 use crate::mlx::{Array, Dtype};
+use std::rc::Rc;
 use std::sync::OnceLock;
 
 /// Coordinates per scale group.
@@ -72,6 +73,56 @@ pub struct Keys {
 pub struct Values {
     pub idx: Array,
     pub scale: Array,
+}
+
+impl Keys {
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Keys> {
+        Ok(Keys { idx: f(&self.idx)?, scale: f(&self.scale)?, zero: f(&self.zero)? })
+    }
+}
+
+impl Values {
+    fn map(&self, f: impl Fn(&Array) -> Result<Array>) -> Result<Values> {
+        Ok(Values { idx: f(&self.idx)?, scale: f(&self.scale)? })
+    }
+}
+
+/// A layer's encoded keys and values (`[B, H, T, ·]` planes) with the codec
+/// that reads them: what a TurboQuant layer attends to.
+pub struct TurboKv {
+    pub keys: Keys,
+    pub values: Values,
+    pub codec: Rc<TurboCodec>,
+}
+
+impl TurboKv {
+    /// From the five planes in `TurboCodec::encode`'s order.
+    pub fn from_planes(planes: Vec<Array>, codec: Rc<TurboCodec>) -> Result<TurboKv> {
+        let [ki, ks, kz, vi, vs]: [Array; 5] =
+            planes.try_into().map_err(|p: Vec<Array>| Error::internal(format!("turbo KV has 5 planes, got {}", p.len())))?;
+        Ok(TurboKv { keys: Keys { idx: ki, scale: ks, zero: kz }, values: Values { idx: vi, scale: vs }, codec })
+    }
+
+    /// Positions `start..` (a sliding window's keys).
+    pub fn window_from(&self, start: i32) -> Result<TurboKv> {
+        let cut = |a: &Array| -> Result<Array> { Ok(a.slice_axis(2, start, a.dim(2))?) };
+        Ok(TurboKv { keys: self.keys.map(cut)?, values: self.values.map(cut)?, codec: self.codec.clone() })
+    }
+
+    /// Another handle on the same arrays.
+    pub fn share(&self) -> TurboKv {
+        let same = |a: &Array| -> Result<Array> { Ok(a.share()) };
+        TurboKv {
+            keys: self.keys.map(same).expect("sharing cannot fail"),
+            values: self.values.map(same).expect("sharing cannot fail"),
+            codec: self.codec.clone(),
+        }
+    }
+
+    /// Attention of `q` `[B, Hq, L, Dk]` over these positions (`TurboCodec::attend`).
+    pub fn attend(&self, q: &Array, scale: f32, mask: Mask) -> Result<Array> {
+        self.codec.attend(q, &self.keys, &self.values, scale, mask)
+    }
 }
 
 /// Codec for one head dimension and bit widths; holds its small constant
@@ -116,6 +167,13 @@ impl TurboCodec {
     }
     pub fn value_bits(&self) -> i32 {
         self.value_bits
+    }
+
+    /// Encodes keys and values `[B, H, L, D]` into the cache's five planes:
+    /// key indices, scales, zeros, value indices, scales.
+    pub fn encode(&self, k: &Array, v: &Array) -> Result<Vec<Array>> {
+        let (k, v) = (self.encode_keys(k)?, self.encode_values(v)?);
+        Ok(vec![k.idx, k.scale, k.zero, v.idx, v.scale])
     }
 
     /// Encodes keys `[.., D]` (any float dtype).
@@ -625,6 +683,23 @@ mod tests {
         let exact = fast::scaled_dot_product_attention(&q, &k, &v, 0.125, Mask::None).unwrap();
         let e = mse(&exact, &exact.mul_scalar(0.0).unwrap());
         assert!(mse(&got, &exact) < 0.1 * e, "{} vs {e}", mse(&got, &exact));
+    }
+
+    #[test]
+    fn planes_round_trip_and_window() {
+        let (t, d) = (10, 64);
+        let c = Rc::new(TurboCodec::new(8, 3, d, d).unwrap());
+        let k = Array::from_f32(&normal((2 * t * d) as usize, 4), &[1, 2, t, d]).unwrap();
+        let q = Array::from_f32(&normal((4 * d) as usize, 6), &[1, 4, 1, d]).unwrap();
+        let kv = TurboKv::from_planes(c.encode(&k, &k).unwrap(), c.clone()).unwrap();
+        let w = kv.window_from(4).unwrap();
+        assert_eq!(w.keys.idx.shape(), vec![1, 2, 6, d]);
+        assert_eq!(w.values.idx.shape(), vec![1, 2, 6, d * 3 / 8]);
+        let tail = k.slice_axis(2, 4, t).unwrap();
+        let direct = TurboKv::from_planes(c.encode(&tail, &tail).unwrap(), c.clone()).unwrap();
+        let (a, b) = (w.attend(&q, 0.1, Mask::None).unwrap(), direct.share().attend(&q, 0.1, Mask::None).unwrap());
+        assert_eq!(a.to_vec_f32().unwrap(), b.to_vec_f32().unwrap());
+        assert!(TurboKv::from_planes(vec![], c).is_err());
     }
 
     #[test]
