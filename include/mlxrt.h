@@ -76,6 +76,23 @@
 #define MLXRT_KERNELS_STOCK 1
 
 /**
+ * `mlxrt_engine_config.kv_scheme`: keys and values kept dense (f32 on the CPU).
+ */
+#define MLXRT_KV_SCHEME_NONE 0
+
+/**
+ * `mlxrt_engine_config.kv_scheme`: MLX affine quantization (`kv_bits`,
+ * `kv_group_size`), attention on the packed form (as mlx-lm's `kv_bits`).
+ */
+#define MLXRT_KV_SCHEME_AFFINE 1
+
+/**
+ * `mlxrt_engine_config.kv_scheme`: TurboQuant (`kv_key_bits`,
+ * `kv_value_bits`); not implemented yet (create fails with UNSUPPORTED).
+ */
+#define MLXRT_KV_SCHEME_TURBOQUANT 2
+
+/**
  * Log levels (`mlxrt_engine_config.log_level` and the log callback's level).
  */
 #define MLXRT_LOG_OFF 0
@@ -385,6 +402,34 @@ typedef struct mlxrt_engine_config {
    */
   mlxrt_progress_fn progress_callback;
   void *progress_user_data;
+  /**
+   * How full-attention layers store keys and values, one of
+   * `MLXRT_KV_SCHEME_*` (default NONE: dense). Sliding-window layers stay
+   * dense. All requests of the engine share the scheme.
+   */
+  int32_t kv_scheme;
+  /**
+   * AFFINE: bits per element, 4 or 8 (2, 3, 5, 6 also valid; default 4).
+   */
+  int32_t kv_bits;
+  /**
+   * AFFINE: elements per scale and bias along the head dimension: 32, 64
+   * or 128, dividing the model's head dimension (default 64).
+   */
+  int32_t kv_group_size;
+  /**
+   * TURBOQUANT: bits per key and per value element (default 8 and 3).
+   */
+  int32_t kv_key_bits;
+  int32_t kv_value_bits;
+  /**
+   * Position from which a request's KV cache is quantized (mlx-lm's
+   * `quantized_kv_start`): a forward over a row's positions `[a, a + L)`
+   * uses float KV iff `a < start`. Default 0: quantized from the first
+   * token. A request may set its own (`quantized_kv_start` in
+   * `options_json`).
+   */
+  int32_t quantized_kv_start;
 } mlxrt_engine_config;
 
 /**
@@ -433,6 +478,13 @@ typedef struct mlxrt_engine_stats {
   uint64_t prompt_cache_hit_tokens;
   uint64_t prompt_cache_memory_bytes;
   uint64_t prompt_cache_disk_bytes;
+  /**
+   * Bytes held by KV caches now, stored dense (including the float copy
+   * quantized layers keep for rows before `quantized_kv_start`) and
+   * stored quantized; they add up to `kv_bytes`.
+   */
+  uint64_t kv_bytes_dense;
+  uint64_t kv_bytes_quantized;
 } mlxrt_engine_stats;
 
 /**
@@ -496,6 +548,11 @@ typedef struct mlxrt_engine_info {
    * `MLXRT_MODALITY_*` bits of accepted inputs.
    */
   uint32_t modalities;
+  /**
+   * How full-attention layers store KV: "none" (dense), "affine:b4:g64"
+   * (bits, group size), ...
+   */
+  const char *kv_scheme;
 } mlxrt_engine_info;
 
 /**
@@ -569,7 +626,8 @@ typedef struct mlxrt_request_params {
    * above: max_tokens, temperature, top_p, top_k, min_p,
    * repetition_penalty, repetition_context_size, seed, stop, tools,
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-   * prompt_cache, logprobs, top_logprobs, thinking. Unknown fields are an
+   * prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
+   * (see `mlxrt_engine_config.quantized_kv_start`). Unknown fields are an
    * error. Tool definitions (`tools`, an array of JSON schemas as in
    * OpenAI's API) are given to the chat template; tool calls the model
    * makes come back as TOOL_CALL events.

@@ -5,6 +5,7 @@
 pub mod kv;
 pub mod layer;
 pub mod prefix;
+pub mod scheme;
 pub mod state;
 pub mod store;
 pub mod timeline;

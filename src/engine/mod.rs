@@ -25,6 +25,7 @@ pub use log::{LogLevel, Logger};
 pub use logprobs::TokenLogprob;
 pub use request::{Channel, Event, EventSink, FinishReason, Input, RequestOptions, Usage};
 
+use crate::cache::scheme::KvQuant;
 use crate::error::{Error, ErrorKind, Result};
 use crate::model::load::TextAssets;
 use crate::model::ModelInfo;
@@ -81,6 +82,10 @@ pub struct EngineConfig {
     pub prompt_cache_min_tokens: usize,
     /// Model-load progress (may abort the load).
     pub progress: Option<crate::model::Progress>,
+    /// How full-attention layers store KV (dense by default) and the default
+    /// `quantized_kv_start` (0: quantized from the first token). Checked
+    /// against the model at creation.
+    pub kv: KvQuant,
 }
 
 impl EngineConfig {
@@ -101,6 +106,7 @@ impl EngineConfig {
             prompt_cache_dir_bytes: 16 << 30,
             prompt_cache_min_tokens: 256,
             progress: None,
+            kv: KvQuant::default(),
         }
     }
 
@@ -130,6 +136,8 @@ pub(crate) struct StatsCell {
     pub active: AtomicUsize,
     pub kv_bytes: AtomicUsize,
     pub kv_reserved: AtomicUsize,
+    pub kv_bytes_dense: AtomicUsize,
+    pub kv_bytes_quantized: AtomicUsize,
     pub active_memory: AtomicUsize,
     pub peak_memory: AtomicUsize,
     pub cache_memory: AtomicUsize,
@@ -146,6 +154,10 @@ pub struct EngineStats {
     /// Bytes held by KV caches now, and reserved by running requests.
     pub kv_bytes: usize,
     pub kv_reserved: usize,
+    /// `kv_bytes` split: stored dense (including the float copy quantized
+    /// layers keep for rows before their start) and stored quantized.
+    pub kv_bytes_dense: usize,
+    pub kv_bytes_quantized: usize,
     /// Prompt cache: admissions that reused cached tokens, that did not,
     /// how many prompt tokens came from it, and bytes held.
     pub prompt_cache_hits: u64,
@@ -179,6 +191,7 @@ pub struct Engine {
     parameter_bytes: usize,
     max_in_flight: usize,
     kv_budget: usize,
+    kv: KvQuant,
     next_id: AtomicU64,
     threads: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
 }
@@ -243,7 +256,7 @@ impl Engine {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared::default());
-        let (max_in_flight, kv_budget) = (config.max_in_flight, config.kv_budget);
+        let (max_in_flight, kv_budget, kv) = (config.max_in_flight, config.kv_budget, config.kv);
         let (sched, delivery, dtx) = scheduler::spawn(config, shared.clone(), rx, tx.clone(), ready_tx)
             .map_err(|e| Error::internal(format!("cannot start engine threads: {e}")))?;
         let threads = (sched, delivery);
@@ -258,6 +271,7 @@ impl Engine {
                 parameter_bytes,
                 max_in_flight,
                 kv_budget,
+                kv,
                 next_id: AtomicU64::new(1),
                 threads: Mutex::new(Some(threads)),
             }),
@@ -289,6 +303,8 @@ impl Engine {
             active: s.active.load(Ordering::Relaxed),
             kv_bytes: s.kv_bytes.load(Ordering::Relaxed),
             kv_reserved: s.kv_reserved.load(Ordering::Relaxed),
+            kv_bytes_dense: s.kv_bytes_dense.load(Ordering::Relaxed),
+            kv_bytes_quantized: s.kv_bytes_quantized.load(Ordering::Relaxed),
             in_flight: self.shared.in_flight.load(Ordering::Relaxed),
             completed: self.shared.completed.load(Ordering::Relaxed),
             prompt_cache_hits: self.shared.cache.hits.load(Ordering::Relaxed),
@@ -325,7 +341,8 @@ impl Engine {
         if let Some(bad) = prompt.iter().find(|&&t| t >= vocab) {
             return Err(Error::invalid(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }
-        let kv_need = self.kv_need(prompt.len(), options.max_tokens);
+        let kv_start = options.quantized_kv_start.unwrap_or(self.kv.start);
+        let kv_need = self.kv_need(prompt.len(), options.max_tokens, kv_start);
         if kv_need > self.kv_budget {
             return Err(Error::invalid(format!(
                 "the request needs {kv_need} bytes of KV cache ({} prompt + {} max tokens), more than the engine's \
@@ -345,6 +362,7 @@ impl Engine {
             stop_at_eos: options.stop_at_eos,
             prefill_chunk: options.prefill_chunk,
             kv_need,
+            kv_start,
             namespace: options.cache_namespace,
             use_cache: options.prompt_cache,
             boundary,
@@ -401,13 +419,15 @@ impl Engine {
     }
 
     /// KV bytes a request may grow to, counting positions up to the context
-    /// length.
-    fn kv_need(&self, prompt: usize, max_tokens: u32) -> usize {
+    /// length, as the engine's KV scheme stores them (with the float copy of
+    /// the positions before the request's `quantized_kv_start`).
+    fn kv_need(&self, prompt: usize, max_tokens: u32, start: i32) -> usize {
         let mut positions = prompt + max_tokens as usize;
         if self.info.context_length > 0 {
             positions = positions.min(self.info.context_length as usize);
         }
-        positions * self.info.kv_bytes_per_token + self.info.state_bytes_per_sequence
+        let kv: usize = self.info.kv_layers.iter().flatten().map(|l| self.kv.scheme.bytes(l, positions, start)).sum();
+        kv + self.info.state_bytes_per_sequence
     }
 
     /// The prompt token ids `options` stands for.

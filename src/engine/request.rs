@@ -52,6 +52,9 @@ pub struct RequestOptions {
     /// For models with a thinking mode: whether to think (passed to the
     /// chat template as `enable_thinking`; None = the template's default).
     pub thinking: Option<bool>,
+    /// Position from which this request's KV cache is quantized, when the
+    /// engine quantizes KV (None = the engine's `quantized_kv_start`).
+    pub quantized_kv_start: Option<i32>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -72,6 +75,7 @@ impl RequestOptions {
             logprobs: false,
             top_logprobs: 0,
             thinking: None,
+            quantized_kv_start: None,
         }
     }
 
@@ -79,7 +83,8 @@ impl RequestOptions {
     /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
-    /// `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`). Unknown fields are an error so a
+    /// `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
+    /// `quantized_kv_start`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -141,6 +146,13 @@ impl RequestOptions {
                         Some(v.as_bool().ok_or_else(|| Error::invalid("option `thinking` must be a boolean"))?)
                     }
                 }
+                "quantized_kv_start" => {
+                    self.quantized_kv_start = if v.is_null() {
+                        None
+                    } else {
+                        Some(i32::try_from(int()?).map_err(|_| Error::invalid("quantized_kv_start is too large"))?)
+                    }
+                }
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -148,7 +160,8 @@ impl RequestOptions {
                     return Err(Error::invalid(format!(
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
-                         prefill_chunk, cache_namespace, prompt_cache, logprobs, top_logprobs, thinking)"
+                         prefill_chunk, cache_namespace, prompt_cache, logprobs, top_logprobs, thinking, \
+                         quantized_kv_start)"
                     )))
                 }
             }
@@ -268,6 +281,8 @@ pub(crate) struct RequestSpec {
     pub prefill_chunk: Option<usize>,
     /// KV bytes reserved while it runs.
     pub kv_need: usize,
+    /// Position from which its KV cache is quantized (quantized schemes).
+    pub kv_start: i32,
     /// Prompt cache: namespace, whether to use it, and the prompt length at
     /// the stable boundary worth a snapshot (the conversation before its
     /// last message).

@@ -143,6 +143,7 @@ fn main(
         let t0 = std::time::Instant::now();
         let opts = LoadOptions { cpu_f32_scales: true, kernels: config.kernels, progress: config.progress.clone() };
         let m = model::load(&config.model_path, &opts)?;
+        config.kv.validate(&m.model.kv_layers())?;
         log_startup(&config, &m, t0.elapsed());
         Ok(m)
     })();
@@ -163,6 +164,8 @@ fn main(
     let text = Arc::new(loaded.text);
     let mut info = loaded.model.info().clone();
     info.device = if mlx::device::default_is_gpu() { "gpu" } else { "cpu" }.into();
+    info.kv_layers = loaded.model.kv_layers();
+    info.kv_scheme = config.kv.scheme.name();
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
     let mut s = Scheduler {
         model: loaded.model,

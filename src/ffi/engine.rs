@@ -3,6 +3,7 @@
 use super::args::{opt_str, req_str, versioned};
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
 use super::out::{free_box, put, put_box, required, write_versioned};
+use crate::cache::scheme::{KvQuant, KvScheme};
 use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger};
 use crate::error::Error;
 use std::ffi::{c_char, c_void};
@@ -30,6 +31,15 @@ pub const MLXRT_KERNELS_AUTO: i32 = 0;
 /// `mlxrt_engine_config.kernels`: MLX's stock kernels everywhere (exact
 /// comparisons with Python mlx-lm).
 pub const MLXRT_KERNELS_STOCK: i32 = 1;
+
+/// `mlxrt_engine_config.kv_scheme`: keys and values kept dense (f32 on the CPU).
+pub const MLXRT_KV_SCHEME_NONE: i32 = 0;
+/// `mlxrt_engine_config.kv_scheme`: MLX affine quantization (`kv_bits`,
+/// `kv_group_size`), attention on the packed form (as mlx-lm's `kv_bits`).
+pub const MLXRT_KV_SCHEME_AFFINE: i32 = 1;
+/// `mlxrt_engine_config.kv_scheme`: TurboQuant (`kv_key_bits`,
+/// `kv_value_bits`); not implemented yet (create fails with UNSUPPORTED).
+pub const MLXRT_KV_SCHEME_TURBOQUANT: i32 = 2;
 
 /// Log levels (`mlxrt_engine_config.log_level` and the log callback's level).
 pub const MLXRT_LOG_OFF: i32 = 0;
@@ -100,9 +110,28 @@ pub struct mlxrt_engine_config {
     /// Model-load progress (may abort the load); NULL = none.
     pub progress_callback: mlxrt_progress_fn,
     pub progress_user_data: *mut c_void,
+    /// How full-attention layers store keys and values, one of
+    /// `MLXRT_KV_SCHEME_*` (default NONE: dense). Sliding-window layers stay
+    /// dense. All requests of the engine share the scheme.
+    pub kv_scheme: i32,
+    /// AFFINE: bits per element, 4 or 8 (2, 3, 5, 6 also valid; default 4).
+    pub kv_bits: i32,
+    /// AFFINE: elements per scale and bias along the head dimension: 32, 64
+    /// or 128, dividing the model's head dimension (default 64).
+    pub kv_group_size: i32,
+    /// TURBOQUANT: bits per key and per value element (default 8 and 3).
+    pub kv_key_bits: i32,
+    pub kv_value_bits: i32,
+    /// Position from which a request's KV cache is quantized (mlx-lm's
+    /// `quantized_kv_start`): a forward over a row's positions `[a, a + L)`
+    /// uses float KV iff `a < start`. Default 0: quantized from the first
+    /// token. A request may set its own (`quantized_kv_start` in
+    /// `options_json`).
+    pub quantized_kv_start: i32,
 }
 
-const CONFIG_V1_SIZE: usize = size_of::<mlxrt_engine_config>();
+/// The first published layout: every field up to `progress_user_data`.
+const CONFIG_V1_SIZE: usize = std::mem::offset_of!(mlxrt_engine_config, kv_scheme);
 
 fn default_config() -> mlxrt_engine_config {
     let d = EngineConfig::new("");
@@ -126,6 +155,12 @@ fn default_config() -> mlxrt_engine_config {
         log_level: MLXRT_LOG_WARN,
         progress_callback: None,
         progress_user_data: std::ptr::null_mut(),
+        kv_scheme: MLXRT_KV_SCHEME_NONE,
+        kv_bits: 4,
+        kv_group_size: 64,
+        kv_key_bits: 8,
+        kv_value_bits: 3,
+        quantized_kv_start: d.kv.start,
     }
 }
 
@@ -220,6 +255,13 @@ pub extern "C" fn mlxrt_engine_create(
         cfg.max_rows = c.max_rows as usize;
         cfg.kv_budget = usize::try_from(c.kv_budget).unwrap_or(usize::MAX);
         cfg.step_token_budget = c.step_token_budget as usize;
+        let scheme = match c.kv_scheme {
+            MLXRT_KV_SCHEME_NONE => KvScheme::Dense,
+            MLXRT_KV_SCHEME_AFFINE => KvScheme::Affine { bits: c.kv_bits, group_size: c.kv_group_size },
+            MLXRT_KV_SCHEME_TURBOQUANT => KvScheme::TurboQuant { key_bits: c.kv_key_bits, value_bits: c.kv_value_bits },
+            other => return Err(Error::invalid(format!("config.kv_scheme {other} is not a MLXRT_KV_SCHEME_* value"))),
+        };
+        cfg.kv = KvQuant { scheme, start: c.quantized_kv_start };
         let engine = Engine::new(cfg)?;
         let info = super::info::InfoStore::new(&engine);
         put_box(out_engine, mlxrt_engine { engine, info });
@@ -267,6 +309,11 @@ pub struct mlxrt_engine_stats {
     pub prompt_cache_hit_tokens: u64,
     pub prompt_cache_memory_bytes: u64,
     pub prompt_cache_disk_bytes: u64,
+    /// Bytes held by KV caches now, stored dense (including the float copy
+    /// quantized layers keep for rows before `quantized_kv_start`) and
+    /// stored quantized; they add up to `kv_bytes`.
+    pub kv_bytes_dense: u64,
+    pub kv_bytes_quantized: u64,
 }
 
 /// Writes the engine's current counters to `*out` (the first
@@ -297,6 +344,8 @@ pub extern "C" fn mlxrt_engine_get_stats(
             prompt_cache_hit_tokens: s.prompt_cache_hit_tokens,
             prompt_cache_memory_bytes: s.prompt_cache_memory_bytes as u64,
             prompt_cache_disk_bytes: s.prompt_cache_disk_bytes,
+            kv_bytes_dense: s.kv_bytes_dense as u64,
+            kv_bytes_quantized: s.kv_bytes_quantized as u64,
         };
         write_versioned(out, stats, "out")
     })

@@ -50,6 +50,9 @@ pub struct mlxrt_engine_info {
     pub supports_reasoning: u8,
     /// `MLXRT_MODALITY_*` bits of accepted inputs.
     pub modalities: u32,
+    /// How full-attention layers store KV: "none" (dense), "affine:b4:g64"
+    /// (bits, group size), ...
+    pub kv_scheme: *const c_char,
 }
 
 /// Strings and arrays the info points into, built once per engine.
@@ -58,6 +61,7 @@ pub(crate) struct InfoStore {
     format: CString,
     device: CString,
     mlx_version: CString,
+    kv_scheme: CString,
     eos: Vec<u32>,
     special: Vec<u32>,
 }
@@ -70,6 +74,7 @@ impl InfoStore {
             format: c_string(&i.format),
             device: c_string(&i.device),
             mlx_version: c_string(&crate::mlx::version()),
+            kv_scheme: c_string(&i.kv_scheme),
             eos: e.text().eos_ids.clone(),
             special: e.text().tokenizer.special_ids().to_vec(),
         }
@@ -109,6 +114,7 @@ pub extern "C" fn mlxrt_engine_get_info(
             supports_tools: template.contains("tools") as u8,
             supports_reasoning: (template.contains("<think>") || template.contains("enable_thinking")) as u8,
             modalities: MLXRT_MODALITY_TEXT,
+            kv_scheme: s.kv_scheme.as_ptr(),
         };
         write_versioned(out, info, "out")
     })

@@ -62,7 +62,8 @@ pub struct mlxrt_request_params {
     /// above: max_tokens, temperature, top_p, top_k, min_p,
     /// repetition_penalty, repetition_context_size, seed, stop, tools,
     /// chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-    /// prompt_cache, logprobs, top_logprobs, thinking. Unknown fields are an
+    /// prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
+    /// (see `mlxrt_engine_config.quantized_kv_start`). Unknown fields are an
     /// error. Tool definitions (`tools`, an array of JSON schemas as in
     /// OpenAI's API) are given to the chat template; tool calls the model
     /// makes come back as TOOL_CALL events.

@@ -6,6 +6,7 @@
 
 use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm, Rope};
 use super::weights::Weights;
+use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvCache, Positions};
 use crate::error::Result;
 use crate::mlx::{fast, Array};
@@ -141,6 +142,11 @@ impl Attention {
             Some(g) => self.o.forward(&o.multiply(&g.sigmoid()?)?),
             None => self.o.forward(&o),
         }
+    }
+
+    /// The shape of this layer's cache entries.
+    pub fn kv_layer(&self) -> KvLayer {
+        KvLayer { kv_heads: self.kv_heads, k_dim: self.head_dim, v_dim: self.head_dim, window: self.window }
     }
 
     pub fn arrays(&self) -> Vec<&Array> {

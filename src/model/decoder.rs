@@ -7,6 +7,7 @@ use super::attention::{Attention, Masks};
 use super::layers::{output_positions, Embedding, Head, Mlp, RmsNorm};
 use super::moe::SparseMoe;
 use super::{LanguageModel, ModelInfo, Output};
+use crate::cache::scheme::KvLayer;
 use crate::cache::{KvCache, LayerCache};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
@@ -55,6 +56,10 @@ impl LanguageModel for Decoder {
 
     fn new_cache(&self, rows: usize) -> Vec<LayerCache> {
         (0..self.blocks.len()).map(|_| LayerCache::Kv(KvCache::new(rows))).collect()
+    }
+
+    fn kv_layers(&self) -> Vec<Option<KvLayer>> {
+        self.blocks.iter().map(|b| Some(b.attn.kv_layer())).collect()
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {

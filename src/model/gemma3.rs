@@ -166,6 +166,10 @@ impl LanguageModel for Gemma3 {
         (0..self.blocks.len()).map(|_| LayerCache::Kv(KvCache::new(rows))).collect()
     }
 
+    fn kv_layers(&self) -> Vec<Option<crate::cache::scheme::KvLayer>> {
+        self.blocks.iter().map(|b| Some(b.attn.kv_layer())).collect()
+    }
+
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
         if cache.len() != self.blocks.len() {
             return Err(Error::internal("cache has the wrong number of layers"));

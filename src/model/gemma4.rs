@@ -434,6 +434,16 @@ impl LanguageModel for Gemma4 {
         (0..self.cached_layers).map(|_| LayerCache::Kv(KvCache::new(rows))).collect()
     }
 
+    fn kv_layers(&self) -> Vec<Option<crate::cache::scheme::KvLayer>> {
+        let layer = |a: &Attn| crate::cache::scheme::KvLayer {
+            kv_heads: a.kv_heads,
+            k_dim: a.head_dim,
+            v_dim: a.head_dim,
+            window: a.sliding.then_some(self.window),
+        };
+        self.blocks[..self.cached_layers].iter().map(|b| Some(layer(&b.attn))).collect()
+    }
+
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
         if cache.len() != self.cached_layers {
             return Err(Error::internal("cache has the wrong number of layers"));

@@ -18,6 +18,7 @@ pub mod qwen3_5;
 pub mod qwen3_moe;
 pub mod weights;
 
+use crate::cache::scheme::KvLayer;
 use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::mlx::Array;
@@ -53,6 +54,10 @@ pub struct ModelInfo {
     pub format: String,
     /// The device it runs on: "cpu" or "gpu".
     pub device: String,
+    /// Per layer cache (`LanguageModel::kv_layers`), filled by the engine.
+    pub kv_layers: Vec<Option<KvLayer>>,
+    /// The engine's KV storage (`KvScheme::name`), filled by the engine.
+    pub kv_scheme: String,
 }
 
 /// A decoder-only language model. Implementations hold their weights as MLX
@@ -63,6 +68,11 @@ pub trait LanguageModel {
     /// state (a KV cache per attention layer, a recurrent state per linear
     /// attention layer; layers that reuse another layer's KV have none).
     fn new_cache(&self, rows: usize) -> Vec<LayerCache>;
+    /// Per cache of `new_cache` (same order): the shape of its keys and
+    /// values and its sliding window, or None for a recurrent state. Says
+    /// which caches a quantized KV scheme applies to (full attention only)
+    /// and what they cost.
+    fn kv_layers(&self) -> Vec<Option<KvLayer>>;
     /// Runs `tokens` (`[B, L]` int32, B = the cache's rows) after what `cache`
     /// holds, appending to it. Rows may be left-padded (see `KvCache`).
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>>;

@@ -259,6 +259,16 @@ impl LanguageModel for Hybrid {
             .collect()
     }
 
+    fn kv_layers(&self) -> Vec<Option<crate::cache::scheme::KvLayer>> {
+        self.blocks
+            .iter()
+            .map(|b| match &b.mixer {
+                Mixer::Linear(_) => None,
+                Mixer::Attn(a) => Some(a.kv_layer()),
+            })
+            .collect()
+    }
+
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
         if cache.len() != self.blocks.len() {
             return Err(Error::internal("cache has the wrong number of layers"));

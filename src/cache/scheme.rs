@@ -1,0 +1,174 @@
+//! How attention layers store their keys and values: dense (the
+//! activations' dtype, f32 on the CPU) or quantized, and from which position
+//! on (`start`, mlx-lm's `quantized_kv_start`).
+//!
+//! One storage format per engine: rows batched together must share it. The
+//! start may differ per request (a row's forward over its positions
+//! `[a, a + L)` uses float KV iff `a < start`; see `KvCache`).
+
+use crate::error::{Error, Result};
+
+/// The storage format of the KV cache of full-attention layers
+/// (sliding-window layers stay dense, as in mlx-lm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvScheme {
+    /// Keys and values as computed.
+    Dense,
+    /// MLX's affine quantization (`mx.quantize`) of each key and value
+    /// vector in groups of `group_size` along the head dimension, as
+    /// mlx-lm's `QuantizedKVCache`; attention runs on the packed form.
+    Affine { bits: i32, group_size: i32 },
+    /// TurboQuant (issue 11); declared, not implemented yet.
+    TurboQuant { key_bits: i32, value_bits: i32 },
+}
+
+/// The KV storage of an engine: the scheme, and the default position from
+/// which a row's cache is quantized (0 = from the first token; mlx-lm's own
+/// default is 5000 and, unlike mlxrt, it keeps its first prefill chunk float
+/// even with start 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvQuant {
+    pub scheme: KvScheme,
+    pub start: i32,
+}
+
+impl Default for KvQuant {
+    fn default() -> KvQuant {
+        KvQuant { scheme: KvScheme::Dense, start: 0 }
+    }
+}
+
+/// The shape of one layer cache's keys and values, and its window (None for
+/// a full-attention layer).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayer {
+    pub kv_heads: i32,
+    pub k_dim: i32,
+    pub v_dim: i32,
+    pub window: Option<i32>,
+}
+
+/// Bytes of one dense element (f32: the CPU keeps KV in f32).
+const DENSE_ELEM: usize = 4;
+
+impl KvScheme {
+    /// Whether keys and values are stored packed.
+    pub fn is_quantized(&self) -> bool {
+        !matches!(self, KvScheme::Dense)
+    }
+
+    /// A short name: `none`, `affine:b4:g64`, `turboquant:k8v3`.
+    pub fn name(&self) -> String {
+        match self {
+            KvScheme::Dense => "none".into(),
+            KvScheme::Affine { bits, group_size } => format!("affine:b{bits}:g{group_size}"),
+            KvScheme::TurboQuant { key_bits, value_bits } => format!("turboquant:k{key_bits}v{value_bits}"),
+        }
+    }
+
+    /// Checks the scheme's parameters and that every layer it applies to
+    /// (full-attention layers) can be stored with it.
+    pub fn validate(&self, layers: &[Option<KvLayer>]) -> Result<()> {
+        match *self {
+            KvScheme::Dense => Ok(()),
+            KvScheme::Affine { bits, group_size } => {
+                if ![2, 3, 4, 5, 6, 8].contains(&bits) {
+                    return Err(Error::invalid(format!("kv_bits must be 2, 3, 4, 5, 6 or 8, got {bits}")));
+                }
+                if ![32, 64, 128].contains(&group_size) {
+                    return Err(Error::invalid(format!("kv_group_size must be 32, 64 or 128, got {group_size}")));
+                }
+                for (i, l) in layers.iter().enumerate() {
+                    let Some(l) = l.filter(|l| l.window.is_none()) else { continue };
+                    for (what, d) in [("key", l.k_dim), ("value", l.v_dim)] {
+                        if d % group_size != 0 {
+                            return Err(Error::invalid(format!(
+                                "cannot quantize the KV cache of layer {i} in groups of {group_size}: its {what} head \
+                                 dimension is {d} (kv_group_size must divide it; MLX allows 32, 64, 128)"
+                            )));
+                        }
+                    }
+                }
+                Ok(())
+            }
+            KvScheme::TurboQuant { .. } => {
+                Err(Error::unsupported("kv_scheme turboquant is not implemented yet; use none or affine"))
+            }
+        }
+    }
+
+    /// Bytes one layer's cache takes for `positions` positions of one row,
+    /// stored with this scheme (dense for sliding-window layers), plus the
+    /// float copy kept for the first `start` positions until the row converts.
+    pub fn bytes(&self, layer: &KvLayer, positions: usize, start: i32) -> usize {
+        let (h, dk, dv) = (layer.kv_heads as usize, layer.k_dim as usize, layer.v_dim as usize);
+        let dense = |p: usize| p * h * (dk + dv) * DENSE_ELEM;
+        if layer.window.is_some() {
+            return dense(positions);
+        }
+        let float_tail = dense(positions.min(start.max(0) as usize));
+        match *self {
+            KvScheme::Dense => dense(positions),
+            KvScheme::Affine { bits, group_size } => {
+                let (b, g) = (bits as usize, group_size as usize);
+                // Packed words, then an f32 scale and bias per group.
+                let per = |d: usize| d * b / 8 + 2 * DENSE_ELEM * d / g;
+                positions * h * (per(dk) + per(dv)) + float_tail
+            }
+            KvScheme::TurboQuant { key_bits, value_bits } => {
+                let (kb, vb) = (key_bits as usize, value_bits as usize);
+                // f16 scale and zero per 32 keys, f16 scale per 32 values.
+                let per = dk * kb / 8 + 2 * 2 * dk / 32 + dv * vb / 8 + 2 * dv / 32;
+                positions * h * per + float_tail
+            }
+        }
+    }
+}
+
+impl KvQuant {
+    pub fn validate(&self, layers: &[Option<KvLayer>]) -> Result<()> {
+        if self.start < 0 {
+            return Err(Error::invalid(format!("quantized_kv_start must be >= 0, got {}", self.start)));
+        }
+        self.scheme.validate(layers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const L: KvLayer = KvLayer { kv_heads: 3, k_dim: 64, v_dim: 64, window: None };
+
+    #[test]
+    fn affine_bytes_are_the_packed_cost() {
+        let dense = KvScheme::Dense.bytes(&L, 1000, 0);
+        assert_eq!(dense, 1000 * 3 * 128 * 4);
+        let a4 = KvScheme::Affine { bits: 4, group_size: 64 }.bytes(&L, 1000, 0);
+        let a8 = KvScheme::Affine { bits: 8, group_size: 64 }.bytes(&L, 1000, 0);
+        // bits/32 + 2/g of f32: 0.15625 and 0.28125 (0.3125, 0.5625 of f16).
+        assert_eq!(a4 * 64, dense * 10);
+        assert_eq!(a8 * 64, dense * 18);
+        // The float copy of the positions before start counts too.
+        let late = KvScheme::Affine { bits: 4, group_size: 64 }.bytes(&L, 1000, 100);
+        assert_eq!(late, a4 + dense / 10);
+        let sliding = KvLayer { window: Some(16), ..L };
+        assert_eq!(KvScheme::Affine { bits: 4, group_size: 64 }.bytes(&sliding, 1000, 0), dense);
+    }
+
+    #[test]
+    fn validation_names_the_layer() {
+        let a = KvScheme::Affine { bits: 4, group_size: 64 };
+        assert!(a.validate(&[Some(L), None]).is_ok());
+        let small = KvLayer { k_dim: 32, v_dim: 32, ..L };
+        let e = a.validate(&[Some(L), Some(small)]).unwrap_err();
+        assert!(e.to_string().contains("layer 1") && e.to_string().contains("32"), "{e}");
+        assert!(KvScheme::Affine { bits: 4, group_size: 32 }.validate(&[Some(small)]).is_ok());
+        // Sliding layers stay dense, so their shape does not matter.
+        assert!(a.validate(&[Some(KvLayer { window: Some(8), ..small })]).is_ok());
+        assert!(KvScheme::Affine { bits: 7, group_size: 64 }.validate(&[]).is_err());
+        assert!(KvScheme::Affine { bits: 4, group_size: 16 }.validate(&[]).is_err());
+        assert!(KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }.validate(&[]).is_err());
+        assert!(KvQuant { scheme: KvScheme::Dense, start: -1 }.validate(&[]).is_err());
+    }
+}
