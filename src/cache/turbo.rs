@@ -532,7 +532,7 @@ mod tests {
 
     #[test]
     fn erfc_matches_known_values() {
-        for (x, want) in [(0.5, 0.4795001221869535), (2.5, 4.069520174449590e-04), (3.0, 2.209049699858544e-05), (-1.0, 1.842700792949715)] {
+        for (x, want) in [(0.5, 0.4795001221869535), (2.5, 4.069_520_174_449_59e-4), (3.0, 2.209_049_699_858_544e-5), (-1.0, 1.842700792949715)] {
             let got = erfc(x);
             assert!((got - want).abs() <= 1e-13 * want.abs().max(1e-3), "erfc({x}) = {got}, want {want}");
         }
@@ -564,11 +564,11 @@ mod tests {
         for bits in 1..=8 {
             let n = 64;
             let v: Vec<u8> = (0..3 * n).map(|i| ((i * 37 + 11) % (1 << bits)) as u8).collect();
-            let q = Array::from_bytes(&v, &[3, n as i32], Dtype::U8).unwrap();
+            let q = Array::from_bytes(&v, &[3, n], Dtype::U8).unwrap();
             let p = pack(&q, bits).unwrap();
-            assert_eq!(p.shape(), vec![3, n as i32 * bits / 8]);
+            assert_eq!(p.shape(), vec![3, n * bits / 8]);
             assert_eq!(p.dtype(), Dtype::U8);
-            assert_eq!(unpack(&p, bits, n as i32).unwrap().to_bytes().unwrap(), v, "{bits} bits");
+            assert_eq!(unpack(&p, bits, n).unwrap().to_bytes().unwrap(), v, "{bits} bits");
         }
         // LSB-first bitstream: 3-bit indices 1..=8 (mod 8) → known bytes.
         let q = Array::from_bytes(&[1, 2, 3, 4, 5, 6, 7, 0], &[8], Dtype::U8).unwrap();
