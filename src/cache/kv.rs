@@ -4,40 +4,289 @@
 //! without padding is the plain single-sequence cache, with no mask or
 //! per-row positions overhead.
 //!
-//! The buffer grows in steps, so appending a token is an in-place slice
-//! update rather than a concatenation.
+//! Storage is a list of planes, each `[B, H, capacity, X]` with positions on
+//! axis 2: keys and values for the dense scheme; for the affine scheme the
+//! packed words, scales and biases of keys and of values (`mx.quantize`
+//! along the head dimension, as mlx-lm's `QuantizedKVCache`). The planes grow
+//! in steps, so appending a token is an in-place slice update rather than a
+//! concatenation.
+//!
+//! Delayed quantization (`quantized_kv_start`, per row): a row's forward
+//! over its positions `[a, a + L)` attends to float KV iff `a < start`
+//! (chunks never straddle a row's start: see `Cohort`). New tokens are
+//! quantized on write from the first position on (quantization is per
+//! vector, so this equals mlx-lm's conversion of the float history), and a
+//! float copy is kept beside the packed planes while any row is before its
+//! start; it is dropped once all rows have reached theirs.
 
+use super::scheme::KvScheme;
 use super::{AttnMask, Positions, Timeline};
 use crate::error::{Error, Result};
-use crate::mlx::{Array, Dtype};
+use crate::mlx::{quantize, Array, Dtype};
 
 /// Buffer growth granularity in positions (as in mlx-lm).
 const STEP: i32 = 256;
 
+/// Buffers along the timeline (`[B, H, capacity, X]` each; none allocated
+/// yet when empty). All of the cache's bookkeeping is written once, here.
+#[derive(Default)]
+struct Planes(Vec<Array>);
+
+impl Planes {
+    fn capacity(&self) -> i32 {
+        self.0.first().map_or(0, |a| a.dim(2))
+    }
+
+    /// Writes `new` (one array per plane, `[B, H, L, X]`) at positions
+    /// `prev..prev + L`, growing first if needed; returns views of
+    /// positions `0..prev + L`.
+    fn write(&mut self, new: &[Array], prev: i32) -> Result<Vec<Array>> {
+        let l = new[0].dim(2);
+        let end = prev + l;
+        if end > self.capacity() {
+            let n = (STEP + l - 1) / STEP * STEP;
+            let mut grown = Vec::with_capacity(new.len());
+            for (i, x) in new.iter().enumerate() {
+                let zeros = zeros_like_positions(x, n)?;
+                grown.push(match self.0.get(i) {
+                    Some(old) => Array::concatenate(&[&old.slice_axis(2, 0, prev)?, &zeros], 2)?,
+                    None => zeros,
+                });
+            }
+            self.0 = grown;
+        }
+        // The old buffers are dropped as they are replaced, so at evaluation
+        // time only the update node holds them and MLX can write in place.
+        let old = std::mem::take(&mut self.0);
+        let mut views = Vec::with_capacity(new.len());
+        for (buf, x) in old.into_iter().zip(new) {
+            let s = x.shape();
+            let updated = buf.slice_update(x, &[0, 0, prev, 0], &[s[0], s[1], end, s[3]])?;
+            views.push(updated.slice_axis(2, 0, end)?);
+            self.0.push(updated);
+        }
+        Ok(views)
+    }
+
+    /// The written positions `0..len` of every plane (None when unallocated).
+    fn contents(&self, len: i32) -> Result<Option<Vec<Array>>> {
+        if self.0.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(self.0.iter().map(|a| a.slice_axis(2, 0, len)).collect::<std::result::Result<_, _>>()?))
+    }
+
+    fn pad_front(&mut self, n: i32, len: i32) -> Result<()> {
+        if let Some(planes) = self.contents(len)? {
+            let mut out = Vec::with_capacity(planes.len());
+            for a in planes {
+                out.push(Array::concatenate(&[&zeros_like_positions(&a, n)?, &a], 2)?);
+            }
+            self.0 = out;
+        }
+        Ok(())
+    }
+
+    /// Stacks `other`'s rows after these (both `len` positions); zeros stand
+    /// in for a side with no buffers.
+    fn extend(&mut self, other: &Planes, len: i32, rows: (usize, usize)) -> Result<()> {
+        let (mine, theirs) = (self.contents(len)?, other.contents(len)?);
+        let Some(like) = mine.as_ref().or(theirs.as_ref()).map(|p| p.iter().map(|a| (a.shape(), a.dtype())).collect::<Vec<_>>())
+        else {
+            return Ok(());
+        };
+        let fill = |r: usize| -> Result<Vec<Array>> {
+            like.iter().map(|(s, dt)| Ok(Array::zeros(&[r as i32, s[1], len, s[3]], *dt)?)).collect()
+        };
+        let a = match mine {
+            Some(p) => p,
+            None => fill(rows.0)?,
+        };
+        let b = match theirs {
+            Some(p) => p,
+            None => fill(rows.1)?,
+        };
+        self.0 = a.iter().zip(&b).map(|(x, y)| Array::concatenate(&[x, y], 0)).collect::<std::result::Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Keeps rows `idx` and drops the first `shared` positions.
+    fn filter(&mut self, idx: &Array, shared: i32, len: i32) -> Result<()> {
+        if let Some(planes) = self.contents(len)? {
+            let mut out = Vec::with_capacity(planes.len());
+            for a in planes {
+                let a = a.take(idx, 0)?;
+                out.push(if shared > 0 { a.slice_axis(2, shared, len)? } else { a });
+            }
+            self.0 = out;
+        }
+        Ok(())
+    }
+
+    fn nbytes(&self) -> usize {
+        self.0.iter().map(|a| a.nbytes()).sum()
+    }
+}
+
+/// The packed planes of an affine-quantized cache.
+struct Affine {
+    planes: Planes,
+    bits: i32,
+    group_size: i32,
+    /// Per row: the position from which it attends to quantized KV.
+    starts: Vec<i32>,
+}
+
 pub struct KvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
     t: Timeline,
+    /// Keys and values as computed: the cache itself for the dense scheme;
+    /// for a quantized one the float copy, kept (None once dropped) while
+    /// some row has not reached its start.
+    dense: Option<Planes>,
+    quant: Option<Affine>,
+}
+
+/// Affine-quantized keys and values (`[B, H, T, ·]` planes: packed words,
+/// scales, biases), as `quantized_attention` takes them.
+pub struct AffineKv {
+    pub keys: [Array; 3],
+    pub values: [Array; 3],
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+impl AffineKv {
+    fn window_from(&self, start: i32) -> Result<AffineKv> {
+        let cut = |p: &[Array; 3]| -> Result<[Array; 3]> {
+            let end = p[0].dim(2);
+            Ok([p[0].slice_axis(2, start, end)?, p[1].slice_axis(2, start, end)?, p[2].slice_axis(2, start, end)?])
+        };
+        Ok(AffineKv { keys: cut(&self.keys)?, values: cut(&self.values)?, group_size: self.group_size, bits: self.bits })
+    }
+
+    fn share(&self) -> AffineKv {
+        let s = |p: &[Array; 3]| [p[0].share(), p[1].share(), p[2].share()];
+        AffineKv { keys: s(&self.keys), values: s(&self.values), group_size: self.group_size, bits: self.bits }
+    }
+}
+
+/// What a layer attends to after its cache update: every cached key and
+/// value (itself included), in whichever form the rows need.
+pub enum KvView {
+    Dense { keys: Array, values: Array },
+    Affine(AffineKv),
+    /// Some rows before their start (float), the others quantized:
+    /// `use_float` is `[B, 1, 1, 1]` bool.
+    Mixed { keys: Array, values: Array, quant: AffineKv, use_float: Array },
+}
+
+impl KvView {
+    /// The view of positions `start..` (a sliding window's keys).
+    pub fn window_from(self, start: i32) -> Result<KvView> {
+        if start == 0 {
+            return Ok(self);
+        }
+        let cut = |a: &Array| -> Result<Array> { Ok(a.slice_axis(2, start, a.dim(2))?) };
+        Ok(match self {
+            KvView::Dense { keys, values } => KvView::Dense { keys: cut(&keys)?, values: cut(&values)? },
+            KvView::Affine(q) => KvView::Affine(q.window_from(start)?),
+            KvView::Mixed { keys, values, quant, use_float } => {
+                KvView::Mixed { keys: cut(&keys)?, values: cut(&values)?, quant: quant.window_from(start)?, use_float }
+            }
+        })
+    }
+
+    /// Another handle on the same arrays (layers sharing another's KV).
+    pub fn share(&self) -> KvView {
+        match self {
+            KvView::Dense { keys, values } => KvView::Dense { keys: keys.share(), values: values.share() },
+            KvView::Affine(q) => KvView::Affine(q.share()),
+            KvView::Mixed { keys, values, quant, use_float } => KvView::Mixed {
+                keys: keys.share(),
+                values: values.share(),
+                quant: quant.share(),
+                use_float: use_float.share(),
+            },
+        }
+    }
+
+    /// Scaled dot-product attention of `queries` (`[B, heads, L, D]`) over
+    /// these keys and values: `[B, heads, L, Dv]`.
+    pub fn attend(&self, queries: &Array, scale: f32, mask: &AttnMask) -> Result<Array> {
+        use crate::mlx::fast;
+        let dense = |k: &Array, v: &Array| -> Result<Array> {
+            Ok(fast::scaled_dot_product_attention(queries, k, v, scale, mask.as_mask())?)
+        };
+        let quant = |q: &AffineKv| super::quant_attention::quantized_attention(queries, &q.keys, &q.values, scale, mask, q.group_size, q.bits);
+        match self {
+            KvView::Dense { keys, values } => dense(keys, values),
+            KvView::Affine(q) => quant(q),
+            KvView::Mixed { keys, values, quant: q, use_float } => {
+                Ok(Array::select(use_float, &dense(keys, values)?, &quant(q)?)?)
+            }
+        }
+    }
 }
 
 impl KvCache {
-    /// An empty cache for `rows` rows.
+    /// An empty dense cache for `rows` rows.
     pub fn new(rows: usize) -> KvCache {
-        KvCache { keys: None, values: None, t: Timeline::new(rows) }
+        KvCache { t: Timeline::new(rows), dense: Some(Planes::default()), quant: None }
     }
 
-    /// A one-row cache holding `keys`, `values` (`[1, H, n, D]`) as its first
-    /// `n` positions. The arrays are not written to: the first append grows
-    /// into a new buffer.
+    /// An empty cache for `rows` rows storing KV as `scheme` says, every row
+    /// quantized from position 0 until `set_starts` says otherwise.
+    pub fn with_scheme(rows: usize, scheme: KvScheme) -> Result<KvCache> {
+        let mut c = KvCache::new(rows);
+        match scheme {
+            KvScheme::Dense => {}
+            KvScheme::Affine { bits, group_size } => {
+                c.quant = Some(Affine { planes: Planes::default(), bits, group_size, starts: vec![0; rows] })
+            }
+            KvScheme::TurboQuant { .. } => return Err(Error::unsupported("TurboQuant KV is not implemented yet")),
+        }
+        Ok(c)
+    }
+
+    /// An empty cache of the same scheme for `rows` rows.
+    pub fn empty_like(&self, rows: usize) -> KvCache {
+        let mut c = KvCache::new(rows);
+        if let Some(q) = &self.quant {
+            c.quant = Some(Affine { planes: Planes::default(), bits: q.bits, group_size: q.group_size, starts: vec![0; rows] });
+        }
+        c
+    }
+
+    /// A one-row dense cache holding `keys`, `values` (`[1, H, n, D]`) as its
+    /// first `n` positions. The arrays are not written to: the first append
+    /// grows into a new buffer.
     pub fn from_prefix(keys: Array, values: Array) -> KvCache {
         let t = Timeline::single(keys.dim(2));
-        KvCache { keys: Some(keys), values: Some(values), t }
+        KvCache { t, dense: Some(Planes(vec![keys, values])), quant: None }
+    }
+
+    /// Whether keys and values are stored quantized.
+    pub fn is_quantized(&self) -> bool {
+        self.quant.is_some()
+    }
+
+    /// Sets each row's `quantized_kv_start` (rows of an empty cache; no
+    /// effect on a dense cache).
+    pub fn set_starts(&mut self, starts: &[i32]) {
+        if let Some(q) = &mut self.quant {
+            debug_assert!(self.t.is_empty() && starts.len() == q.starts.len());
+            q.starts = starts.to_vec();
+        }
     }
 
     /// A contiguous copy of `row`'s keys and values at its own positions
-    /// `from..to` (0 = its first real token).
+    /// `from..to` (0 = its first real token). Dense caches only.
     pub fn row_slice(&self, row: usize, from: i32, to: i32) -> Result<(Array, Array)> {
-        let (k, v) = self.contents()?.ok_or_else(|| Error::internal("slicing an empty cache"))?;
+        if self.quant.is_some() {
+            return Err(Error::unsupported("snapshots of a quantized KV cache are not supported yet"));
+        }
+        let planes = self.dense.as_ref().and_then(|d| d.contents(self.t.len()).transpose());
+        let planes = planes.ok_or_else(|| Error::internal("slicing an empty cache"))??;
         let (p, r) = (self.t.pads()[row], row as i32);
         if to > self.row_len(row) || from > to {
             return Err(Error::internal(format!("row {row} has {} positions, asked {from}..{to}", self.row_len(row))));
@@ -46,9 +295,8 @@ impl KvCache {
             let s = a.shape();
             Ok(a.slice(&[r, 0, p + from, 0], &[r + 1, s[1], p + to, s[3]], &[1, 1, 1, 1])?.contiguous()?)
         };
-        Ok((cut(&k)?, cut(&v)?))
+        Ok((cut(&planes[0])?, cut(&planes[1])?))
     }
-
     /// The rows' shared timeline (length and left padding).
     pub fn timeline(&self) -> &Timeline {
         &self.t
@@ -134,56 +382,61 @@ impl KvCache {
     }
 
     /// Appends `k`, `v` (`[B, kv_heads, L, head_dim]`) for every row and
-    /// returns views of all cached keys and values including them.
-    pub fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
-        let ks = k.shape();
-        let vs = v.shape();
-        let (b, h, l) = (ks[0], ks[1], ks[2]);
+    /// returns what the layer attends to: all cached keys and values
+    /// including them.
+    pub fn update(&mut self, k: &Array, v: &Array) -> Result<KvView> {
+        let b = k.dim(0);
         if b as usize != self.rows() {
             return Err(Error::internal(format!("cache has {} rows, update has {b}", self.rows())));
         }
         let prev = self.t.len();
-        let cap = self.keys.as_ref().map_or(0, |a| a.dim(2));
-        if prev + l > cap {
-            let n = (STEP + l - 1) / STEP * STEP;
-            let new_k = Array::zeros(&[b, h, n, ks[3]], k.dtype())?;
-            let new_v = Array::zeros(&[b, h, n, vs[3]], v.dtype())?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(ok), Some(ov)) => {
-                    let ok = ok.slice_axis(2, 0, prev)?;
-                    let ov = ov.slice_axis(2, 0, prev)?;
-                    self.keys = Some(Array::concatenate(&[&ok, &new_k], 2)?);
-                    self.values = Some(Array::concatenate(&[&ov, &new_v], 2)?);
-                }
-                _ => {
-                    self.keys = Some(new_k);
-                    self.values = Some(new_v);
-                }
+        // Per row: whether this forward starts before the row's start.
+        let use_float: Vec<bool> = match &self.quant {
+            Some(q) => self.t.pads().iter().zip(&q.starts).map(|(&p, &s)| (prev - p).max(0) < s).collect(),
+            None => vec![],
+        };
+        self.t.advance(k.dim(2));
+        let dense = match &mut self.dense {
+            Some(d) => Some(d.write(&[k.share(), v.share()], prev)?),
+            None => None,
+        };
+        let Some(q) = &mut self.quant else {
+            let mut d = dense.expect("a dense cache keeps its planes").into_iter();
+            return Ok(KvView::Dense { keys: d.next().expect("keys"), values: d.next().expect("values") });
+        };
+        let (kw, ks, kb) = quantize(k, q.group_size, q.bits)?;
+        let (vw, vs, vb) = quantize(v, q.group_size, q.bits)?;
+        let mut p = q.planes.write(&[kw, ks, kb, vw, vs, vb], prev)?.into_iter();
+        let mut next = || p.next().expect("six planes");
+        let quant = AffineKv {
+            keys: [next(), next(), next()],
+            values: [next(), next(), next()],
+            group_size: q.group_size,
+            bits: q.bits,
+        };
+        let len = self.t.len();
+        let needed = self.t.pads().iter().zip(&q.starts).any(|(&p, &s)| (len - p).max(0) < s);
+        let any_float = use_float.iter().any(|&f| f);
+        let view = if !any_float {
+            KvView::Affine(quant)
+        } else {
+            let mut d = dense
+                .ok_or_else(|| Error::internal("a row before its quantized_kv_start has no float KV"))?
+                .into_iter();
+            let (keys, values) = (d.next().expect("keys"), d.next().expect("values"));
+            if use_float.iter().all(|&f| f) {
+                KvView::Dense { keys, values }
+            } else {
+                let flags: Vec<i32> = use_float.iter().map(|&f| f as i32).collect();
+                let use_float = Array::from_i32(&flags, &[b, 1, 1, 1])?.astype(Dtype::Bool)?;
+                KvView::Mixed { keys, values, quant, use_float }
             }
+        };
+        if !needed {
+            // Every row reached its start: the float copy is never read again.
+            self.dense = None;
         }
-        self.t.advance(l);
-        let end = self.t.len();
-        // The old buffers are dropped on return, so at evaluation time only the
-        // update node holds them and MLX can write into them in place.
-        let old_k = self.keys.take().expect("allocated above");
-        let old_v = self.values.take().expect("allocated above");
-        let keys = old_k.slice_update(k, &[0, 0, prev, 0], &[b, h, end, ks[3]])?;
-        let values = old_v.slice_update(v, &[0, 0, prev, 0], &[b, h, end, vs[3]])?;
-        let out = (keys.slice_axis(2, 0, end)?, values.slice_axis(2, 0, end)?);
-        self.keys = Some(keys);
-        self.values = Some(values);
-        Ok(out)
-    }
-
-    /// Keys and values of the written positions (`[B, H, len, D]`).
-    fn contents(&self) -> Result<Option<(Array, Array)>> {
-        match (&self.keys, &self.values) {
-            (Some(k), Some(v)) => {
-                let len = self.t.len();
-                Ok(Some((k.slice_axis(2, 0, len)?, v.slice_axis(2, 0, len)?)))
-            }
-            _ => Ok(None),
-        }
+        Ok(view)
     }
 
     /// Prepends `n` padding positions to every row.
@@ -191,11 +444,12 @@ impl KvCache {
         if n == 0 {
             return Ok(());
         }
-        if let Some((k, v)) = self.contents()? {
-            let zk = zeros_like_positions(&k, n)?;
-            let zv = zeros_like_positions(&v, n)?;
-            self.keys = Some(Array::concatenate(&[&zk, &k], 2)?);
-            self.values = Some(Array::concatenate(&[&zv, &v], 2)?);
+        let len = self.t.len();
+        if let Some(d) = &mut self.dense {
+            d.pad_front(n, len)?;
+        }
+        if let Some(q) = &mut self.quant {
+            q.planes.pad_front(n, len)?;
         }
         self.t.pad_front(n);
         Ok(())
@@ -203,25 +457,35 @@ impl KvCache {
 
     /// Adds `other`'s rows after this cache's rows, right-aligning both
     /// timelines (the shorter one is left-padded). Either may have positions
-    /// but no buffers yet (all padding); zeros stand in for them.
+    /// but no buffers yet (all padding); zeros stand in for them. Both must
+    /// have the same scheme.
     pub fn extend(&mut self, mut other: KvCache) -> Result<()> {
         let end = self.len().max(other.len());
         self.pad_front(end - self.len())?;
         other.pad_front(end - other.len())?;
-        let (mine, theirs) = (self.contents()?, other.contents()?);
-        let like = mine.as_ref().or(theirs.as_ref()).map(|(k, v)| (k.shape(), v.shape(), k.dtype()));
-        if let Some((ks, vs, dt)) = like {
-            let fill = |rows: usize, s: &[i32]| Array::zeros(&[rows as i32, s[1], end, s[3]], dt);
-            let (k1, v1) = match mine {
-                Some(kv) => kv,
-                None => (fill(self.rows(), &ks)?, fill(self.rows(), &vs)?),
-            };
-            let (k2, v2) = match theirs {
-                Some(kv) => kv,
-                None => (fill(other.rows(), &ks)?, fill(other.rows(), &vs)?),
-            };
-            self.keys = Some(Array::concatenate(&[&k1, &k2], 0)?);
-            self.values = Some(Array::concatenate(&[&v1, &v2], 0)?);
+        let rows = (self.rows(), other.rows());
+        // A float copy is needed if either side keeps one; the rows of a
+        // side without one have all reached their start, so zeros do.
+        match (&mut self.dense, &other.dense) {
+            (Some(a), Some(b)) => a.extend(b, end, rows)?,
+            (Some(a), None) => a.extend(&Planes::default(), end, rows)?,
+            (None, Some(b)) => {
+                let mut a = Planes::default();
+                a.extend(b, end, rows)?;
+                self.dense = Some(a);
+            }
+            (None, None) => {}
+        }
+        match (&mut self.quant, other.quant) {
+            (Some(a), Some(b)) => {
+                if (a.bits, a.group_size) != (b.bits, b.group_size) {
+                    return Err(Error::internal("extending a KV cache with one of another scheme"));
+                }
+                a.planes.extend(&b.planes, end, rows)?;
+                a.starts.extend(b.starts);
+            }
+            (None, None) => {}
+            _ => return Err(Error::internal("extending a KV cache with one of another scheme")),
         }
         self.t.extend(&other.t);
         Ok(())
@@ -230,27 +494,35 @@ impl KvCache {
     /// Keeps the rows `keep` (in that order) and drops padding all of them share.
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
         let idx: Vec<i32> = keep.iter().map(|&r| r as i32).collect();
-        let idx_arr = Array::from_i32(&idx, &[idx.len() as i32])?;
-        let contents = self.contents()?;
+        let idx = Array::from_i32(&idx, &[idx.len() as i32])?;
         let len = self.t.len();
         let shared = self.t.filter(keep);
-        if let Some((k, v)) = contents {
-            let (k, v) = (k.take(&idx_arr, 0)?, v.take(&idx_arr, 0)?);
-            let cut = |a: Array| if shared > 0 { a.slice_axis(2, shared, len) } else { Ok(a) };
-            self.keys = Some(cut(k)?);
-            self.values = Some(cut(v)?);
+        if let Some(d) = &mut self.dense {
+            d.filter(&idx, shared, len)?;
+        }
+        if let Some(q) = &mut self.quant {
+            q.planes.filter(&idx, shared, len)?;
+            q.starts = keep.iter().map(|&r| q.starts[r]).collect();
         }
         Ok(())
     }
 
     /// The arrays to evaluate so that the cache content is materialized.
     pub fn state(&self) -> Vec<&Array> {
-        self.keys.iter().chain(self.values.iter()).collect()
+        let dense = self.dense.iter().flat_map(|d| d.0.iter());
+        dense.chain(self.quant.iter().flat_map(|q| q.planes.0.iter())).collect()
     }
 
     /// Bytes held by the buffers (capacity, not just `len`).
     pub fn nbytes(&self) -> usize {
-        self.state().iter().map(|a| a.nbytes()).sum()
+        let (d, q) = self.nbytes_by_kind();
+        d + q
+    }
+
+    /// Bytes held dense (the float copy of a quantized cache included) and
+    /// quantized.
+    pub fn nbytes_by_kind(&self) -> (usize, usize) {
+        (self.dense.as_ref().map_or(0, Planes::nbytes), self.quant.as_ref().map_or(0, |q| q.planes.nbytes()))
     }
 }
 
@@ -274,6 +546,15 @@ pub fn bytes_per_position(kv_heads: i32, head_dim: i32, dtype: Dtype) -> usize {
 mod tests {
     use super::*;
     use crate::mlx::fast::{self};
+
+    impl KvCache {
+        fn update_and_fetch(&mut self, k: &Array, v: &Array) -> Result<(Array, Array)> {
+            match self.update(k, v)? {
+                KvView::Dense { keys, values } => Ok((keys, values)),
+                _ => panic!("a dense cache gives dense views"),
+            }
+        }
+    }
 
     /// `[1, 1, l, 2]` keys whose values encode the position (+ `base`).
     fn kv(base: f32, l: i32) -> Array {

@@ -17,7 +17,7 @@ impl LayerCache {
     /// An empty cache of the same kind for `rows` rows.
     pub fn empty_like(&self, rows: usize) -> LayerCache {
         match self {
-            LayerCache::Kv(_) => LayerCache::Kv(KvCache::new(rows)),
+            LayerCache::Kv(c) => LayerCache::Kv(c.empty_like(rows)),
             LayerCache::State(_) => LayerCache::State(StateCache::new(rows)),
         }
     }
@@ -27,6 +27,13 @@ impl LayerCache {
     /// non-trimmable layer is only usable at exactly its length.
     pub fn trimmable(&self) -> bool {
         matches!(self, LayerCache::Kv(_))
+    }
+
+    /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).
+    pub fn set_starts(&mut self, starts: &[i32]) {
+        if let LayerCache::Kv(c) = self {
+            c.set_starts(starts);
+        }
     }
 
     pub fn set_padding(&mut self, pads: &[i32]) {
@@ -117,6 +124,14 @@ impl LayerCache {
         match self {
             LayerCache::Kv(c) => c.nbytes(),
             LayerCache::State(c) => c.nbytes(),
+        }
+    }
+
+    /// KV bytes held dense and quantized (a recurrent state counts as neither).
+    pub fn kv_bytes_by_kind(&self) -> (usize, usize) {
+        match self {
+            LayerCache::Kv(c) => c.nbytes_by_kind(),
+            LayerCache::State(_) => (0, 0),
         }
     }
 

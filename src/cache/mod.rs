@@ -5,6 +5,7 @@
 pub mod kv;
 pub mod layer;
 pub mod prefix;
+pub mod quant_attention;
 pub mod scheme;
 pub mod state;
 pub mod store;
@@ -12,7 +13,7 @@ pub mod timeline;
 pub mod turbo;
 mod radix;
 
-pub use kv::KvCache;
+pub use kv::{AffineKv, KvCache, KvView};
 pub use layer::{LayerCache, LayerSnapshot};
 pub use state::StateCache;
 pub use timeline::Timeline;

@@ -98,6 +98,10 @@ impl DecodeBatch {
         self.set.kv_bytes()
     }
 
+    pub fn kv_bytes_by_kind(&self) -> (usize, usize) {
+        self.set.kv_bytes_by_kind()
+    }
+
     /// Row `row`'s first `len` positions, for an offer `collect` made.
     pub fn snapshot(&self, offer: &Offer) -> Result<super::prompt_cache::Snapshot> {
         self.set.snapshot(offer.row, offer.tokens.len())

@@ -10,7 +10,8 @@ use super::prompt_cache::Capture;
 use super::row::Row;
 use super::row_set::{keep_rows, RowSet};
 use super::FinishReason;
-use crate::cache::LayerCache;
+use crate::cache::scheme::KvScheme;
+use crate::cache::{KvCache, LayerCache};
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::{LanguageModel, Output};
@@ -38,15 +39,19 @@ pub(crate) struct Progress {
 }
 
 impl Cohort {
-    pub fn new(model: &dyn LanguageModel, entrants: Vec<Entrant>) -> Cohort {
+    /// A cohort of new rows whose full-attention layers store KV as
+    /// `scheme` says (each row from its own `quantized_kv_start`).
+    pub fn new(model: &dyn LanguageModel, scheme: KvScheme, entrants: Vec<Entrant>) -> Result<Cohort> {
         let (rows, marks): (Vec<Row>, Vec<_>) = entrants.into_iter().unzip();
         let total = rows.iter().map(|r| r.prompt.len() as i32).max().unwrap_or(0);
         let pads: Vec<i32> = rows.iter().map(|r| total - r.prompt.len() as i32).collect();
-        let mut cache = model.new_cache(rows.len());
+        let starts: Vec<i32> = rows.iter().map(|r| r.kv_start).collect();
+        let mut cache = new_cache(model, scheme, rows.len())?;
         for c in &mut cache {
             c.set_padding(&pads);
+            c.set_starts(&starts);
         }
-        Cohort { set: RowSet::new(rows, cache), marks, total, done: 0 }
+        Ok(Cohort { set: RowSet::new(rows, cache), marks, total, done: 0 })
     }
 
     /// A cohort for one row whose first `done` prompt positions are already in
@@ -87,6 +92,7 @@ impl Cohort {
             .map(|c| {
                 let mut f = c.empty_like(1);
                 f.set_padding(&[pad - self.done]);
+                f.set_starts(&[row.kv_start]);
                 f
             })
             .collect();
@@ -145,6 +151,9 @@ impl Cohort {
             if let Some(&(at, _)) = stops.iter().filter(|(at, _)| *at > self.done).min() {
                 to = to.min(at);
             }
+            if let Some(at) = self.conversions().filter(|&at| at > self.done).min() {
+                to = to.min(at);
+            }
             let x = self.tokens(self.done, to)?;
             model.forward(&x, self.set.cache_mut(), Output::CacheOnly)?;
             let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).collect();
@@ -180,6 +189,16 @@ impl Cohort {
         self.set.cache().iter().all(LayerCache::trimmable)
     }
 
+    /// Timeline positions where a row reaches its `quantized_kv_start` (with
+    /// quantized KV): a chunk never straddles one, so every row switches
+    /// from float to quantized KV exactly at its start, whatever its
+    /// neighbours do.
+    fn conversions(&self) -> impl Iterator<Item = i32> + '_ {
+        let quantized = self.set.cache().iter().any(|c| c.kv().is_ok_and(|k| k.is_quantized()));
+        let rows = if quantized { self.rows() } else { &[] };
+        rows.iter().map(move |r| self.total - r.prompt.len() as i32 + r.kv_start)
+    }
+
     /// (timeline position, row) of the marks where a model with
     /// non-trimmable caches must stop to snapshot; none for other models.
     fn stops(&self) -> Vec<(i32, usize)> {
@@ -195,8 +214,27 @@ impl Cohort {
         out
     }
 
+    /// KV bytes held dense and quantized.
+    pub fn kv_bytes_by_kind(&self) -> (usize, usize) {
+        self.set.kv_bytes_by_kind()
+    }
+
     /// The rows with their caches, once prefill is over.
     pub fn into_set(self) -> RowSet {
         self.set
     }
+}
+
+/// Empty caches for `rows` rows: the model's, with the full-attention
+/// layers storing KV as `scheme` says (sliding-window layers stay dense).
+fn new_cache(model: &dyn LanguageModel, scheme: KvScheme, rows: usize) -> Result<Vec<LayerCache>> {
+    let mut cache = model.new_cache(rows);
+    if scheme.is_quantized() {
+        for (c, l) in cache.iter_mut().zip(model.kv_layers()) {
+            if l.is_some_and(|l| l.window.is_none()) {
+                *c = LayerCache::Kv(KvCache::with_scheme(rows, scheme)?);
+            }
+        }
+    }
+    Ok(cache)
 }

@@ -47,6 +47,11 @@ impl RowSet {
         self.cache.iter().map(LayerCache::nbytes).sum()
     }
 
+    /// KV bytes held dense and quantized.
+    pub fn kv_bytes_by_kind(&self) -> (usize, usize) {
+        self.cache.iter().map(LayerCache::kv_bytes_by_kind).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    }
+
     /// KV bytes reserved by all rows.
     pub fn reserved(&self) -> usize {
         self.rows.iter().map(|r| r.kv_reserved).sum()

@@ -191,6 +191,13 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
     if config.prompt_cache_bytes == 0 {
         return Ok(None);
     }
+    if config.kv.scheme.is_quantized() {
+        config.logger.log(
+            LogLevel::Info,
+            format!("prompt cache off: snapshots of a quantized KV cache ({}) are not supported yet", config.kv.scheme.name()),
+        );
+        return Ok(None);
+    }
     let tokenizer = m.text.tokenizer.to_json_string().unwrap_or_default();
     let info = m.model.info();
     let compat = format!(
@@ -411,7 +418,7 @@ impl Scheduler<'_> {
             Admit::NewCohort(n) => {
                 let entrants = self.open_missed(n);
                 if !entrants.is_empty() {
-                    self.cohort = Some(Cohort::new(self.model.as_ref(), entrants));
+                    self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?);
                 }
                 Ok(())
             }
@@ -434,7 +441,7 @@ impl Scheduler<'_> {
                     // Evicted since the probe: start from scratch.
                     Ok(None) => {
                         let e = self.entrant(row);
-                        self.cohort = Some(Cohort::new(self.model.as_ref(), vec![e]));
+                        self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, vec![e])?);
                     }
                 }
                 Ok(())
@@ -568,6 +575,10 @@ impl Scheduler<'_> {
         s.queued.store(self.queue.len(), Ordering::Relaxed);
         s.active.store(self.batch.len() + cohort_rows, Ordering::Relaxed);
         s.kv_bytes.store(kv, Ordering::Relaxed);
+        let (dense, quant) = self.batch.kv_bytes_by_kind();
+        let (cd, cq) = self.cohort.as_ref().map_or((0, 0), Cohort::kv_bytes_by_kind);
+        s.kv_bytes_dense.store(dense + cd, Ordering::Relaxed);
+        s.kv_bytes_quantized.store(quant + cq, Ordering::Relaxed);
         s.kv_reserved.store(self.kv_reserved, Ordering::Relaxed);
         s.active_memory.store(mlx::memory::active(), Ordering::Relaxed);
         s.peak_memory.store(mlx::memory::peak(), Ordering::Relaxed);

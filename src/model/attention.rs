@@ -9,7 +9,7 @@ use super::weights::Weights;
 use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvCache, Positions};
 use crate::error::Result;
-use crate::mlx::{fast, Array};
+use crate::mlx::Array;
 use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
@@ -123,20 +123,13 @@ impl Attention {
         let v = heads(next(), self.kv_heads, &None)?;
         let q = self.rope.forward(&q, pos)?;
         let k = self.rope.forward(&k, pos)?;
-        let (mut k, mut v) = cache.update_and_fetch(&k, &v)?;
-        let mask = match (self.window, &masks.window) {
-            (Some(_), Some((start, m))) => {
-                // Keys before `start` are outside every new query's window.
-                if *start > 0 {
-                    let end = k.dim(2);
-                    k = k.slice_axis(2, *start, end)?;
-                    v = v.slice_axis(2, *start, end)?;
-                }
-                m
-            }
-            _ => &masks.full,
+        let kv = cache.update(&k, &v)?;
+        let (kv, mask) = match (self.window, &masks.window) {
+            // Keys before `start` are outside every new query's window.
+            (Some(_), Some((start, m))) => (kv.window_from(*start)?, m),
+            _ => (kv, &masks.full),
         };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask.as_mask())?;
+        let o = kv.attend(&q, self.scale, mask)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         match gate {
             Some(g) => self.o.forward(&o.multiply(&g.sigmoid()?)?),

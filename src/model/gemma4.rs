@@ -25,7 +25,7 @@ use super::moe::SwitchGlu;
 use super::weights::Weights;
 use super::{LanguageModel, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
-use crate::cache::{AttnMask, KvCache, LayerCache, Positions};
+use crate::cache::{AttnMask, KvCache, KvView, LayerCache, Positions};
 use crate::error::{Error, Result};
 use crate::mlx::{fast, Array, Dtype};
 use serde::Deserialize;
@@ -126,17 +126,17 @@ impl Attn {
         &self,
         x: &Array,
         cache: Option<&mut KvCache>,
-        shared: Option<&(Array, Array)>,
+        shared: Option<&KvView>,
         pos: &Positions,
         (start, mask): (i32, &AttnMask),
-    ) -> Result<(Array, (Array, Array))> {
+    ) -> Result<(Array, KvView)> {
         let s = x.shape();
         let (b, l, hd) = (s[0], s[1], self.head_dim);
         let parts = self.proj.forward(x)?;
         let q = self.q_norm.forward(&parts[0].reshape(&[b, l, self.heads, hd])?)?;
         let q = self.rope.forward(&q.transpose(&[0, 2, 1, 3])?, pos)?;
-        let (k, v) = match (shared, self.has_kv) {
-            (Some(kv), _) => (kv.0.share(), kv.1.share()),
+        let kv = match (shared, self.has_kv) {
+            (Some(kv), _) => kv.share(),
             (None, false) => return Err(Error::internal("a KV-shared layer got no keys")),
             (None, true) => {
                 let k = parts[1].reshape(&[b, l, self.kv_heads, hd])?;
@@ -145,20 +145,14 @@ impl Attn {
                 let k = self.rope.forward(&k.transpose(&[0, 2, 1, 3])?, pos)?;
                 let v = fast::rms_norm_plain(&v, self.eps)?.transpose(&[0, 2, 1, 3])?;
                 let cache = cache.ok_or_else(|| Error::internal("a layer with keys got no cache"))?;
-                let (k, v) = cache.update_and_fetch(&k, &v)?;
                 // Keys before `start` are outside every new query's window;
                 // the layers sharing these keys see the same cut.
-                if start > 0 {
-                    let end = k.dim(2);
-                    (k.slice_axis(2, start, end)?, v.slice_axis(2, start, end)?)
-                } else {
-                    (k, v)
-                }
+                cache.update(&k, &v)?.window_from(start)?
             }
         };
-        let o = fast::scaled_dot_product_attention(&q, &k, &v, 1.0, mask.as_mask())?;
+        let o = kv.attend(&q, 1.0, mask)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * hd])?;
-        Ok((self.o.forward(&o)?, (k, v)))
+        Ok((self.o.forward(&o)?, kv))
     }
 }
 
@@ -453,7 +447,7 @@ impl LanguageModel for Gemma4 {
         let h0 = self.embed.forward(tokens)?;
         let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
         let per_layer = self.per_layer_inputs(tokens, &h)?;
-        let mut kvs: Vec<Option<(Array, Array)>> = Vec::with_capacity(self.blocks.len());
+        let mut kvs: Vec<Option<KvView>> = Vec::with_capacity(self.blocks.len());
         for (i, b) in self.blocks.iter().enumerate() {
             let mask = match (&masks.window, b.attn.sliding) {
                 (Some((s, m)), true) => (*s, m),

@@ -10,12 +10,18 @@ log-softmax) are captured at the requested steps: step 0 = the logits after the 
 Usage:
     mlxlm_reference.py --model DIR_OR_GGUF --prompts PROMPTS.json --out OUT.safetensors
         [--steps 64] [--logit-steps 0,1,8,31,63] [--f32-scales | --no-f32-scales]
-        [--prefill-step-size 2048] [--json]
+        [--prefill-step-size 2048] [--kv-bits B --kv-group-size G --quantized-kv-start S]
+        [--no-rotating-quant] [--json]
 
 --model is an MLX-format folder (see gguf_to_mlx.py) or a .gguf file (converted into a
 temporary folder first). --f32-scales (default ON) casts quantization scales/biases to
 float32 after loading, as the engine does on CPU (lossless; fp16 scales are ~30x slower on
 MLX's CPU backend). Both sides of a comparison must use the same setting.
+
+--kv-bits/--kv-group-size/--quantized-kv-start are passed to generate_step (mlx-lm's
+quantized KV cache: the cache converts after the forward that reaches the start).
+--no-rotating-quant keeps RotatingKVCache layers (sliding windows) float, as mlxrt does
+(mlx-lm's RotatingKVCache.to_quantized raises NotImplementedError).
 
 PROMPTS.json: {"prompts": [{"name": "...", "ids": [...]} |
                            {"name": "...", "messages": [{"role": ..., "content": ...}]}]}
@@ -84,7 +90,27 @@ def prompt_ids(tokenizer, prompt):
     return tokenizer.encode(text, add_special_tokens=False), text
 
 
-def greedy_with_logits(model, ids, steps, logit_steps, prefill_step_size=2048):
+def skip_rotating_quant():
+    """Make mlx-lm's KV quantization leave RotatingKVCache layers float."""
+    import mlx_lm.generate as gen
+    from mlx_lm.models.cache import RotatingKVCache
+
+    original = gen.maybe_quantize_kv_cache
+
+    def patched(prompt_cache, quantized_kv_start, kv_group_size, kv_bits):
+        if kv_bits is None:
+            return
+        for e, c in enumerate(prompt_cache):
+            if isinstance(c, RotatingKVCache):
+                continue
+            if hasattr(c, "to_quantized") and c.offset >= quantized_kv_start:
+                prompt_cache[e] = c.to_quantized(group_size=kv_group_size, bits=kv_bits)
+
+    gen.maybe_quantize_kv_cache = patched
+    return original
+
+
+def greedy_with_logits(model, ids, steps, logit_steps, prefill_step_size=2048, kv=None):
     """Greedy-decode `steps` tokens after `ids`; return (tokens, logits[len(logit_steps), V])."""
     captured = []
 
@@ -97,7 +123,8 @@ def greedy_with_logits(model, ids, steps, logit_steps, prefill_step_size=2048):
     wanted = set(logit_steps)
     tokens = []
     for tok, _ in generate_step(mx.array(ids), model, max_tokens=steps,
-                                logits_processors=[capture], prefill_step_size=prefill_step_size):
+                                logits_processors=[capture], prefill_step_size=prefill_step_size,
+                                **(kv or {})):
         tokens.append(tok)
     rows = [captured[s].reshape(-1).astype(mx.float32) for s in logit_steps]
     logits = mx.stack(rows)
@@ -105,7 +132,7 @@ def greedy_with_logits(model, ids, steps, logit_steps, prefill_step_size=2048):
     return tokens, logits
 
 
-def run_reference(model, tokenizer, prompts, steps, logit_steps, prefill_step_size=2048):
+def run_reference(model, tokenizer, prompts, steps, logit_steps, prefill_step_size=2048, kv=None):
     """Run every prompt; returns ({tensor name: mx.array}, {name: rendered text}, summary)."""
     if any(s < 0 or s >= steps for s in logit_steps):
         raise ValueError(f"logit steps must lie in [0, {steps})")
@@ -115,7 +142,7 @@ def run_reference(model, tokenizer, prompts, steps, logit_steps, prefill_step_si
         if "." in name or f"{name}.tokens" in tensors:
             raise ValueError(f"prompt names must be unique and contain no '.': {name!r}")
         ids, text = prompt_ids(tokenizer, p)
-        tokens, logits = greedy_with_logits(model, ids, steps, logit_steps, prefill_step_size)
+        tokens, logits = greedy_with_logits(model, ids, steps, logit_steps, prefill_step_size, kv)
         argmax = mx.argmax(logits, axis=-1).tolist()
         if argmax != [tokens[s] for s in logit_steps]:
             raise RuntimeError(f"{name}: captured logits do not match the sampled tokens")
@@ -137,6 +164,10 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--logit-steps", default="0,1,8,31,63")
     ap.add_argument("--prefill-step-size", type=int, default=2048)
+    ap.add_argument("--kv-bits", type=int, default=None)
+    ap.add_argument("--kv-group-size", type=int, default=64)
+    ap.add_argument("--quantized-kv-start", type=int, default=0)
+    ap.add_argument("--no-rotating-quant", action="store_true")
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--json", action="store_true", help="print a JSON summary to stdout")
     args = ap.parse_args()
@@ -144,14 +175,21 @@ def main():
     logit_steps = [int(s) for s in args.logit_steps.split(",") if s.strip()]
     prompts = json.loads(args.prompts.read_text())["prompts"]
     model, tokenizer = load_reference_model(args.model, args.f32_scales)
+    kv = None
+    if args.kv_bits is not None:
+        kv = {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size,
+              "quantized_kv_start": args.quantized_kv_start}
+    if args.no_rotating_quant:
+        skip_rotating_quant()
     tensors, texts, summary = run_reference(model, tokenizer, prompts, args.steps, logit_steps,
-                                            args.prefill_step_size)
+                                            args.prefill_step_size, kv)
     meta = {
         "mlx_version": mx.__version__,
         "mlx_lm_version": mlx_lm.__version__,
         "f32_scales": str(args.f32_scales).lower(),
         "steps": str(args.steps),
         "prefill_step_size": str(args.prefill_step_size),
+        "kv": json.dumps(kv),
         "model": str(args.model),
         "prompts": json.dumps(texts, ensure_ascii=False),
     }
