@@ -54,9 +54,9 @@ use std::rc::Rc;
 use std::sync::OnceLock;
 
 /// Coordinates per scale group.
-pub const GROUP: i32 = 32;
+const GROUP: i32 = 32;
 /// Seed of the value rotation's sign table.
-pub const SIGN_SEED: u64 = 42;
+const SIGN_SEED: u64 = 42;
 /// Floor of a key group's scale relative to its largest magnitude, so that
 /// the zero point stays an integer f16 holds exactly (≤ 2048).
 const ZERO_RANGE: f32 = 2040.0;
@@ -700,6 +700,26 @@ mod tests {
         let (a, b) = (w.attend(&q, 0.1, Mask::None).unwrap(), direct.share().attend(&q, 0.1, Mask::None).unwrap());
         assert_eq!(a.to_vec_f32().unwrap(), b.to_vec_f32().unwrap());
         assert!(TurboKv::from_planes(vec![], c).is_err());
+    }
+
+    #[test]
+    fn cache_store_attends_like_the_codec() {
+        use crate::cache::scheme::KvScheme;
+        use crate::cache::{KvCache, KvView};
+        let (t, d) = (7, 64);
+        let k = Array::from_f32(&normal((2 * t * d) as usize, 12), &[1, 2, t, d]).unwrap();
+        let v = Array::from_f32(&normal((2 * t * d) as usize, 13), &[1, 2, t, d]).unwrap();
+        let q = Array::from_f32(&normal((4 * d) as usize, 14), &[1, 4, 1, d]).unwrap();
+        let mut cache = KvCache::with_scheme(1, KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }).unwrap();
+        cache.update(&k.slice_axis(2, 0, 6).unwrap(), &v.slice_axis(2, 0, 6).unwrap()).unwrap();
+        let view = cache.update(&k.slice_axis(2, 6, 7).unwrap(), &v.slice_axis(2, 6, 7).unwrap()).unwrap();
+        assert!(matches!(view, KvView::Turbo(_)));
+        let got = view.attend(&q, 0.125, &crate::cache::AttnMask::None).unwrap();
+        let c = TurboCodec::new(8, 3, d, d).unwrap();
+        let want = c.attend(&q, &c.encode_keys(&k).unwrap(), &c.encode_values(&v).unwrap(), 0.125, Mask::None).unwrap();
+        assert_eq!(got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
+        // 256 positions of capacity: 100 bytes per head and position.
+        assert_eq!(cache.nbytes_by_kind(), (0, 256 * 2 * 100));
     }
 
     #[test]
