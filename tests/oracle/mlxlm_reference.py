@@ -92,8 +92,12 @@ def prompt_ids(tokenizer, prompt):
 
 def skip_rotating_quant():
     """Make mlx-lm's KV quantization leave RotatingKVCache layers float."""
-    import mlx_lm.generate as gen
+    import importlib
+
     from mlx_lm.models.cache import RotatingKVCache
+
+    # The module, not the `generate` function the package exports by that name.
+    gen = importlib.import_module("mlx_lm.generate")
 
     original = gen.maybe_quantize_kv_cache
 
