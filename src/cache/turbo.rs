@@ -29,6 +29,15 @@
 //! **Packing**: indices of `b` bits form an LSB-first bitstream in bytes (8
 //! indices → `b` bytes); 8-bit keys are plain int8.
 //!
+//! **Cost** (MLX ops, CPU, measured on a shared 2-core machine): k8v3 takes
+//! 100 bytes per head and position at D = 64 (0.39 of f16). Every step
+//! decodes the whole cache once (keys 3 passes, values one table lookup per
+//! 4 indices), so attention is slower than dense: T = 2048, 3 KV heads, one
+//! query: 2.2 ms against 0.72 ms for MLX's SDPA on f32; SmolLM2 decodes at
+//! 2k context at 5.7 tokens/s against 17.5 dense. A fused kernel (dot
+//! products on the int8 keys, values accumulated in the rotated domain) is
+//! what would close that gap.
+//!
 //! # Sources and where we differ
 //! - Zandieh et al., "TurboQuant: Online Vector Quantization with Near-optimal
 //!   Distortion Rate", arXiv:2504.19874: random rotation + per-coordinate
