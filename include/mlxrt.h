@@ -88,7 +88,8 @@
 
 /**
  * `mlxrt_engine_config.kv_scheme`: TurboQuant (`kv_key_bits`,
- * `kv_value_bits`); not implemented yet (create fails with UNSUPPORTED).
+ * `kv_value_bits`): keys affine per 32 coordinates, values rotated and
+ * Lloyd–Max quantized (see README).
  */
 #define MLXRT_KV_SCHEME_TURBOQUANT 2
 

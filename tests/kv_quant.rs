@@ -385,7 +385,7 @@ fn engine_reports_the_scheme_and_refuses_bad_settings() {
     for (scheme, what) in [
         (KvScheme::Affine { bits: 4, group_size: 256 }, "kv_group_size"),
         (KvScheme::Affine { bits: 7, group_size: 64 }, "kv_bits"),
-        (KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }, "turboquant"),
+        (KvScheme::TurboQuant { key_bits: 8, value_bits: 5 }, "turboquant value bits"),
     ] {
         let mut cfg = EngineConfig::new(&f);
         cfg.kv = KvQuant { scheme, start: 0 };

@@ -7,7 +7,9 @@
 //! Storage is a list of planes, each `[B, H, capacity, X]` with positions on
 //! axis 2: keys and values for the dense scheme; for the affine scheme the
 //! packed words, scales and biases of keys and of values (`mx.quantize`
-//! along the head dimension, as mlx-lm's `QuantizedKVCache`). The planes grow
+//! along the head dimension, as mlx-lm's `QuantizedKVCache`); for TurboQuant
+//! the key indices, scales, zeros and the rotated value indices, scales
+//! (`cache/turbo.rs`). The planes grow
 //! in steps, so appending a token is an in-place slice update rather than a
 //! concatenation.
 //!
@@ -20,10 +22,12 @@
 //! start; it is dropped once all rows have reached theirs.
 
 use super::scheme::KvScheme;
+use super::turbo::{TurboCodec, TurboKv};
 use super::{AttnMask, Positions, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::{quantize, Array, Dtype};
 use crate::model::Kernels;
+use std::rc::Rc;
 
 /// Buffer growth granularity in positions (as in mlx-lm).
 const STEP: i32 = 256;
@@ -129,13 +133,48 @@ impl Planes {
     }
 }
 
-/// The packed planes of an affine-quantized cache.
-struct Affine {
+/// The packed planes of a quantized cache.
+struct Quant {
     planes: Planes,
-    bits: i32,
-    group_size: i32,
+    scheme: KvScheme,
+    /// The TurboQuant codec, made at the first write (it needs the head dims).
+    turbo: Option<Rc<TurboCodec>>,
     /// Per row: the position from which it attends to quantized KV.
     starts: Vec<i32>,
+}
+
+impl Quant {
+    fn new(scheme: KvScheme, rows: usize) -> Quant {
+        Quant { planes: Planes::default(), scheme, turbo: None, starts: vec![0; rows] }
+    }
+
+    /// Encodes `k`, `v` into the planes at `prev..` and returns the view of
+    /// all positions (`KvView::Affine` or `KvView::Turbo`).
+    fn write(&mut self, k: &Array, v: &Array, prev: i32) -> Result<KvView> {
+        match self.scheme {
+            KvScheme::Affine { bits, group_size } => {
+                let (kw, ks, kb) = quantize(k, group_size, bits)?;
+                let (vw, vs, vb) = quantize(v, group_size, bits)?;
+                let mut p = self.planes.write(&[kw, ks, kb, vw, vs, vb], prev)?.into_iter();
+                let mut next = || p.next().expect("six planes");
+                Ok(KvView::Affine(AffineKv {
+                    keys: [next(), next(), next()],
+                    values: [next(), next(), next()],
+                    group_size,
+                    bits,
+                }))
+            }
+            KvScheme::TurboQuant { key_bits, value_bits } => {
+                if self.turbo.is_none() {
+                    self.turbo = Some(Rc::new(TurboCodec::new(key_bits, value_bits, k.dim(3), v.dim(3))?));
+                }
+                let codec = self.turbo.clone().expect("made above");
+                let planes = self.planes.write(&codec.encode(k, v)?, prev)?;
+                Ok(KvView::Turbo(TurboKv::from_planes(planes, codec)?))
+            }
+            KvScheme::Dense => Err(Error::internal("a dense scheme has no quantized planes")),
+        }
+    }
 }
 
 pub struct KvCache {
@@ -144,7 +183,7 @@ pub struct KvCache {
     /// for a quantized one the float copy, kept (None once dropped) while
     /// some row has not reached its start.
     dense: Option<Planes>,
-    quant: Option<Affine>,
+    quant: Option<Quant>,
 }
 
 /// Affine-quantized keys and values (`[B, H, T, ·]` planes: packed words,
@@ -168,9 +207,10 @@ impl AffineKv {
 pub enum KvView {
     Dense { keys: Array, values: Array },
     Affine(AffineKv),
-    /// Some rows before their start (float), the others quantized:
-    /// `use_float` is `[B, 1, 1, 1]` bool.
-    Mixed { keys: Array, values: Array, quant: AffineKv, use_float: Array },
+    Turbo(TurboKv),
+    /// Some rows before their start (float), the others quantized (`quant`
+    /// is `Affine` or `Turbo`): `use_float` is `[B, 1, 1, 1]` bool.
+    Mixed { keys: Array, values: Array, quant: Box<KvView>, use_float: Array },
 }
 
 impl KvView {
@@ -179,10 +219,11 @@ impl KvView {
         match self {
             KvView::Dense { keys, values } => KvView::Dense { keys: keys.share(), values: values.share() },
             KvView::Affine(q) => KvView::Affine(q.share()),
+            KvView::Turbo(q) => KvView::Turbo(q.share()),
             KvView::Mixed { keys, values, quant, use_float } => KvView::Mixed {
                 keys: keys.share(),
                 values: values.share(),
-                quant: quant.share(),
+                quant: Box::new(quant.share()),
                 use_float: use_float.share(),
             },
         }
@@ -203,8 +244,9 @@ impl KvView {
         match self {
             KvView::Dense { keys, values } => dense(keys, values),
             KvView::Affine(q) => quant(q),
+            KvView::Turbo(q) => q.attend(queries, scale, mask.as_mask()),
             KvView::Mixed { keys, values, quant: q, use_float } => {
-                Ok(Array::select(use_float, &dense(keys, values)?, &quant(q)?)?)
+                Ok(Array::select(use_float, &dense(keys, values)?, &q.attend(queries, scale, mask, kernels)?)?)
             }
         }
     }
@@ -222,10 +264,7 @@ impl KvCache {
         let mut c = KvCache::new(rows);
         match scheme {
             KvScheme::Dense => {}
-            KvScheme::Affine { bits, group_size } => {
-                c.quant = Some(Affine { planes: Planes::default(), bits, group_size, starts: vec![0; rows] })
-            }
-            KvScheme::TurboQuant { .. } => return Err(Error::unsupported("TurboQuant KV is not implemented yet")),
+            KvScheme::Affine { .. } | KvScheme::TurboQuant { .. } => c.quant = Some(Quant::new(scheme, rows)),
         }
         Ok(c)
     }
@@ -234,7 +273,7 @@ impl KvCache {
     pub fn empty_like(&self, rows: usize) -> KvCache {
         let mut c = KvCache::new(rows);
         if let Some(q) = &self.quant {
-            c.quant = Some(Affine { planes: Planes::default(), bits: q.bits, group_size: q.group_size, starts: vec![0; rows] });
+            c.quant = Some(Quant { turbo: q.turbo.clone(), ..Quant::new(q.scheme, rows) });
         }
         c
     }
@@ -357,21 +396,12 @@ impl KvCache {
             let mut d = dense.expect("a dense cache keeps its planes").into_iter();
             return Ok(KvView::Dense { keys: d.next().expect("keys"), values: d.next().expect("values") });
         };
-        let (kw, ks, kb) = quantize(k, q.group_size, q.bits)?;
-        let (vw, vs, vb) = quantize(v, q.group_size, q.bits)?;
-        let mut p = q.planes.write(&[kw, ks, kb, vw, vs, vb], prev)?.into_iter();
-        let mut next = || p.next().expect("six planes");
-        let quant = AffineKv {
-            keys: [next(), next(), next()],
-            values: [next(), next(), next()],
-            group_size: q.group_size,
-            bits: q.bits,
-        };
+        let quant = q.write(k, v, prev)?;
         let len = self.t.len();
         let needed = self.t.pads().iter().zip(&q.starts).any(|(&p, &s)| (len - p).max(0) < s);
         let any_float = use_float.iter().any(|&f| f);
         let view = if !any_float {
-            KvView::Affine(quant)
+            quant
         } else {
             let mut d = dense
                 .ok_or_else(|| Error::internal("a row before its quantized_kv_start has no float KV"))?
@@ -382,7 +412,7 @@ impl KvCache {
             } else {
                 let flags: Vec<i32> = use_float.iter().map(|&f| f as i32).collect();
                 let use_float = Array::from_i32(&flags, &[b, 1, 1, 1])?.astype(Dtype::Bool)?;
-                KvView::Mixed { keys, values, quant, use_float }
+                KvView::Mixed { keys, values, quant: Box::new(quant), use_float }
             }
         };
         if !needed {
@@ -431,10 +461,11 @@ impl KvCache {
         }
         match (&mut self.quant, other.quant) {
             (Some(a), Some(b)) => {
-                if (a.bits, a.group_size) != (b.bits, b.group_size) {
+                if a.scheme != b.scheme {
                     return Err(Error::internal("extending a KV cache with one of another scheme"));
                 }
                 a.planes.extend(&b.planes, end, rows)?;
+                a.turbo = a.turbo.take().or(b.turbo);
                 a.starts.extend(b.starts);
             }
             (None, None) => {}

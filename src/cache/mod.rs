@@ -12,6 +12,7 @@ pub mod scheme;
 pub mod state;
 pub mod store;
 pub mod timeline;
+pub mod turbo;
 mod radix;
 
 pub use kv::{AffineKv, KvCache, KvView};

@@ -18,7 +18,9 @@ pub enum KvScheme {
     /// vector in groups of `group_size` along the head dimension, as
     /// mlx-lm's `QuantizedKVCache`; attention runs on the packed form.
     Affine { bits: i32, group_size: i32 },
-    /// TurboQuant (issue 11); declared, not implemented yet.
+    /// TurboQuant (`cache/turbo.rs`): keys affine-quantized per 32
+    /// coordinates, values rotated (seeded sign flip + Hadamard) and
+    /// quantized with the Gaussian Lloyd–Max codebook, e.g. k8v3.
     TurboQuant { key_bits: i32, value_bits: i32 },
 }
 
@@ -91,8 +93,14 @@ impl KvScheme {
                 }
                 Ok(())
             }
-            KvScheme::TurboQuant { .. } => {
-                Err(Error::unsupported("kv_scheme turboquant is not implemented yet; use none or affine"))
+            KvScheme::TurboQuant { key_bits, value_bits } => {
+                super::turbo::check(key_bits, value_bits, 64, 64)?;
+                for (i, l) in layers.iter().enumerate() {
+                    let Some(l) = l.filter(|l| l.window.is_none()) else { continue };
+                    super::turbo::check(key_bits, value_bits, l.k_dim, l.v_dim)
+                        .map_err(|e| e.context(format_args!("cannot store the KV cache of layer {i}")))?;
+                }
+                Ok(())
             }
         }
     }
@@ -116,9 +124,8 @@ impl KvScheme {
                 positions * h * (per(dk) + per(dv)) + float_tail
             }
             KvScheme::TurboQuant { key_bits, value_bits } => {
-                let (kb, vb) = (key_bits as usize, value_bits as usize);
                 // f16 scale and zero per 32 keys, f16 scale per 32 values.
-                let per = dk * kb / 8 + 2 * 2 * dk / 32 + dv * vb / 8 + 2 * dv / 32;
+                let per = super::turbo::bytes_per_position(key_bits, value_bits, layer.k_dim, layer.v_dim);
                 positions * h * per + float_tail
             }
         }
@@ -157,6 +164,15 @@ mod tests {
     }
 
     #[test]
+    fn turboquant_bytes_are_the_packed_cost() {
+        let tq = KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }.bytes(&L, 1000, 0);
+        // Per head and position: 64 + 8 key bytes, 24 + 4 value bytes = 100
+        // against 256 of f16 (0.39) and 512 of f32.
+        assert_eq!(tq, 1000 * 3 * 100);
+        assert_eq!(KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }.bytes(&L, 1000, 10), tq + 10 * 3 * 128 * 4);
+    }
+
+    #[test]
     fn validation_names_the_layer() {
         let a = KvScheme::Affine { bits: 4, group_size: 64 };
         assert!(a.validate(&[Some(L), None]).is_ok());
@@ -168,7 +184,11 @@ mod tests {
         assert!(a.validate(&[Some(KvLayer { window: Some(8), ..small })]).is_ok());
         assert!(KvScheme::Affine { bits: 7, group_size: 64 }.validate(&[]).is_err());
         assert!(KvScheme::Affine { bits: 4, group_size: 16 }.validate(&[]).is_err());
-        assert!(KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }.validate(&[]).is_err());
+        let k8v3 = KvScheme::TurboQuant { key_bits: 8, value_bits: 3 };
+        assert!(k8v3.validate(&[Some(L), Some(KvLayer { k_dim: 96, v_dim: 96, ..L })]).is_ok());
+        let e = k8v3.validate(&[Some(L), Some(KvLayer { k_dim: 80, v_dim: 80, ..L })]).unwrap_err();
+        assert!(e.to_string().contains("layer 1") && e.to_string().contains("80"), "{e}");
+        assert!(KvScheme::TurboQuant { key_bits: 8, value_bits: 5 }.validate(&[]).is_err());
         assert!(KvQuant { scheme: KvScheme::Dense, start: -1 }.validate(&[]).is_err());
     }
 }

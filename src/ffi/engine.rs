@@ -38,7 +38,8 @@ pub const MLXRT_KV_SCHEME_NONE: i32 = 0;
 /// `kv_group_size`), attention on the packed form (as mlx-lm's `kv_bits`).
 pub const MLXRT_KV_SCHEME_AFFINE: i32 = 1;
 /// `mlxrt_engine_config.kv_scheme`: TurboQuant (`kv_key_bits`,
-/// `kv_value_bits`); not implemented yet (create fails with UNSUPPORTED).
+/// `kv_value_bits`): keys affine per 32 coordinates, values rotated and
+/// Lloyd–Max quantized (see README).
 pub const MLXRT_KV_SCHEME_TURBOQUANT: i32 = 2;
 
 /// Log levels (`mlxrt_engine_config.log_level` and the log callback's level).

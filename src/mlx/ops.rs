@@ -142,6 +142,20 @@ impl Array {
     }
 }
 
+/// Integer bit operations, rounding and the Hadamard transform (used by the
+/// TurboQuant KV codec, src/cache/turbo.rs).
+impl Array {
+    binary!(bitwise_and, bitwise_or, left_shift, right_shift);
+    unary!(round);
+
+    /// `self @ H * scale` along the last axis, `H` the Hadamard matrix of its
+    /// size (a power of two times 1, 12, 20 or 28); `scale = 1/sqrt(n)` makes
+    /// it orthogonal and its own inverse.
+    pub fn hadamard_transform(&self, scale: f32) -> Result<Array> {
+        wrap(ffi::hadamard_transform(self.raw(), scale))
+    }
+}
+
 /// `quantized_matmul` of `x` with the experts `w[rhs_indices]` (stacked
 /// `[experts, out, in]`, MLX's packing), as `mx.gather_qmm`.
 #[allow(clippy::too_many_arguments)]

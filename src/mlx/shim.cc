@@ -173,7 +173,16 @@ ArrPtr unary(const array& a, rust::Str name) {
   if (n == "logical_not") return up(mx::logical_not(a));
   if (n == "stop_gradient") return up(mx::stop_gradient(a));
   if (n == "silu") return up(mx::multiply(a, mx::sigmoid(a)));
+  if (n == "round") return up(mx::round(a));
   throw std::invalid_argument("unknown unary op " + n);
+}
+
+ArrPtr bitwise_and(const array& a, const array& b) { return up(mx::bitwise_and(a, b)); }
+ArrPtr bitwise_or(const array& a, const array& b) { return up(mx::bitwise_or(a, b)); }
+ArrPtr left_shift(const array& a, const array& b) { return up(mx::left_shift(a, b)); }
+ArrPtr right_shift(const array& a, const array& b) { return up(mx::right_shift(a, b)); }
+ArrPtr hadamard_transform(const array& a, float scale) {
+  return up(mx::hadamard_transform(a, scale));
 }
 
 ArrPtr reshape(const array& a, rust::Slice<const int32_t> shape) {

@@ -73,6 +73,12 @@ ArrPtr logaddexp(const array& a, const array& b);
 ArrPtr floor_divide(const array& a, const array& b);
 ArrPtr where_(const array& c, const array& a, const array& b);
 ArrPtr unary(const array& a, rust::Str name);
+// Integer bit operations and the Hadamard transform (TurboQuant KV codec).
+ArrPtr bitwise_and(const array& a, const array& b);
+ArrPtr bitwise_or(const array& a, const array& b);
+ArrPtr left_shift(const array& a, const array& b);
+ArrPtr right_shift(const array& a, const array& b);
+ArrPtr hadamard_transform(const array& a, float scale);
 
 // ---- shape ----
 ArrPtr reshape(const array& a, rust::Slice<const int32_t> shape);

@@ -52,6 +52,11 @@ pub(crate) mod ffi {
         fn floor_divide(a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn where_(c: &array, a: &array, b: &array) -> Result<UniquePtr<array>>;
         fn unary(a: &array, name: &str) -> Result<UniquePtr<array>>;
+        fn bitwise_and(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn bitwise_or(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn left_shift(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn right_shift(a: &array, b: &array) -> Result<UniquePtr<array>>;
+        fn hadamard_transform(a: &array, scale: f32) -> Result<UniquePtr<array>>;
 
         fn reshape(a: &array, shape: &[i32]) -> Result<UniquePtr<array>>;
         fn transpose(a: &array, axes: &[i32]) -> Result<UniquePtr<array>>;
