@@ -5,6 +5,8 @@
 //! kind through the same methods; a model builds the kinds it needs
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
+use super::kv::QuantRow;
+use super::scheme::KvScheme;
 use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
@@ -25,13 +27,16 @@ impl LayerCache {
         }
     }
 
-    /// Whether the cache can be cut back to a prefix of what it holds (KV can;
-    /// a recurrent state cannot, nor can a ring once it has wrapped: it is
-    /// reported non-trimmable from the start, since the engine decides once
-    /// per model). A prompt-cache entry of a model with any non-trimmable
-    /// layer is only usable at exactly its length.
+    /// Whether the cache can be cut back to a prefix of what it holds (dense
+    /// KV can; a recurrent state cannot, nor can a ring once it has wrapped:
+    /// it is reported non-trimmable from the start, since the engine decides
+    /// once per model). Quantized KV is reported non-trimmable too: a row
+    /// past its `quantized_kv_start` has dropped the float copy a shorter
+    /// prefix below the start would need, so its snapshots are taken at the
+    /// marks themselves. A prompt-cache entry of a model with any
+    /// non-trimmable layer is only usable at exactly its length.
     pub fn trimmable(&self) -> bool {
-        matches!(self, LayerCache::Kv(_))
+        matches!(self, LayerCache::Kv(c) if !c.is_quantized())
     }
 
     /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).
@@ -165,6 +170,16 @@ impl LayerCache {
     /// ring at a length whose window it still holds.
     pub fn snapshot_row(&self, row: usize, len: i32) -> Result<LayerSnapshot> {
         Ok(match self {
+            LayerCache::Kv(c) if c.is_quantized() => {
+                let QuantRow { planes, float, scheme, start } = c.row_quant(row, len)?;
+                let meta = match scheme {
+                    KvScheme::Affine { bits, group_size } => [1, bits, group_size, start],
+                    KvScheme::TurboQuant { key_bits, value_bits } => [2, key_bits, value_bits, start],
+                    KvScheme::Dense => unreachable!("a quantized cache has a quantized scheme"),
+                };
+                let meta = Array::from_f32(&meta.map(|x| x as f32), &[4])?;
+                LayerSnapshot::Quant { planes, float, meta }
+            }
             LayerCache::Kv(c) => {
                 let (keys, values) = c.row_slice(row, 0, len)?;
                 LayerSnapshot::Kv { keys, values }
@@ -192,6 +207,31 @@ pub enum LayerSnapshot {
     /// positions in temporal order (`[1, kv_heads, min(len, window),
     /// head_dim]`), and the window (f32 `[1]`, stored with them).
     Ring { keys: Array, values: Array, len: i32, window: Array },
+    /// A quantized full-attention layer after `len` tokens, as stored: the
+    /// packed planes (`[1, kv_heads, len, ·]`: affine words, scales, biases
+    /// of keys then values; TurboQuant's five), the float keys and values
+    /// iff `len` is below the row's `quantized_kv_start`, and f32 `[4]`
+    /// `[kind (1 affine, 2 TurboQuant), bits | key bits, group size | value
+    /// bits, start]`.
+    Quant { planes: Vec<Array>, float: Option<(Array, Array)>, meta: Array },
+}
+
+/// Tensor names of the packed planes of a `LayerSnapshot::Quant`.
+const QUANT_PLANES: [&str; 6] = ["q.0", "q.1", "q.2", "q.3", "q.4", "q.5"];
+
+/// The scheme and start a `LayerSnapshot::Quant`'s meta tensor names.
+fn quant_meta(meta: &Array) -> std::result::Result<(KvScheme, i32), String> {
+    let v = match meta.to_vec_f32() {
+        Ok(v) if meta.shape() == [4] && v.iter().all(|x| x.fract() == 0.0 && *x >= 0.0) => v,
+        _ => return Err(format!("quantized KV meta of shape {:?} is not four counts", meta.shape())),
+    };
+    let [kind, a, b, start] = [v[0], v[1], v[2], v[3]].map(|x| x as i32);
+    let scheme = match kind {
+        1 => KvScheme::Affine { bits: a, group_size: b },
+        2 => KvScheme::TurboQuant { key_bits: a, value_bits: b },
+        _ => return Err(format!("unknown quantized KV kind {kind}")),
+    };
+    Ok((scheme, start))
 }
 
 impl LayerSnapshot {
@@ -223,6 +263,18 @@ impl LayerSnapshot {
                     w,
                 )?))
             }
+            // Quantized KV is non-trimmable (see `LayerCache::trimmable`):
+            // exactly the row as it was.
+            LayerSnapshot::Quant { planes, float, meta } => {
+                let len = planes.first().map_or(0, |p| p.dim(2));
+                if n != len {
+                    return Err(Error::internal(format!("a quantized KV snapshot of {len} positions cannot stand for {n}")));
+                }
+                let (scheme, start) = quant_meta(meta).map_err(Error::internal)?;
+                let planes = planes.iter().map(Array::share).collect();
+                let float = float.as_ref().map(|(k, v)| (k.share(), v.share()));
+                Ok(LayerCache::Kv(KvCache::from_quant(QuantRow { planes, float, scheme, start })?))
+            }
         }
     }
 
@@ -233,6 +285,14 @@ impl LayerSnapshot {
             LayerSnapshot::State { conv, state, .. } => vec![("conv", conv), ("state", state)],
             LayerSnapshot::Ring { keys, values, window, .. } => {
                 vec![("ring.keys", keys), ("ring.values", values), ("ring.window", window)]
+            }
+            LayerSnapshot::Quant { planes, float, meta } => {
+                let mut t: Vec<(&'static str, &Array)> = QUANT_PLANES.iter().copied().zip(planes).collect();
+                if let Some((k, v)) = float {
+                    t.extend([("q.keys", k), ("q.values", v)]);
+                }
+                t.push(("q.meta", meta));
+                t
             }
         }
     }
@@ -256,6 +316,29 @@ impl LayerSnapshot {
                 }
             }
             return Ok(LayerSnapshot::Ring { keys, values, len, window });
+        }
+        if let Some(meta) = get("q.meta")? {
+            let (scheme, start) = quant_meta(&meta)?;
+            let n = if matches!(scheme, KvScheme::Affine { .. }) { 6 } else { 5 };
+            let mut planes = vec![];
+            for name in &QUANT_PLANES[..n] {
+                planes.push(get(name)?.ok_or(format!("quantized KV without plane {name}"))?);
+            }
+            let float = match (get("q.keys")?, get("q.values")?) {
+                (Some(k), Some(v)) => Some((k, v)),
+                (None, None) => None,
+                _ => return Err("quantized KV with float keys or values alone".into()),
+            };
+            if float.is_some() != (len < start) {
+                return Err(format!("quantized KV of {len} tokens, start {start}: float copy mismatch"));
+            }
+            let float_arrays = float.iter().flat_map(|(k, v)| [k, v]);
+            for a in planes.iter().chain(float_arrays) {
+                if a.ndim() != 4 || a.dim(0) != 1 || a.dim(2) != len {
+                    return Err(format!("quantized KV plane of shape {:?} for {len} tokens", a.shape()));
+                }
+            }
+            return Ok(LayerSnapshot::Quant { planes, float, meta });
         }
         if let Some(keys) = get("keys")? {
             let values = get("values")?.ok_or("keys without values")?;
