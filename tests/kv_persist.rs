@@ -4,7 +4,7 @@
 //! after a restart gives exactly the cold run's tokens; an engine opened
 //! with another scheme or start on the same directory never loads those
 //! files. Tiny random-weight llama (tests/oracle/make_tiny.py `llama_kv`,
-//! head_dim 64), greedy decoding.
+//! head_dim 64) and SmolLM2 (the default GGUF), greedy decoding.
 
 mod common;
 
@@ -86,11 +86,10 @@ fn entry_files(dir: &Path) -> usize {
 /// A boundary snapshot (the system message) reused from memory, then from
 /// disk by a new engine, gives the cold run's tokens; so does the snapshot
 /// of a whole conversation reused by its next turn.
-fn round_trip(kv: KvQuant, tag: &str) {
-    let f = folder();
+fn round_trip(f: &Path, kv: KvQuant, tag: &str) {
     let dir = temp_dir(tag);
-    let cold = engine(&f, kv, None);
-    let warm = engine(&f, kv, Some(&dir));
+    let cold = engine(f, kv, None);
+    let warm = engine(f, kv, Some(&dir));
     let label = format!("{} start {}", kv.scheme.name(), kv.start);
 
     let (t1, c1) = go(&warm, ask("When do you open?", true, None));
@@ -104,7 +103,7 @@ fn round_trip(kv: KvQuant, tag: &str) {
     warm.flush_prompt_cache().unwrap();
     drop(warm);
     assert!(entry_files(&dir) > 0, "{label}: nothing was written to {}", dir.display());
-    let again = engine(&f, kv, Some(&dir));
+    let again = engine(f, kv, Some(&dir));
     let (t3, c3) = go(&again, ask("Do you deliver cakes?", true, None));
     assert_eq!(c3, c2, "{label}: the entry was not loaded from disk");
     assert_eq!(t3, cold2, "{label}: a disk hit changed the result");
@@ -119,15 +118,23 @@ fn affine4_snapshots_round_trip() {
     // boundary snapshot holds packed planes only); past the whole prompt
     // (the snapshots hold the float copy too).
     for (start, tag) in [(0, "a4s0"), (16, "a4s16"), (4096, "a4s4096")] {
-        round_trip(KvQuant { scheme: AFFINE4, start }, tag);
+        round_trip(&folder(), KvQuant { scheme: AFFINE4, start }, tag);
     }
 }
 
 #[test]
 fn turboquant_snapshots_round_trip() {
     for (start, tag) in [(0, "tqs0"), (16, "tqs16")] {
-        round_trip(KvQuant { scheme: K8V3, start }, tag);
+        round_trip(&folder(), KvQuant { scheme: K8V3, start }, tag);
     }
+}
+
+/// The real model (the default SmolLM2 GGUF), both schemes.
+#[test]
+fn smollm2_snapshots_round_trip() {
+    let gguf = model_path();
+    round_trip(&gguf, KvQuant { scheme: AFFINE4, start: 16 }, "smol-a4");
+    round_trip(&gguf, KvQuant { scheme: K8V3, start: 0 }, "smol-tq");
 }
 
 /// Files made under one scheme and start are never loaded under another
