@@ -177,6 +177,15 @@ impl Quant {
     }
 }
 
+/// One row of a quantized cache (`KvCache::row_quant`): planes `[1, H,
+/// len, X]`, the float keys and values iff `len < start`.
+pub struct QuantRow {
+    pub planes: Vec<Array>,
+    pub float: Option<(Array, Array)>,
+    pub scheme: KvScheme,
+    pub start: i32,
+}
+
 pub struct KvCache {
     t: Timeline,
     /// Keys and values as computed: the cache itself for the dense scheme;
@@ -304,9 +313,15 @@ impl KvCache {
     /// `from..to` (0 = its first real token). Dense caches only.
     pub fn row_slice(&self, row: usize, from: i32, to: i32) -> Result<(Array, Array)> {
         if self.quant.is_some() {
-            return Err(Error::unsupported("snapshots of a quantized KV cache are not supported yet"));
+            return Err(Error::internal("row_slice of a quantized KV cache (use row_quant)"));
         }
-        let planes = self.dense.as_ref().and_then(|d| d.contents(self.t.len()).transpose());
+        let mut p = self.cut_row(self.dense.as_ref(), row, from, to)?.into_iter();
+        Ok((p.next().expect("keys"), p.next().expect("values")))
+    }
+
+    /// Contiguous copies of `planes`' positions `from..to` of `row`.
+    fn cut_row(&self, planes: Option<&Planes>, row: usize, from: i32, to: i32) -> Result<Vec<Array>> {
+        let planes = planes.and_then(|d| d.contents(self.t.len()).transpose());
         let planes = planes.ok_or_else(|| Error::internal("slicing an empty cache"))??;
         let (p, r) = (self.t.pads()[row], row as i32);
         if to > self.row_len(row) || from > to {
@@ -316,7 +331,44 @@ impl KvCache {
             let s = a.shape();
             Ok(a.slice(&[r, 0, p + from, 0], &[r + 1, s[1], p + to, s[3]], &[1, 1, 1, 1])?.contiguous()?)
         };
-        Ok((cut(&planes[0])?, cut(&planes[1])?))
+        planes.iter().map(cut).collect()
+    }
+
+    /// Row `row`'s first `len` positions of a quantized cache, exactly as a
+    /// one-row cache of that length holds them: the packed planes, and
+    /// while `len` is below the row's start the float keys and values too
+    /// (an error if they were dropped already).
+    pub fn row_quant(&self, row: usize, len: i32) -> Result<QuantRow> {
+        let q = self.quant.as_ref().ok_or_else(|| Error::internal("row_quant of a dense KV cache"))?;
+        let start = q.starts[row];
+        let float = if len < start {
+            if self.dense.is_none() {
+                return Err(Error::internal(format!("the float KV of a row below its start ({len} < {start}) was dropped")));
+            }
+            let mut d = self.cut_row(self.dense.as_ref(), row, 0, len)?.into_iter();
+            Some((d.next().expect("keys"), d.next().expect("values")))
+        } else {
+            None
+        };
+        Ok(QuantRow { planes: self.cut_row(Some(&q.planes), row, 0, len)?, float, scheme: q.scheme, start })
+    }
+
+    /// A one-row quantized cache holding `r` (its planes are not written
+    /// to: the first append grows into new buffers).
+    pub fn from_quant(r: QuantRow) -> Result<KvCache> {
+        if !r.scheme.is_quantized() || r.planes.is_empty() {
+            return Err(Error::internal("restoring a quantized KV row without planes"));
+        }
+        let len = r.planes[0].dim(2);
+        // While the row is below its start a cold run keeps the float copy
+        // beside the packed planes; at or after it, only the packed planes.
+        let dense = match r.float {
+            Some((k, v)) if len < r.start => Some(Planes(vec![k, v])),
+            None if len >= r.start => None,
+            _ => return Err(Error::internal(format!("a quantized KV row of {len} positions, start {}: float copy mismatch", r.start))),
+        };
+        let quant = Quant { planes: Planes(r.planes), scheme: r.scheme, turbo: None, starts: vec![r.start] };
+        Ok(KvCache { t: Timeline::single(len), dense, quant: Some(quant) })
     }
     /// The rows' shared timeline (length and left padding).
     pub fn timeline(&self) -> &Timeline {

@@ -5,6 +5,8 @@
 //! kind through the same methods; a model builds the kinds it needs
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
+use super::kv::QuantRow;
+use super::scheme::KvScheme;
 use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
@@ -25,13 +27,16 @@ impl LayerCache {
         }
     }
 
-    /// Whether the cache can be cut back to a prefix of what it holds (KV can;
-    /// a recurrent state cannot, nor can a ring once it has wrapped: it is
-    /// reported non-trimmable from the start, since the engine decides once
-    /// per model). A prompt-cache entry of a model with any non-trimmable
-    /// layer is only usable at exactly its length.
+    /// Whether the cache can be cut back to a prefix of what it holds (dense
+    /// KV can; a recurrent state cannot, nor can a ring once it has wrapped:
+    /// it is reported non-trimmable from the start, since the engine decides
+    /// once per model). Quantized KV is reported non-trimmable too: a row
+    /// past its `quantized_kv_start` has dropped the float copy a shorter
+    /// prefix below the start would need, so its snapshots are taken at the
+    /// marks themselves. A prompt-cache entry of a model with any
+    /// non-trimmable layer is only usable at exactly its length.
     pub fn trimmable(&self) -> bool {
-        matches!(self, LayerCache::Kv(_))
+        matches!(self, LayerCache::Kv(c) if !c.is_quantized())
     }
 
     /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).
@@ -165,6 +170,16 @@ impl LayerCache {
     /// ring at a length whose window it still holds.
     pub fn snapshot_row(&self, row: usize, len: i32) -> Result<LayerSnapshot> {
         Ok(match self {
+            LayerCache::Kv(c) if c.is_quantized() => {
+                let QuantRow { planes, float, scheme, start } = c.row_quant(row, len)?;
+                let meta = match scheme {
+                    KvScheme::Affine { bits, group_size } => [1, bits, group_size, start],
+                    KvScheme::TurboQuant { key_bits, value_bits } => [2, key_bits, value_bits, start],
+                    KvScheme::Dense => unreachable!("a quantized cache has a quantized scheme"),
+                };
+                let meta = Array::from_f32(&meta.map(|x| x as f32), &[4])?;
+                LayerSnapshot::Quant { planes, float, meta }
+            }
             LayerCache::Kv(c) => {
                 let (keys, values) = c.row_slice(row, 0, len)?;
                 LayerSnapshot::Kv { keys, values }
@@ -192,6 +207,31 @@ pub enum LayerSnapshot {
     /// positions in temporal order (`[1, kv_heads, min(len, window),
     /// head_dim]`), and the window (f32 `[1]`, stored with them).
     Ring { keys: Array, values: Array, len: i32, window: Array },
+    /// A quantized full-attention layer after `len` tokens, as stored: the
+    /// packed planes (`[1, kv_heads, len, ·]`: affine words, scales, biases
+    /// of keys then values; TurboQuant's five), the float keys and values
+    /// iff `len` is below the row's `quantized_kv_start`, and f32 `[4]`
+    /// `[kind (1 affine, 2 TurboQuant), bits | key bits, group size | value
+    /// bits, start]`.
+    Quant { planes: Vec<Array>, float: Option<(Array, Array)>, meta: Array },
+}
+
+/// Tensor names of the packed planes of a `LayerSnapshot::Quant`.
+const QUANT_PLANES: [&str; 6] = ["q.0", "q.1", "q.2", "q.3", "q.4", "q.5"];
+
+/// The scheme and start a `LayerSnapshot::Quant`'s meta tensor names.
+fn quant_meta(meta: &Array) -> std::result::Result<(KvScheme, i32), String> {
+    let v = match meta.to_vec_f32() {
+        Ok(v) if meta.shape() == [4] && v.iter().all(|x| x.fract() == 0.0 && *x >= 0.0) => v,
+        _ => return Err(format!("quantized KV meta of shape {:?} is not four counts", meta.shape())),
+    };
+    let [kind, a, b, start] = [v[0], v[1], v[2], v[3]].map(|x| x as i32);
+    let scheme = match kind {
+        1 => KvScheme::Affine { bits: a, group_size: b },
+        2 => KvScheme::TurboQuant { key_bits: a, value_bits: b },
+        _ => return Err(format!("unknown quantized KV kind {kind}")),
+    };
+    Ok((scheme, start))
 }
 
 impl LayerSnapshot {
@@ -223,6 +263,18 @@ impl LayerSnapshot {
                     w,
                 )?))
             }
+            // Quantized KV is non-trimmable (see `LayerCache::trimmable`):
+            // exactly the row as it was.
+            LayerSnapshot::Quant { planes, float, meta } => {
+                let len = planes.first().map_or(0, |p| p.dim(2));
+                if n != len {
+                    return Err(Error::internal(format!("a quantized KV snapshot of {len} positions cannot stand for {n}")));
+                }
+                let (scheme, start) = quant_meta(meta).map_err(Error::internal)?;
+                let planes = planes.iter().map(Array::share).collect();
+                let float = float.as_ref().map(|(k, v)| (k.share(), v.share()));
+                Ok(LayerCache::Kv(KvCache::from_quant(QuantRow { planes, float, scheme, start })?))
+            }
         }
     }
 
@@ -233,6 +285,14 @@ impl LayerSnapshot {
             LayerSnapshot::State { conv, state, .. } => vec![("conv", conv), ("state", state)],
             LayerSnapshot::Ring { keys, values, window, .. } => {
                 vec![("ring.keys", keys), ("ring.values", values), ("ring.window", window)]
+            }
+            LayerSnapshot::Quant { planes, float, meta } => {
+                let mut t: Vec<(&'static str, &Array)> = QUANT_PLANES.iter().copied().zip(planes).collect();
+                if let Some((k, v)) = float {
+                    t.extend([("q.keys", k), ("q.values", v)]);
+                }
+                t.push(("q.meta", meta));
+                t
             }
         }
     }
@@ -257,6 +317,29 @@ impl LayerSnapshot {
             }
             return Ok(LayerSnapshot::Ring { keys, values, len, window });
         }
+        if let Some(meta) = get("q.meta")? {
+            let (scheme, start) = quant_meta(&meta)?;
+            let n = if matches!(scheme, KvScheme::Affine { .. }) { 6 } else { 5 };
+            let mut planes = vec![];
+            for name in &QUANT_PLANES[..n] {
+                planes.push(get(name)?.ok_or(format!("quantized KV without plane {name}"))?);
+            }
+            let float = match (get("q.keys")?, get("q.values")?) {
+                (Some(k), Some(v)) => Some((k, v)),
+                (None, None) => None,
+                _ => return Err("quantized KV with float keys or values alone".into()),
+            };
+            if float.is_some() != (len < start) {
+                return Err(format!("quantized KV of {len} tokens, start {start}: float copy mismatch"));
+            }
+            let float_arrays = float.iter().flat_map(|(k, v)| [k, v]);
+            for a in planes.iter().chain(float_arrays) {
+                if a.ndim() != 4 || a.dim(0) != 1 || a.dim(2) != len {
+                    return Err(format!("quantized KV plane of shape {:?} for {len} tokens", a.shape()));
+                }
+            }
+            return Ok(LayerSnapshot::Quant { planes, float, meta });
+        }
         if let Some(keys) = get("keys")? {
             let values = get("values")?.ok_or("keys without values")?;
             for (n, a) in [("keys", &keys), ("values", &values)] {
@@ -276,5 +359,61 @@ impl LayerSnapshot {
 
     pub fn nbytes(&self) -> usize {
         self.tensors().iter().map(|(_, a)| a.nbytes()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `[1, 2, l, 64]` pseudo-random keys or values.
+    fn kv(seed: u32, l: i32) -> Array {
+        let mut x = seed.wrapping_mul(2654435761).max(1);
+        let v: Vec<f32> = (0..2 * l * 64)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect();
+        Array::from_f32(&v, &[1, 2, l, 64]).unwrap()
+    }
+
+    fn bytes(c: &LayerCache) -> (Vec<Vec<u8>>, bool) {
+        let r = c.kv().unwrap().row_quant(0, c.row_len(0)).unwrap();
+        let float = r.float.iter().flat_map(|(k, v)| [k.to_bytes().unwrap(), v.to_bytes().unwrap()]);
+        (r.planes.iter().map(|p| p.to_bytes().unwrap()).chain(float).collect(), r.float.is_some())
+    }
+
+    /// A quantized row snapshotted, stored as bytes (as on disk), restored
+    /// and extended holds exactly the planes (and float copy) of the row
+    /// extended in place, below and past its start.
+    #[test]
+    fn quantized_snapshots_restore_exactly() {
+        let schemes = [KvScheme::Affine { bits: 4, group_size: 64 }, KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }];
+        for scheme in schemes {
+            for (start, len) in [(0, 5), (8, 5), (8, 8), (8, 12)] {
+                let mut c = LayerCache::Kv(KvCache::with_scheme(1, scheme).unwrap());
+                c.set_starts(&[start]);
+                c.kv_mut().unwrap().update(&kv(1, len), &kv(2, len)).unwrap();
+                let snap = c.snapshot_row(0, len).unwrap();
+                assert!(matches!(&snap, LayerSnapshot::Quant { float, .. } if float.is_some() == (len < start)));
+                let stored: Vec<(String, Array)> = snap
+                    .tensors()
+                    .into_iter()
+                    .map(|(n, a)| (n.to_string(), Array::from_bytes(&a.to_bytes().unwrap(), &a.shape(), a.dtype()).unwrap()))
+                    .collect();
+                let get = |n: &str| Ok(stored.iter().find(|(m, _)| m == n).map(|(_, a)| a.share()));
+                let back = LayerSnapshot::from_tensors(len, get).unwrap();
+                assert!(back.restore(len - 1).is_err(), "quantized snapshots are whole-only");
+                let mut r = back.restore(len).unwrap();
+                assert_eq!(bytes(&r), bytes(&c), "{scheme:?} start {start} len {len}");
+                for x in [&mut c, &mut r] {
+                    x.kv_mut().unwrap().update(&kv(3, 3), &kv(4, 3)).unwrap();
+                }
+                assert_eq!(bytes(&r), bytes(&c), "{scheme:?} start {start} len {len}, then 3 more");
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@ use std::time::SystemTime;
 
 const FORMAT: &str = "mlxrt-prompt-cache";
 /// Bumped on any change to what an entry file holds.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 const SUFFIX: &str = ".safetensors";
 
 #[derive(Debug)]
@@ -41,6 +41,9 @@ fn st_dtype(d: Dtype) -> Option<&'static str> {
         Dtype::F32 => "F32",
         Dtype::F16 => "F16",
         Dtype::BF16 => "BF16",
+        Dtype::U32 => "U32",
+        Dtype::U8 => "U8",
+        Dtype::I8 => "I8",
         _ => return None,
     })
 }
@@ -50,15 +53,19 @@ fn from_st_dtype(s: &str) -> Option<Dtype> {
         "F32" => Dtype::F32,
         "F16" => Dtype::F16,
         "BF16" => Dtype::BF16,
+        "U32" => Dtype::U32,
+        "U8" => Dtype::U8,
+        "I8" => Dtype::I8,
         _ => return None,
     })
 }
 
+/// Bytes per element of the dtypes `st_dtype` stores.
 fn elem_size(d: Dtype) -> usize {
-    if d == Dtype::F32 {
-        4
-    } else {
-        2
+    match d {
+        Dtype::F32 | Dtype::U32 => 4,
+        Dtype::U8 | Dtype::I8 => 1,
+        _ => 2,
     }
 }
 

@@ -363,7 +363,14 @@ impl Engine {
             prefill_chunk: options.prefill_chunk,
             kv_need,
             kv_start,
-            namespace: options.cache_namespace,
+            // Prompt-cache entries hold KV quantized from their row's start;
+            // the engine's start is in the cache's compatibility key, and a
+            // request with another start keeps its entries apart.
+            namespace: if self.kv.scheme.is_quantized() && kv_start != self.kv.start {
+                format!("{}\0qs={kv_start}", options.cache_namespace)
+            } else {
+                options.cache_namespace
+            },
             use_cache: options.prompt_cache,
             boundary,
             logprobs: (options.logprobs || options.top_logprobs > 0).then_some(options.top_logprobs),

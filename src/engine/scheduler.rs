@@ -191,20 +191,20 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
     if config.prompt_cache_bytes == 0 {
         return Ok(None);
     }
-    if config.kv.scheme.is_quantized() {
-        config.logger.log(
-            LogLevel::Info,
-            format!("prompt cache off: snapshots of a quantized KV cache ({}) are not supported yet", config.kv.scheme.name()),
-        );
-        return Ok(None);
-    }
     let tokenizer = m.text.tokenizer.to_json_string().unwrap_or_default();
     let info = m.model.info();
     let caches = m.model.new_cache(1);
     // Sliding-window layers are stored as rings (their last window only).
     let ring = caches.iter().find_map(|c| c.ring()).map_or(String::new(), |r| format!(";ring={}", r.window()));
+    // Full-attention layers are stored as the scheme says, packed from the
+    // engine's default start (requests with another start use their own
+    // namespace, see `Engine::prepare`).
+    let kv = match config.kv.scheme {
+        s if s.is_quantized() => format!("{};start={}", s.name(), config.kv.start),
+        _ => "f32".to_string(),
+    };
     let compat = format!(
-        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv=f32{ring}",
+        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv={kv}{ring}",
         m.fingerprint,
         crc32fast::hash(tokenizer.as_bytes()),
         mlx::version(),
@@ -219,7 +219,8 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         min_tokens: config.prompt_cache_min_tokens,
         compat,
         layers: caches.len(),
-        trimmable: caches.iter().all(crate::cache::LayerCache::trimmable),
+        // Quantized KV layers are not trimmable (`LayerCache::trimmable`).
+        trimmable: !config.kv.scheme.is_quantized() && caches.iter().all(crate::cache::LayerCache::trimmable),
     };
     PromptCache::new(setup, config.logger.clone(), commands).map(Some)
 }
