@@ -370,6 +370,7 @@ impl KvCache {
         let quant = Quant { planes: Planes(r.planes), scheme: r.scheme, turbo: None, starts: vec![r.start] };
         Ok(KvCache { t: Timeline::single(len), dense, quant: Some(quant) })
     }
+
     /// The rows' shared timeline (length and left padding).
     pub fn timeline(&self) -> &Timeline {
         &self.t
