@@ -106,13 +106,14 @@ impl KvScheme {
     }
 
     /// Bytes one layer's cache takes for `positions` positions of one row,
-    /// stored with this scheme (dense for sliding-window layers), plus the
-    /// float copy kept for the first `start` positions until the row converts.
+    /// stored with this scheme (sliding-window layers: a dense ring of at
+    /// most one window), plus the float copy kept for the first `start`
+    /// positions until the row converts.
     pub fn bytes(&self, layer: &KvLayer, positions: usize, start: i32) -> usize {
         let (h, dk, dv) = (layer.kv_heads as usize, layer.k_dim as usize, layer.v_dim as usize);
         let dense = |p: usize| p * h * (dk + dv) * DENSE_ELEM;
-        if layer.window.is_some() {
-            return dense(positions);
+        if let Some(w) = layer.window {
+            return dense(positions.min(w.max(0) as usize));
         }
         let float_tail = dense(positions.min(start.max(0) as usize));
         match *self {
@@ -160,7 +161,9 @@ mod tests {
         let late = KvScheme::Affine { bits: 4, group_size: 64 }.bytes(&L, 1000, 100);
         assert_eq!(late, a4 + dense / 10);
         let sliding = KvLayer { window: Some(16), ..L };
-        assert_eq!(KvScheme::Affine { bits: 4, group_size: 64 }.bytes(&sliding, 1000, 0), dense);
+        // Sliding layers are dense rings of one window.
+        assert_eq!(KvScheme::Affine { bits: 4, group_size: 64 }.bytes(&sliding, 1000, 0), dense / 1000 * 16);
+        assert_eq!(KvScheme::Dense.bytes(&sliding, 10, 0), dense / 100);
     }
 
     #[test]
