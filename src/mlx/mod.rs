@@ -16,6 +16,8 @@ mod swiglu;
 mod swiglu_sys;
 #[cfg(test)]
 mod swiglu_tests;
+#[cfg(test)]
+mod test_data;
 mod sys;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};

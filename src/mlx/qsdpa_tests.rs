@@ -13,32 +13,10 @@
 //! nibble, mask entry or head moves an output by ~1e-2 of the bound or more.
 
 use super::fast::Mask;
+use super::test_data::randn;
 use super::*;
 
 const TOL: f32 = 1e-5;
-
-/// Deterministic normal(0, 1) samples (splitmix64 + Box-Muller).
-fn normal(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut next = || {
-        s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = s;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    };
-    (0..n)
-        .map(|_| {
-            let (u, v) = (next().max(1e-300), next());
-            ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-        })
-        .collect()
-}
-
-fn randn(shape: &[i32], seed: u64) -> Array {
-    let n = shape.iter().map(|&d| d as usize).product();
-    Array::from_f32(&normal(n, seed), shape).unwrap()
-}
 
 /// A quantized K or V cache `[B, H, T, D]`, its dequantized values and
 /// their magnitude |scale * q| + |bias| (see the error measure).
