@@ -253,7 +253,7 @@ impl KvView {
         match self {
             KvView::Dense { keys, values } => dense(keys, values),
             KvView::Affine(q) => quant(q),
-            KvView::Turbo(q) => q.attend(queries, scale, mask.as_mask()),
+            KvView::Turbo(q) => q.attend(queries, scale, mask.as_mask(), kernels),
             KvView::Mixed { keys, values, quant: q, use_float } => {
                 Ok(Array::select(use_float, &dense(keys, values)?, &q.attend(queries, scale, mask, kernels)?)?)
             }

@@ -1,6 +1,8 @@
 //! TurboQuant KV codec (`kv_scheme: "turboquant"`, e.g. k8v3): keys and
-//! values of one attention layer stored in a few bits per coordinate, written
-//! with MLX ops so it runs wherever MLX does.
+//! values of one attention layer stored in a few bits per coordinate. The
+//! codec is written with MLX ops so it runs wherever MLX does; attention
+//! runs mlxrt's fused CPU kernel (src/mlx/tqsdpa.rs) where it applies and
+//! the same math as MLX ops elsewhere (`TurboCodec::attend`).
 //!
 //! # Algorithm (all arithmetic in f32; groups of 32 coordinates along head_dim)
 //!
@@ -58,7 +60,8 @@
 
 use crate::error::{Error, Result};
 use crate::mlx::fast::Mask;
-use crate::mlx::{Array, Dtype};
+use crate::mlx::{turbo_sdpa_rotated, Array, Dtype, QmmIsa};
+use crate::model::Kernels;
 use std::rc::Rc;
 use std::sync::OnceLock;
 
@@ -123,8 +126,8 @@ impl TurboKv {
     }
 
     /// Attention of `q` `[B, Hq, L, Dk]` over these positions (`TurboCodec::attend`).
-    pub fn attend(&self, q: &Array, scale: f32, mask: Mask) -> Result<Array> {
-        self.codec.attend(q, &self.keys, &self.values, scale, mask)
+    pub fn attend(&self, q: &Array, scale: f32, mask: Mask, kernels: Kernels) -> Result<Array> {
+        self.codec.attend(q, &self.keys, &self.values, scale, mask, kernels)
     }
 }
 
@@ -139,6 +142,8 @@ pub struct TurboCodec {
     boundaries: Array,
     /// Centroids of every index chunk (see `chunk_bits`): `[2^c, c/bits]`.
     lut: Array,
+    /// The `2^value_bits` centroids (the fused kernel's codebook).
+    book: Vec<f32>,
 }
 
 impl TurboCodec {
@@ -162,6 +167,7 @@ impl TurboCodec {
             signs: Array::from_f32(&signs, &[v_dim])?,
             boundaries: Array::from_f32(&boundaries, &[boundaries.len() as i32])?,
             lut: Array::from_f32(&lut, &[1 << cb, per as i32])?,
+            book: c.iter().map(|&x| x as f32).collect(),
         })
     }
 
@@ -170,6 +176,10 @@ impl TurboCodec {
     }
     pub fn value_bits(&self) -> i32 {
         self.value_bits
+    }
+    /// The `2^value_bits` value centroids.
+    pub fn book(&self) -> &[f32] {
+        &self.book
     }
 
     /// Encodes keys and values `[B, H, L, D]` into the cache's five planes:
@@ -265,15 +275,38 @@ impl TurboCodec {
     }
 
     /// Attention of `q` `[B, Hq, L, D]` over encoded keys and values
-    /// `[B, Hkv, T, ..]`: keys decoded once, values attended in the rotated
-    /// domain and the output un-rotated once.
-    ///
-    /// Written as explicit matmuls with the semantics of mlx-lm's quantized
-    /// attention (scale on the queries, grouped heads as `[B, Hkv, rep, L,
-    /// D]`, masked scores set to the smallest finite f32 so a padding query
-    /// stays finite, precise softmax); on the CPU this is no slower than
-    /// MLX's fused SDPA over the decoded arrays (T = 4096: 2.4 vs 2.8 ms).
-    pub fn attend(&self, q: &Array, k: &Keys, v: &Values, scale: f32, mask: Mask) -> Result<Array> {
+    /// `[B, Hkv, T, ..]`: values attended in the rotated domain
+    /// (`attend_rotated`) and the output un-rotated once.
+    pub fn attend(&self, q: &Array, k: &Keys, v: &Values, scale: f32, mask: Mask, kernels: Kernels) -> Result<Array> {
+        Ok(self.unrotate(&self.attend_rotated(q, k, v, scale, mask, kernels)?)?.astype(q.dtype())?)
+    }
+
+    /// `attend` before the un-rotation (f32). `Kernels::Auto`: mlxrt's
+    /// fused CPU kernel (src/mlx/tqsdpa.rs) where it applies, else, and
+    /// under `Kernels::Stock`, [`TurboCodec::attend_ops`].
+    pub fn attend_rotated(&self, q: &Array, k: &Keys, v: &Values, scale: f32, mask: Mask, kernels: Kernels) -> Result<Array> {
+        if kernels == Kernels::Auto {
+            let q32 = q.astype(Dtype::F32)?;
+            let (kb, vb) = (self.key_bits, self.value_bits);
+            let keys = [&k.idx, &k.scale, &k.zero];
+            let m = match &mask {
+                Mask::None => Mask::None,
+                Mask::Causal => Mask::Causal,
+                Mask::Array(a) => Mask::Array(a),
+            };
+            if let Some(out) = turbo_sdpa_rotated(&q32, keys, [&v.idx, &v.scale], &self.book, kb, vb, scale, m, QmmIsa::Auto)? {
+                return Ok(out);
+            }
+        }
+        self.attend_ops(q, k, v, scale, mask)
+    }
+
+    /// `attend_rotated` as MLX ops: keys decoded once, values decoded in
+    /// the rotated domain, explicit matmuls with the semantics of mlx-lm's
+    /// quantized attention (scale on the queries, grouped heads as `[B,
+    /// Hkv, rep, L, D]`, masked scores set to the smallest finite f32 so a
+    /// padding query stays finite, precise softmax).
+    pub fn attend_ops(&self, q: &Array, k: &Keys, v: &Values, scale: f32, mask: Mask) -> Result<Array> {
         let keys = self.decode_keys(k)?;
         let vals = self.decode_values_rotated(v)?;
         let s = q.shape();
@@ -299,8 +332,7 @@ impl TurboCodec {
             scores = Array::select(&m, &scores, &Array::scalar_f32(f32::MIN)?)?;
         }
         let out = scores.softmax(-1, true)?.matmul(&vals)?;
-        let out = if rep > 1 { out.reshape(&[b, heads, l, -1])? } else { out };
-        Ok(self.unrotate(&out)?.astype(q.dtype())?)
+        Ok(if rep > 1 { out.reshape(&[b, heads, l, -1])? } else { out })
     }
 }
 
@@ -545,18 +577,7 @@ fn erfc(x: f64) -> f64 {
 mod tests {
     use super::*;
     use crate::mlx::fast;
-
-    /// `n` N(0, 1) samples (Box–Muller over splitmix64).
-    fn normal(n: usize, seed: u64) -> Vec<f32> {
-        let mut st = seed;
-        let mut u = || ((splitmix64(&mut st) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-        (0..n)
-            .map(|_| {
-                let (a, b) = (u(), u());
-                ((-2.0 * a.ln()).sqrt() * (2.0 * std::f64::consts::PI * b).cos()) as f32
-            })
-            .collect()
-    }
+    use crate::mlx::test_data::randn;
 
     fn mse(a: &Array, b: &Array) -> f64 {
         let (a, b) = (a.to_vec_f32().unwrap(), b.to_vec_f32().unwrap());
@@ -613,7 +634,7 @@ mod tests {
     #[test]
     fn chunked_lookup_equals_per_index_centroids() {
         let d = 64;
-        let x = Array::from_f32(&normal(5 * d as usize, 9), &[5, d]).unwrap();
+        let x = randn(&[5, d], 9);
         for bits in 1..=4 {
             let c = TurboCodec::new(8, bits, d, d).unwrap();
             let v = c.encode_values(&x).unwrap();
@@ -629,7 +650,7 @@ mod tests {
     fn rotation_is_orthogonal_and_inverted() {
         for d in [64, 96, 128, 192] {
             let c = TurboCodec::new(8, 3, d, d).unwrap();
-            let x = Array::from_f32(&normal(4 * d as usize, 3), &[4, d]).unwrap();
+            let x = randn(&[4, d], 3);
             let y = c.rotate(&x).unwrap();
             let n = |a: &Array| a.square().unwrap().sum(-1, false).unwrap().to_vec_f32().unwrap();
             for (a, b) in n(&x).iter().zip(n(&y)) {
@@ -648,7 +669,7 @@ mod tests {
     #[test]
     fn value_error_matches_lloyd_max_theory() {
         let (n, d) = (4096, 128);
-        let x = Array::from_f32(&normal(n * d as usize, 7), &[n as i32, d]).unwrap();
+        let x = randn(&[n as i32, d], 7);
         let energy = x.square().unwrap().mean(-1, false).unwrap().mean(0, false).unwrap().item_f32().unwrap() as f64;
         for (bits, theory) in [(2, 0.1175), (3, 0.03455), (4, 0.0095)] {
             let c = TurboCodec::new(8, bits, d, d).unwrap();
@@ -666,7 +687,7 @@ mod tests {
     #[test]
     fn key_error_is_uniform_rounding() {
         let (n, d) = (4096, 128);
-        let x = Array::from_f32(&normal(n * d as usize, 11), &[n as i32, d]).unwrap();
+        let x = randn(&[n as i32, d], 11);
         for bits in [8, 4] {
             let c = TurboCodec::new(bits, 3, d, d).unwrap();
             let k = c.encode_keys(&x).unwrap();
@@ -703,9 +724,9 @@ mod tests {
     fn deferred_attention_equals_decoded_attention() {
         let (b, hq, hkv, l, t, d) = (2, 6, 2, 3, 37, 64);
         let c = TurboCodec::new(8, 3, d, d).unwrap();
-        let q = Array::from_f32(&normal((b * hq * l * d) as usize, 1), &[b, hq, l, d]).unwrap();
-        let k = Array::from_f32(&normal((b * hkv * t * d) as usize, 2), &[b, hkv, t, d]).unwrap();
-        let v = Array::from_f32(&normal((b * hkv * t * d) as usize, 3), &[b, hkv, t, d]).unwrap();
+        let q = randn(&[b, hq, l, d], 1);
+        let k = randn(&[b, hkv, t, d], 2);
+        let v = randn(&[b, hkv, t, d], 3);
         let (ke, ve) = (c.encode_keys(&k).unwrap(), c.encode_values(&v).unwrap());
         let (kd, vd) = (c.decode_keys(&ke).unwrap(), c.decode_values(&ve).unwrap());
         // Row 1 left-padded by 5 positions, causal.
@@ -713,19 +734,20 @@ mod tests {
         let queries = Array::arange(t - l, t).unwrap().reshape(&[1, 1, l, 1]).unwrap();
         let pad = Array::from_i32(&[0, 5], &[b, 1, 1, 1]).unwrap();
         let m = queries.greater_equal(&keys).unwrap().logical_and(&keys.greater_equal(&pad).unwrap()).unwrap();
-        for (name, mask) in [("none", Mask::None), ("causal", Mask::Causal), ("padded", Mask::Array(&m))] {
+        let masks = || [("none", Mask::None), ("causal", Mask::Causal), ("padded", Mask::Array(&m))];
+        for (kernels, (name, mask)) in [Kernels::Auto, Kernels::Stock].into_iter().flat_map(|k| masks().map(|m| (k, m))) {
             let want = fast::scaled_dot_product_attention(&q, &kd, &vd, 0.125, match &mask {
                 Mask::None => Mask::None,
                 Mask::Causal => Mask::Causal,
                 Mask::Array(a) => Mask::Array(a),
             })
             .unwrap();
-            let got = c.attend(&q, &ke, &ve, 0.125, mask).unwrap();
+            let got = c.attend(&q, &ke, &ve, 0.125, mask, kernels).unwrap();
             assert_eq!(got.shape(), vec![b, hq, l, d]);
-            assert!(mse(&got, &want) < 1e-12, "{name}: {}", mse(&got, &want));
+            assert!(mse(&got, &want) < 1e-12, "{name} {kernels:?}: {}", mse(&got, &want));
         }
         // And close to attention over the float cache.
-        let got = c.attend(&q, &ke, &ve, 0.125, Mask::None).unwrap();
+        let got = c.attend(&q, &ke, &ve, 0.125, Mask::None, Kernels::Auto).unwrap();
         let exact = fast::scaled_dot_product_attention(&q, &k, &v, 0.125, Mask::None).unwrap();
         let e = mse(&exact, &exact.mul_scalar(0.0).unwrap());
         assert!(mse(&got, &exact) < 0.1 * e, "{} vs {e}", mse(&got, &exact));
@@ -735,12 +757,12 @@ mod tests {
     fn planes_round_trip() {
         let (t, d) = (10, 64);
         let c = Rc::new(TurboCodec::new(8, 3, d, d).unwrap());
-        let k = Array::from_f32(&normal((2 * t * d) as usize, 4), &[1, 2, t, d]).unwrap();
-        let q = Array::from_f32(&normal((4 * d) as usize, 6), &[1, 4, 1, d]).unwrap();
+        let k = randn(&[1, 2, t, d], 4);
+        let q = randn(&[1, 4, 1, d], 6);
         let kv = TurboKv::from_planes(c.encode(&k, &k).unwrap(), c.clone()).unwrap();
         assert_eq!(kv.keys.idx.shape(), vec![1, 2, t, d]);
         assert_eq!(kv.values.idx.shape(), vec![1, 2, t, d * 3 / 8]);
-        let (a, b) = (kv.attend(&q, 0.1, Mask::None).unwrap(), kv.share().attend(&q, 0.1, Mask::None).unwrap());
+        let (a, b) = (kv.attend(&q, 0.1, Mask::None, Kernels::Auto).unwrap(), kv.share().attend(&q, 0.1, Mask::None, Kernels::Auto).unwrap());
         assert_eq!(a.to_vec_f32().unwrap(), b.to_vec_f32().unwrap());
         assert!(TurboKv::from_planes(vec![], c).is_err());
     }
@@ -750,16 +772,16 @@ mod tests {
         use crate::cache::scheme::KvScheme;
         use crate::cache::{KvCache, KvView};
         let (t, d) = (7, 64);
-        let k = Array::from_f32(&normal((2 * t * d) as usize, 12), &[1, 2, t, d]).unwrap();
-        let v = Array::from_f32(&normal((2 * t * d) as usize, 13), &[1, 2, t, d]).unwrap();
-        let q = Array::from_f32(&normal((4 * d) as usize, 14), &[1, 4, 1, d]).unwrap();
+        let k = randn(&[1, 2, t, d], 12);
+        let v = randn(&[1, 2, t, d], 13);
+        let q = randn(&[1, 4, 1, d], 14);
         let mut cache = KvCache::with_scheme(1, KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }).unwrap();
         cache.update(&k.slice_axis(2, 0, 6).unwrap(), &v.slice_axis(2, 0, 6).unwrap()).unwrap();
         let view = cache.update(&k.slice_axis(2, 6, 7).unwrap(), &v.slice_axis(2, 6, 7).unwrap()).unwrap();
         assert!(matches!(view, KvView::Turbo(_)));
-        let got = view.attend(&q, 0.125, &crate::cache::AttnMask::None, crate::model::Kernels::Auto).unwrap();
+        let got = view.attend(&q, 0.125, &crate::cache::AttnMask::None, Kernels::Auto).unwrap();
         let c = TurboCodec::new(8, 3, d, d).unwrap();
-        let want = c.attend(&q, &c.encode_keys(&k).unwrap(), &c.encode_values(&v).unwrap(), 0.125, Mask::None).unwrap();
+        let want = c.attend(&q, &c.encode_keys(&k).unwrap(), &c.encode_values(&v).unwrap(), 0.125, Mask::None, Kernels::Auto).unwrap();
         assert_eq!(got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
         // 256 positions of capacity: 100 bytes per head and position.
         assert_eq!(cache.nbytes_by_kind(), (0, 256 * 2 * 100));
@@ -773,7 +795,7 @@ mod tests {
             assert!(tq as f64 / f16 as f64 <= 0.40, "D={d}: {tq} vs {f16}");
             // The arrays the codec makes take exactly that.
             let c = TurboCodec::new(8, 3, d, d).unwrap();
-            let x = Array::from_f32(&normal(16 * d as usize, 5), &[16, d]).unwrap();
+            let x = randn(&[16, d], 5);
             let (k, v) = (c.encode_keys(&x).unwrap(), c.encode_values(&x).unwrap());
             let held: usize = [&k.idx, &k.scale, &k.zero, &v.idx, &v.scale].iter().map(|a| a.nbytes()).sum();
             assert_eq!(held, 16 * tq);

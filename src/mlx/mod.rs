@@ -17,8 +17,12 @@ mod swiglu_sys;
 #[cfg(test)]
 mod swiglu_tests;
 #[cfg(test)]
-mod test_data;
+pub(crate) mod test_data;
 mod sys;
+mod tqsdpa;
+mod tqsdpa_sys;
+#[cfg(test)]
+mod tqsdpa_tests;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
 pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
@@ -27,6 +31,7 @@ pub use qmm::{
     BlasInfo, QmmIsa,
 };
 pub use qsdpa::{qsdpa_isa_of, quantized_sdpa, quantized_sdpa_isa, quantized_sdpa_ops};
+pub use tqsdpa::{tqsdpa_isa_of, turbo_sdpa_rotated};
 pub use swiglu::{fast_swiglu, fast_swiglu_isa, fast_swiglu_isa_of, fast_swiglu_packed, fast_swiglu_packed_isa};
 
 use sys::ffi;

@@ -26,48 +26,11 @@ const Kernels* compiled(Isa isa) {
   }
 }
 
-// The same choice as the quantized matmul: Auto is the best variant the CPU
-// runs (capped by MLXRT_QMM_ISA); naming one it cannot run is an error.
 const Kernels* select_kernels(uint8_t code) {
-  if (code > static_cast<uint8_t>(Isa::Avx512))
-    throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
-  if (code == static_cast<uint8_t>(Isa::Auto)) code = qmm::best_isa();
-  const Kernels* k = qmm::isa_available(code) ? compiled(static_cast<Isa>(code)) : nullptr;
-  if (!k) throw std::invalid_argument("this CPU or build cannot run the requested instruction set");
+  const Kernels* k = compiled(select_isa(code));
+  if (!k) throw std::invalid_argument("this build has no kernel for the requested instruction set");
   return k;
 }
-
-// A 4-D array of 4-byte elements as the kernel reads it: each (b, h) block of
-// rows dense (true of a KV cache sliced along T from a larger buffer), any
-// strides between blocks. Anything else is copied dense first.
-struct Rows {
-  const uint8_t* data;
-  int64_t bh[2];  // elements between consecutive b, h
-  std::vector<uint32_t> copy;
-
-  explicit Rows(const array& a) {
-    const auto& sh = a.shape();
-    const auto& st = a.strides();
-    const bool rows_dense = st[3] == 1 && (sh[2] <= 1 || st[2] == sh[3]);
-    if (rows_dense) {
-      data = a.data<uint8_t>();
-      bh[0] = st[0];
-      bh[1] = st[1];
-      return;
-    }
-    copy.resize(a.size());
-    const auto* src = a.data<uint32_t>();
-    size_t i = 0;
-    for (int b = 0; b < sh[0]; ++b)
-      for (int h = 0; h < sh[1]; ++h)
-        for (int t = 0; t < sh[2]; ++t)
-          for (int d = 0; d < sh[3]; ++d)
-            copy[i++] = src[b * st[0] + h * st[1] + t * st[2] + d * st[3]];
-    data = reinterpret_cast<const uint8_t*>(copy.data());
-    bh[0] = static_cast<int64_t>(sh[1]) * sh[2] * sh[3];
-    bh[1] = static_cast<int64_t>(sh[2]) * sh[3];
-  }
-};
 
 Plane plane(const Rows& w, const Rows& s, const Rows& b, int dim) {
   return Plane{w.data,
@@ -79,13 +42,6 @@ Plane plane(const Rows& w, const Rows& s, const Rows& b, int dim) {
                dim};
 }
 
-// A float buffer starting on a cache line (see qmm.cc).
-float* aligned(std::vector<float>& buf, size_t n) {
-  buf.resize(n + 16);
-  const auto p = reinterpret_cast<uintptr_t>(buf.data());
-  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
-}
-
 // Index of value d inside a kernel's value order: 4-bit values are permuted
 // in each block of 2 * lanes (even d first, then odd d).
 inline int kernel_pos(int d, int bits, int lanes) {
@@ -95,17 +51,13 @@ inline int kernel_pos(int d, int bits, int lanes) {
 }
 
 struct Task {
-  const Problem* p;
-  const Kernels* k;
+  const Split* s;
   int mblocks;  // row blocks per (b, h)
-  int chunk;    // keys per kernel call
   int nchunks;  // chunks over T
   int per;      // chunks per task
   int splits;   // tasks per (b, h, row block): ceil(nchunks / per)
   int stride;   // floats per partial: rows * Dv accumulators, rows maxima, rows sums
   float* partials;  // splits > 1 only: one partial per task, merged afterwards
-  float* out;
-  int rep;
 };
 
 // Folds a chunk's (acc, mx, sum) into a running partial (flash attention's
@@ -132,25 +84,24 @@ void fold(int rows, int dv, const float* acc, const float* mx, const float* sum,
 }
 
 // Normalizes a block's accumulators into its output rows (back in value
-// order: the kernels keep 4-bit values permuted like q).
-void write_rows(const Task& job, int b, int h, int m0, int rows, const float* acc,
+// order: e.g. the kernels keep 4-bit values permuted like q).
+void write_rows(const Split& p, int b, int h, int m0, int rows, const float* acc,
                 const float* sum) {
-  const Problem& p = *job.p;
-  const int dv = p.v.dim;
+  const int dv = p.dv;
   for (int r = 0; r < rows; ++r) {
     const int m = m0 + r;
-    const size_t hq = static_cast<size_t>(b) * p.H * job.rep + h * job.rep + m / p.L;
-    float* o = job.out + (hq * p.L + m % p.L) * dv;
+    const size_t hq = static_cast<size_t>(b) * p.H * p.rep + h * p.rep + m / p.L;
+    float* o = p.out + (hq * p.L + m % p.L) * dv;
     const float* a = acc + static_cast<size_t>(r) * dv;
-    for (int d = 0; d < dv; ++d) o[d] = a[kernel_pos(d, p.bits, job.k->lanes)] / sum[r];
+    for (int d = 0; d < dv; ++d) o[d] = a[p.order ? p.order[d] : d] / sum[r];
   }
 }
 
 // One (b, h, row block, range of key chunks): its partial, or with one
 // split its output rows.
 void run_task(const Task& job, int i) {
-  const Problem& p = *job.p;
-  const int rows_max = job.k->rows, dv = p.v.dim;
+  const Split& p = *job.s;
+  const int rows_max = p.rows, dv = p.dv;
   const int s = i % job.splits, mb = (i / job.splits) % job.mblocks;
   const int bh = i / (job.splits * job.mblocks), b = bh / p.H, h = bh % p.H;
   const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
@@ -165,35 +116,36 @@ void run_task(const Task& job, int i) {
   // exactly 0 to rows that see some key; rows that see none need all of
   // them (their softmax is uniform).
   int end = p.T;
-  if (p.mask == MaskKind::Causal) {
-    int lo = p.causal_last(m0), hi = lo;
+  if (p.causal) {
+    auto last = [&](int m) { return p.T - p.L + m % p.L; };
+    int lo = last(m0), hi = lo;
     for (int m = m0; m < m0 + rows; ++m) {
-      lo = std::min(lo, p.causal_last(m));
-      hi = std::max(hi, p.causal_last(m));
+      lo = std::min(lo, last(m));
+      hi = std::max(hi, last(m));
     }
     if (lo >= 0) end = std::min(end, hi + 1);
   }
 
   thread_local std::vector<float> buf;
-  thread_local float* scratch = aligned(buf, kScratchFloats);
+  float* scratch = aligned(buf, p.scratch);
   thread_local std::vector<float> cbuf;
   float* cacc = aligned(cbuf, static_cast<size_t>(rows_max) * (dv + 2));
   float* cmx = cacc + static_cast<size_t>(rows_max) * dv;
   float* csum = cmx + rows_max;
   const int c1 = std::min(job.nchunks, (s + 1) * job.per);
   for (int c = s * job.per; c < c1; ++c) {
-    const int t0 = c * job.chunk, t1 = std::min(end, t0 + job.chunk);
+    const int t0 = c * p.chunk_keys, t1 = std::min(end, t0 + p.chunk_keys);
     if (t0 >= t1) break;
-    job.k->chunk(p, b, h, m0, rows, t0, t1, scratch, cacc, cmx, csum);
+    p.chunk(p.ctx, b, h, m0, rows, t0, t1, scratch, cacc, cmx, csum);
     fold(rows, dv, cacc, cmx, csum, pacc, pmx, psum);
   }
-  if (job.splits == 1) write_rows(job, b, h, m0, rows, pacc, psum);
+  if (job.splits == 1) write_rows(p, b, h, m0, rows, pacc, psum);
 }
 
 // Merges the partials of one (b, h, row block) into the output rows.
 void merge(const Task& job, int i) {
-  const Problem& p = *job.p;
-  const int rows_max = job.k->rows, dv = p.v.dim;
+  const Split& p = *job.s;
+  const int rows_max = p.rows, dv = p.dv;
   const int mb = i % job.mblocks, bh = i / job.mblocks, b = bh / p.H, h = bh % p.H;
   const int m0 = mb * rows_max, rows = std::min(rows_max, p.M - m0);
   const float* first = job.partials + static_cast<size_t>(i) * job.splits * job.stride;
@@ -206,7 +158,7 @@ void merge(const Task& job, int i) {
     const float* pmx = part + static_cast<size_t>(rows_max) * dv;
     fold(rows, dv, part, pmx, pmx + rows_max, acc.data(), mx, sum);
   }
-  write_rows(job, b, h, m0, rows, acc.data(), sum);
+  write_rows(p, b, h, m0, rows, acc.data(), sum);
 }
 
 // f(i) for i in [0, n) on the quantized matmul's pool, in at most 4096
@@ -250,40 +202,22 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
   const Rows kw(in.kw), ks(in.ks), kb(in.kb), vw(in.vw), vs(in.vs), vb(in.vb);
   Problem p{qp, plane(kw, ks, kb, D), plane(vw, vs, vb, Dv), B, H, M, L, T, group, bits, mask,
             nullptr, {0, 0, 0, 0}};
-  if (mask == MaskKind::Bool || mask == MaskKind::Additive) {
-    p.mask_data = mask == MaskKind::Bool ? static_cast<const void*>(in.mask.data<bool>())
-                                         : static_cast<const void*>(in.mask.data<float>());
-    const auto& ms = in.mask.strides();
-    p.mask_stride[0] = ms[0];
-    p.mask_stride[1] = in.mask.shape(1) == 1 ? 0 : ms[1];
-    p.mask_stride[2] = ms[2];
-    p.mask_stride[3] = ms[3];
-  }
+  set_mask(p, in.mask);
 
-  // Flash-decoding split: the keys of each (b, h, row block) go to
-  // `splits` tasks, enough that every thread has several (decode has only
-  // B * H row blocks), each folding its chunks as it goes; chunks shrink
-  // for short T so that there are that many.
-  const int threads = static_cast<int>(qmm::pool_threads());
-  const int mblocks = (M + k->rows - 1) / k->rows;
-  const int64_t blocks = static_cast<int64_t>(B) * H * mblocks;
-  const int want = static_cast<int>(std::max<int64_t>(1, (8 * threads + blocks - 1) / blocks));
-  int chunk = kChunk;
-  while (chunk > 32 && (T + chunk - 1) / chunk < want) chunk /= 2;
-  const int nchunks = (T + chunk - 1) / chunk;
-  const int per = (nchunks + std::min(want, nchunks) - 1) / std::min(want, nchunks);
-  const int splits = (nchunks + per - 1) / per;
-  const int stride = k->rows * (Dv + 2);
-  const int tasks = static_cast<int>(blocks) * splits;
-  std::vector<float> pbuf;
-  float* partials = splits > 1 ? aligned(pbuf, static_cast<size_t>(tasks) * stride) : nullptr;
-  Task job{&p, k, mblocks, chunk, nchunks, per, splits, stride, partials, out, rep};
-  auto body = [&](int i) { run_task(job, i); };
-  parallel(tasks, body);
-  if (splits > 1) {
-    auto combine = [&](int i) { merge(job, i); };
-    parallel(static_cast<int>(blocks), combine);
-  }
+  // The kernels' value order (4-bit: permuted like q).
+  std::vector<int> order(Dv);
+  for (int d = 0; d < Dv; ++d) order[d] = kernel_pos(d, bits, k->lanes);
+  const std::pair<const Problem*, const Kernels*> ctx{&p, k};
+  flash_attention(Split{B, H, M, L, T, Dv, k->rows, mask == MaskKind::Causal, kScratchFloats,
+                        kChunk,
+                        [](const void* c, int b, int h, int m0, int rows, int t0, int t1,
+                           float* scratch, float* acc, float* mx, float* sum) {
+                          const auto* pk =
+                              static_cast<const std::pair<const Problem*, const Kernels*>*>(c);
+                          pk->second->chunk(*pk->first, b, h, m0, rows, t0, t1, scratch, acc, mx,
+                                            sum);
+                        },
+                        &ctx, order.data(), rep, out});
 }
 
 bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
@@ -292,6 +226,106 @@ bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
 }
 
 }  // namespace
+
+float* aligned(std::vector<float>& buf, size_t n) {
+  buf.resize(n + 16);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
+}
+
+Rows::Rows(const array& a) {
+  const auto& sh = a.shape();
+  const auto& st = a.strides();
+  const size_t item = a.itemsize();
+  const bool rows_dense = st[3] == 1 && (sh[2] <= 1 || st[2] == sh[3]);
+  if (rows_dense) {
+    data = a.data<uint8_t>();
+    bh[0] = st[0];
+    bh[1] = st[1];
+    return;
+  }
+  copy.resize(a.size() * item);
+  const auto* src = a.data<uint8_t>();
+  size_t i = 0;
+  for (int b = 0; b < sh[0]; ++b)
+    for (int h = 0; h < sh[1]; ++h)
+      for (int t = 0; t < sh[2]; ++t)
+        for (int d = 0; d < sh[3]; ++d, i += item)
+          std::memcpy(&copy[i], src + (b * st[0] + h * st[1] + t * st[2] + d * st[3]) * item, item);
+  data = copy.data();
+  bh[0] = static_cast<int64_t>(sh[1]) * sh[2] * sh[3];
+  bh[1] = static_cast<int64_t>(sh[2]) * sh[3];
+}
+
+// The same choice as the quantized matmul: Auto is the best variant the CPU
+// runs (capped by MLXRT_QMM_ISA); naming one it cannot run is an error.
+Isa select_isa(uint8_t code) {
+  if (code > static_cast<uint8_t>(Isa::Avx512))
+    throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
+  if (code == static_cast<uint8_t>(Isa::Auto)) code = qmm::best_isa();
+  if (!qmm::isa_available(code))
+    throw std::invalid_argument("this CPU or build cannot run the requested instruction set");
+  return static_cast<Isa>(code);
+}
+
+bool mask_input(uint8_t mask_kind, const array& mask, int B, int H, int Hq, int L, int T,
+                MaskKind& kind, std::vector<array>& inputs) {
+  kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
+  if (mask_kind != 2) return true;
+  array m = mask;
+  if (m.ndim() > 4 || m.ndim() < 1) return false;
+  // mlx-lm lines a 3-D mask up with [rep, L, T] when rep > 1.
+  if (m.ndim() == 3 && Hq != H && m.shape(0) != 1) return false;
+  while (m.ndim() < 4) m = mx::expand_dims(m, 0);
+  if (m.shape(1) != 1 && m.shape(1) != H) return false;
+  for (int a : {0, 2, 3})
+    if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return false;
+  kind = MaskKind::Bool;
+  if (m.dtype() != mx::bool_) {
+    kind = MaskKind::Additive;
+    m = mx::astype(m, mx::float32);
+  }
+  inputs.push_back(mx::broadcast_to(m, {B, m.shape(1), L, T}));
+  return true;
+}
+
+void set_mask(Problem& p, const array& mask) {
+  if (p.mask != MaskKind::Bool && p.mask != MaskKind::Additive) return;
+  p.mask_data = p.mask == MaskKind::Bool ? static_cast<const void*>(mask.data<bool>())
+                                         : static_cast<const void*>(mask.data<float>());
+  const auto& ms = mask.strides();
+  p.mask_stride[0] = ms[0];
+  p.mask_stride[1] = mask.shape(1) == 1 ? 0 : ms[1];
+  p.mask_stride[2] = ms[2];
+  p.mask_stride[3] = ms[3];
+}
+
+// Flash-decoding split: the keys of each (b, h, row block) go to `splits`
+// tasks, enough that every thread has several (decode has only B * H row
+// blocks), each folding its chunks as it goes; chunks shrink for short T so
+// that there are that many.
+void flash_attention(const Split& s) {
+  const int threads = static_cast<int>(qmm::pool_threads());
+  const int mblocks = (s.M + s.rows - 1) / s.rows;
+  const int64_t blocks = static_cast<int64_t>(s.B) * s.H * mblocks;
+  const int want = static_cast<int>(std::max<int64_t>(1, (8 * threads + blocks - 1) / blocks));
+  Split p = s;
+  while (p.chunk_keys > 32 && (p.T + p.chunk_keys - 1) / p.chunk_keys < want) p.chunk_keys /= 2;
+  const int nchunks = (p.T + p.chunk_keys - 1) / p.chunk_keys;
+  const int per = (nchunks + std::min(want, nchunks) - 1) / std::min(want, nchunks);
+  const int splits = (nchunks + per - 1) / per;
+  const int stride = p.rows * (p.dv + 2);
+  const int tasks = static_cast<int>(blocks) * splits;
+  std::vector<float> pbuf;
+  float* partials = splits > 1 ? aligned(pbuf, static_cast<size_t>(tasks) * stride) : nullptr;
+  Task job{&p, mblocks, nchunks, per, splits, stride, partials};
+  auto body = [&](int i) { run_task(job, i); };
+  parallel(tasks, body);
+  if (splits > 1) {
+    auto combine = [&](int i) { merge(job, i); };
+    parallel(static_cast<int>(blocks), combine);
+  }
+}
 
 void QuantizedSdpa::eval_cpu(const std::vector<array>& inputs, array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -349,24 +383,9 @@ std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const arr
     return nullptr;
   if (static_cast<int64_t>(B) * Hq * L * std::max(D, Dv) >= INT32_MAX) return nullptr;
 
-  auto kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
+  MaskKind kind;
   std::vector<array> inputs{q, kw, ks, kb, vw, vs, vb};
-  if (mask_kind == 2) {
-    array m = mask;
-    if (m.ndim() > 4 || m.ndim() < 1) return nullptr;
-    // mlx-lm lines a 3-D mask up with [rep, L, T] when rep > 1.
-    if (m.ndim() == 3 && Hq != H && m.shape(0) != 1) return nullptr;
-    while (m.ndim() < 4) m = mx::expand_dims(m, 0);
-    if (m.shape(1) != 1 && m.shape(1) != H) return nullptr;
-    for (int a : {0, 2, 3})
-      if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return nullptr;
-    kind = MaskKind::Bool;
-    if (m.dtype() != mx::bool_) {
-      kind = MaskKind::Additive;
-      m = mx::astype(m, mx::float32);
-    }
-    inputs.push_back(mx::broadcast_to(m, {B, m.shape(1), L, T}));
-  }
+  if (!mask_input(mask_kind, mask, B, H, Hq, L, T, kind, inputs)) return nullptr;
   auto prim = std::make_shared<QuantizedSdpa>(mx::default_stream(mx::Device::cpu), scale,
                                               group_size, bits, kind, k);
   return std::make_unique<array>(mx::Shape{B, Hq, L, Dv}, mx::float32, std::move(prim),

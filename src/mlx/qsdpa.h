@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
@@ -41,6 +42,54 @@ class QuantizedSdpa : public mlx::core::UnaryPrimitive {
   MaskKind mask_;
   const Kernels* kernels_;
 };
+
+// ---- shared with the TurboQuant attention (tqsdpa.cc) ----
+
+// A 4-D array as the kernels read it: each (b, h) block of rows dense (true
+// of a KV cache sliced along T from a larger buffer), any strides between
+// blocks. Anything else is copied dense first.
+struct Rows {
+  const uint8_t* data;
+  int64_t bh[2];  // elements between consecutive b, h
+  std::vector<uint8_t> copy;
+
+  explicit Rows(const array& a);
+};
+
+// A float buffer of n floats starting on a cache line, inside `buf`.
+float* aligned(std::vector<float>& buf, size_t n);
+
+// Attention of M = rep * L query rows per (b, kv head) over T keys, chunk by
+// chunk over the quantized matmul's pool (flash decoding: per-task partial
+// softmax sums, merged at the end). Row m of kv head h is query head
+// h * rep + m / L at position m % L; the output is [B, H * rep, L, dv].
+struct Split {
+  int B, H, M, L, T, dv;
+  int rows;           // query rows per chunk call at most
+  bool causal;        // row m sees keys up to T - L + m % L: later chunks are skipped
+  size_t scratch;     // floats of per-thread scratch `chunk` needs
+  int chunk_keys;     // keys per chunk call at most
+  // As Kernels::chunk, for rows [m0, m0 + rows) of (b, h) and keys [t0, t1).
+  void (*chunk)(const void* ctx, int b, int h, int m0, int rows, int t0, int t1, float* scratch,
+                float* acc, float* mx, float* sum);
+  const void* ctx;
+  const int* order;   // order[d]: index of output value d in `acc`; null: d
+  int rep;
+  float* out;
+};
+void flash_attention(const Split& s);
+
+// The instruction set an `Isa` code asks for (Auto: the best this CPU
+// runs); throws if the CPU cannot run it.
+Isa select_isa(uint8_t code);
+// The mask input for `mask_kind` (as `quantized_sdpa` takes it): sets
+// `kind` and, for an array mask, appends it broadcast to [B, 1 or H, L, T]
+// (bool, or f32 to add) to `inputs`; false for a mask shape the kernels do
+// not take.
+bool mask_input(uint8_t mask_kind, const array& mask, int B, int H, int Hq, int L, int T,
+                MaskKind& kind, std::vector<array>& inputs);
+// Points `p`'s mask fields at that appended mask (for Bool / Additive).
+void set_mask(Problem& p, const array& mask);
 
 // ---- bridged to Rust (qsdpa_sys.rs) ----
 

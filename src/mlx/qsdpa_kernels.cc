@@ -1,8 +1,10 @@
-// Quantized-KV attention kernels (qsdpa_impl.h), one variant per instruction
+// Quantized-KV attention kernels (qsdpa_impl.h, and the TurboQuant ones of
+// tqsdpa_impl.h, which share their helpers), one variant per instruction
 // set: AVX-512, AVX2 + FMA, and portable (GCC vector extensions: SSE2 on
 // x86-64, NEON on aarch64). Selected at run time like the quantized matmul's.
 // No standard-library includes (see qsdpa_kernels.h).
 #include "mlxrt/src/mlx/qsdpa_kernels.h"
+#include "mlxrt/src/mlx/tqsdpa_kernels.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -79,6 +81,7 @@ struct V {
 }  // namespace mlxrt::qsdpa::portable
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
+#include "mlxrt/src/mlx/tqsdpa_impl.h"
 #undef QS_FN
 #undef QS_NS
 #undef QS_ISA
@@ -156,6 +159,7 @@ struct V {
 }  // namespace mlxrt::qsdpa::avx2
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
+#include "mlxrt/src/mlx/tqsdpa_impl.h"
 #undef QS_FN
 #undef QS_NS
 #undef QS_ISA
@@ -239,16 +243,22 @@ struct V {
 }  // namespace mlxrt::qsdpa::avx512
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
+#include "mlxrt/src/mlx/tqsdpa_impl.h"
 
 #endif  // __x86_64__
 
 namespace mlxrt::qsdpa {
 const Kernels* kernels_portable() { return &portable::kKernels; }
+const TurboKernels* turbo_kernels_portable() { return &portable::kTurboKernels; }
 #if defined(__x86_64__)
 const Kernels* kernels_avx2() { return &avx2::kKernels; }
 const Kernels* kernels_avx512() { return &avx512::kKernels; }
+const TurboKernels* turbo_kernels_avx2() { return &avx2::kTurboKernels; }
+const TurboKernels* turbo_kernels_avx512() { return &avx512::kTurboKernels; }
 #else
 const Kernels* kernels_avx2() { return nullptr; }
 const Kernels* kernels_avx512() { return nullptr; }
+const TurboKernels* turbo_kernels_avx2() { return nullptr; }
+const TurboKernels* turbo_kernels_avx512() { return nullptr; }
 #endif
 }  // namespace mlxrt::qsdpa
