@@ -392,10 +392,6 @@ std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const arr
                                  std::move(inputs));
 }
 
-uint8_t qsdpa_node_isa(const array& a) {
-  if (!a.has_primitive()) return 0;
-  auto* p = dynamic_cast<QuantizedSdpa*>(&a.primitive());
-  return p ? static_cast<uint8_t>(p->isa()) : 0;
-}
+uint8_t qsdpa_node_isa(const array& a) { return node_isa<QuantizedSdpa>(a); }
 
 }  // namespace mlxrt::qsdpa

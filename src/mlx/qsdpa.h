@@ -91,6 +91,15 @@ bool mask_input(uint8_t mask_kind, const array& mask, int B, int H, int Hq, int 
 // Points `p`'s mask fields at that appended mask (for Bool / Additive).
 void set_mask(Problem& p, const array& mask);
 
+// The `Isa` code of the kernel of primitive P that computes `a`, or 0 if
+// `a` is not the output of a P.
+template <class P>
+uint8_t node_isa(const array& a) {
+  if (!a.has_primitive()) return 0;
+  auto* p = dynamic_cast<P*>(&a.primitive());
+  return p ? static_cast<uint8_t>(p->isa()) : 0;
+}
+
 // ---- bridged to Rust (qsdpa_sys.rs) ----
 
 // The primitive's output node, or null when it does not apply (default device

@@ -162,10 +162,6 @@ std::unique_ptr<array> turbo_sdpa(const array& q, const array& ki, const array& 
                                  std::move(inputs));
 }
 
-uint8_t tqsdpa_node_isa(const array& a) {
-  if (!a.has_primitive()) return 0;
-  auto* p = dynamic_cast<TurboSdpa*>(&a.primitive());
-  return p ? static_cast<uint8_t>(p->isa()) : 0;
-}
+uint8_t tqsdpa_node_isa(const array& a) { return qsdpa::node_isa<TurboSdpa>(a); }
 
 }  // namespace mlxrt::tqsdpa

@@ -60,8 +60,12 @@ QS_FN inline TI indices(const uint8_t* row, int p0) {
   TU w = {};
   TQ_UNROLL
   for (int j = 0; j < NW; ++j) {
+    // Byte by byte in registers (a B-byte memcpy goes through the stack
+    // and stalls store forwarding).
+    const uint8_t* p = row + (p0 / 8 + j) * B;
     uint32_t x = 0;
-    __builtin_memcpy(&x, row + (p0 / 8 + j) * B, B);
+    TQ_UNROLL
+    for (int i = 0; i < B; ++i) x |= static_cast<uint32_t>(p[i]) << (8 * i);
     w[j] = x >> (B * (p0 % 8));
   }
   TI sel, sh;

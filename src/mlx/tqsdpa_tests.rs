@@ -12,7 +12,7 @@
 //! output by ~1e-2 of the bound or more.
 
 use super::fast::Mask;
-use super::test_data::randn;
+use super::test_data::{isas, randn, worst_error};
 use super::*;
 use crate::cache::turbo::{Keys, TurboCodec, Values};
 use crate::model::Kernels;
@@ -41,6 +41,19 @@ impl Cache {
         let abs_values = codec.decode_values_rotated(&values).unwrap().abs().unwrap();
         eval(&[&keys.idx, &keys.scale, &keys.zero, &values.idx, &values.scale, &dense_keys, &abs_values]).unwrap();
         Cache { codec, keys, values, dense_keys, abs_values }
+    }
+
+    /// The same cache with `f` applied to every plane (slices, transposes).
+    fn map(&self, f: impl Fn(&Array) -> Array) -> Cache {
+        let (k, v, c) = (&self.keys, &self.values, &self.codec);
+        let (d, dv) = (self.dense_keys.dim(-1), self.abs_values.dim(-1));
+        Cache {
+            codec: TurboCodec::new(c.key_bits(), c.value_bits(), d, dv).unwrap(),
+            keys: Keys { idx: f(&k.idx), scale: f(&k.scale), zero: f(&k.zero) },
+            values: Values { idx: f(&v.idx), scale: f(&v.scale) },
+            dense_keys: f(&self.dense_keys),
+            abs_values: f(&self.abs_values),
+        }
     }
 
     fn fused(&self, q: &Array, scale: f32, mask: Mask, isa: QmmIsa) -> Option<Array> {
@@ -87,21 +100,6 @@ fn padded_mask(b: i32, l: i32, t: i32, pad: i32) -> Array {
         .map(|(bi, li, ti)| (ti <= t - l + li && !(bi == 1 && (ti < pad || li == 0))) as u8)
         .collect();
     Array::from_bytes(&bytes, &[b, 1, l, t], Dtype::Bool).unwrap()
-}
-
-/// Largest |got - want| / bound over all outputs (inf if any is not finite).
-fn worst_error(got: &Array, want: &Array, bound: &Array) -> f32 {
-    assert_eq!(got.shape(), want.shape());
-    let (g, w, b) = (got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap(), bound.to_vec_f32().unwrap());
-    g.iter()
-        .zip(&w)
-        .zip(&b)
-        .map(|((g, w), b)| if g.is_finite() && w.is_finite() { (g - w).abs() / b.max(1e-30) } else { f32::INFINITY })
-        .fold(0.0, f32::max)
-}
-
-fn isas() -> Vec<QmmIsa> {
-    [QmmIsa::Portable, QmmIsa::Avx2, QmmIsa::Avx512].into_iter().filter(|i| i.available()).collect()
 }
 
 struct Case {
@@ -192,15 +190,7 @@ fn reads_a_cache_sliced_from_a_larger_buffer_and_transposed_queries() {
     // The KV cache keeps capacity past its length and hands out
     // `buf[..., :T, :]`; queries arrive as [B, L, H, D] transposed.
     let (b, h, rep, l, t, cap, d) = (2, 2, 3, 2, 300, 512, 64);
-    let full = Cache::new(b, h, cap, d, d, 8, 3, 51);
-    let cut = |a: &Array| a.slice_axis(2, 0, t).unwrap();
-    let cache = Cache {
-        codec: TurboCodec::new(8, 3, d, d).unwrap(),
-        keys: Keys { idx: cut(&full.keys.idx), scale: cut(&full.keys.scale), zero: cut(&full.keys.zero) },
-        values: Values { idx: cut(&full.values.idx), scale: cut(&full.values.scale) },
-        dense_keys: cut(&full.dense_keys),
-        abs_values: cut(&full.abs_values),
-    };
+    let cache = Cache::new(b, h, cap, d, d, 8, 3, 51).map(|a| a.slice_axis(2, 0, t).unwrap());
     let q = randn(&[b, l, h * rep, d], 53).transpose(&[0, 2, 1, 3]).unwrap();
     let arr = padded_mask(b, l, t, 4);
     let fused = cache.fused(&q, 0.125, Mask::Array(&arr), QmmIsa::Auto).unwrap();
@@ -208,15 +198,7 @@ fn reads_a_cache_sliced_from_a_larger_buffer_and_transposed_queries() {
     assert!(err <= TOL, "{err:e}");
     // And planes whose rows are strided (made as [B, T, H, ·], transposed):
     // read through a dense copy.
-    let tr = |a: &Array| a.transpose(&[0, 2, 1, 3]).unwrap();
-    let src = Cache::new(b, t, h, d, d, 4, 2, 54);
-    let cache = Cache {
-        codec: TurboCodec::new(4, 2, d, d).unwrap(),
-        keys: Keys { idx: tr(&src.keys.idx), scale: tr(&src.keys.scale), zero: tr(&src.keys.zero) },
-        values: Values { idx: tr(&src.values.idx), scale: tr(&src.values.scale) },
-        dense_keys: tr(&src.dense_keys),
-        abs_values: tr(&src.abs_values),
-    };
+    let cache = Cache::new(b, t, h, d, d, 4, 2, 54).map(|a| a.transpose(&[0, 2, 1, 3]).unwrap());
     let fused = cache.fused(&q, 0.125, Mask::Causal, QmmIsa::Auto).unwrap();
     let err = worst_error(&fused, &cache.ops(&q, 0.125, Mask::Causal), &cache.bound(&q, 0.125, &Mask::Causal));
     assert!(err <= TOL, "strided: {err:e}");
