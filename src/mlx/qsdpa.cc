@@ -26,48 +26,11 @@ const Kernels* compiled(Isa isa) {
   }
 }
 
-// The same choice as the quantized matmul: Auto is the best variant the CPU
-// runs (capped by MLXRT_QMM_ISA); naming one it cannot run is an error.
 const Kernels* select_kernels(uint8_t code) {
-  if (code > static_cast<uint8_t>(Isa::Avx512))
-    throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
-  if (code == static_cast<uint8_t>(Isa::Auto)) code = qmm::best_isa();
-  const Kernels* k = qmm::isa_available(code) ? compiled(static_cast<Isa>(code)) : nullptr;
-  if (!k) throw std::invalid_argument("this CPU or build cannot run the requested instruction set");
+  const Kernels* k = compiled(select_isa(code));
+  if (!k) throw std::invalid_argument("this build has no kernels for the requested instruction set");
   return k;
 }
-
-// A 4-D array of 4-byte elements as the kernel reads it: each (b, h) block of
-// rows dense (true of a KV cache sliced along T from a larger buffer), any
-// strides between blocks. Anything else is copied dense first.
-struct Rows {
-  const uint8_t* data;
-  int64_t bh[2];  // elements between consecutive b, h
-  std::vector<uint32_t> copy;
-
-  explicit Rows(const array& a) {
-    const auto& sh = a.shape();
-    const auto& st = a.strides();
-    const bool rows_dense = st[3] == 1 && (sh[2] <= 1 || st[2] == sh[3]);
-    if (rows_dense) {
-      data = a.data<uint8_t>();
-      bh[0] = st[0];
-      bh[1] = st[1];
-      return;
-    }
-    copy.resize(a.size());
-    const auto* src = a.data<uint32_t>();
-    size_t i = 0;
-    for (int b = 0; b < sh[0]; ++b)
-      for (int h = 0; h < sh[1]; ++h)
-        for (int t = 0; t < sh[2]; ++t)
-          for (int d = 0; d < sh[3]; ++d)
-            copy[i++] = src[b * st[0] + h * st[1] + t * st[2] + d * st[3]];
-    data = reinterpret_cast<const uint8_t*>(copy.data());
-    bh[0] = static_cast<int64_t>(sh[1]) * sh[2] * sh[3];
-    bh[1] = static_cast<int64_t>(sh[2]) * sh[3];
-  }
-};
 
 Plane plane(const Rows& w, const Rows& s, const Rows& b, int dim) {
   return Plane{w.data,
@@ -77,13 +40,6 @@ Plane plane(const Rows& w, const Rows& s, const Rows& b, int dim) {
                {s.bh[0], s.bh[1]},
                {b.bh[0], b.bh[1]},
                dim};
-}
-
-// A float buffer starting on a cache line (see qmm.cc).
-float* aligned(std::vector<float>& buf, size_t n) {
-  buf.resize(n + 16);
-  const auto p = reinterpret_cast<uintptr_t>(buf.data());
-  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
 }
 
 // Index of value d inside a kernel's value order: 4-bit values are permuted
@@ -161,17 +117,21 @@ void run_task(const Task& job, int i) {
   float* psum = pmx + rows_max;
   for (int r = 0; r < rows; ++r) pmx[r] = -std::numeric_limits<float>::infinity();
 
-  // Under the causal mask, keys past every row's last visible one add
-  // exactly 0 to rows that see some key; rows that see none need all of
-  // them (their softmax is uniform).
-  int end = p.T;
+  // Under the causal mask, keys past every row's last visible one (and
+  // with a window, before its first) add exactly 0 to rows that see some
+  // key; rows that see none need all of them (their softmax is uniform).
+  int begin = 0, end = p.T;
   if (p.mask == MaskKind::Causal) {
-    int lo = p.causal_last(m0), hi = lo;
+    int lo = p.causal_last(m0), hi = lo, first = p.causal_first(m0);
     for (int m = m0; m < m0 + rows; ++m) {
       lo = std::min(lo, p.causal_last(m));
       hi = std::max(hi, p.causal_last(m));
+      first = std::min(first, p.causal_first(m));
     }
-    if (lo >= 0) end = std::min(end, hi + 1);
+    if (lo >= 0) {
+      begin = first;
+      end = std::min(end, hi + 1);
+    }
   }
 
   thread_local std::vector<float> buf;
@@ -182,8 +142,9 @@ void run_task(const Task& job, int i) {
   float* csum = cmx + rows_max;
   const int c1 = std::min(job.nchunks, (s + 1) * job.per);
   for (int c = s * job.per; c < c1; ++c) {
-    const int t0 = c * job.chunk, t1 = std::min(end, t0 + job.chunk);
-    if (t0 >= t1) break;
+    const int t0 = std::max(begin, c * job.chunk), t1 = std::min(end, (c + 1) * job.chunk);
+    if (c * job.chunk >= end) break;
+    if (t0 >= t1) continue;
     job.k->chunk(p, b, h, m0, rows, t0, t1, scratch, cacc, cmx, csum);
     fold(rows, dv, cacc, cmx, csum, pacc, pmx, psum);
   }
@@ -232,34 +193,93 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
   const int H = in.kw.shape(1), T = in.kw.shape(2), rep = Hq / H, M = rep * L;
   const int Dv = in.vw.shape(3) * 32 / bits;
 
-  // q * scale (as mlx-lm's `queries *= scale`), rows of each kv head
-  // together, 4-bit: permuted like the keys' nibbles.
   std::vector<float> qbuf;
-  float* qp = aligned(qbuf, static_cast<size_t>(B) * H * M * D);
-  const auto& qs = in.q.strides();
-  const float* qd = in.q.data<float>();
+  const float* qp = scaled_queries(in.q, H, scale, bits, k->lanes, qbuf);
+  const Rows kw(in.kw), ks(in.ks), kb(in.kb), vw(in.vw), vs(in.vs), vb(in.vb);
+  Problem p{qp, plane(kw, ks, kb, D), plane(vw, vs, vb, Dv), B, H, M, L, T, group, bits, mask,
+            nullptr, {0, 0, 0, 0}};
+  if (mask == MaskKind::Bool || mask == MaskKind::Additive) point_mask(p, in.mask);
+
+  run(p, k, rep, out);
+}
+
+bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
+  return s.ndim() == 4 && s.dtype() == mx::float32 && s.shape(0) == B && s.shape(1) == H &&
+         s.shape(2) == T && s.shape(3) == cols;
+}
+
+}  // namespace
+
+// ---- shared with the float attention (fattn.cc) ----
+
+Rows::Rows(const array& a) {
+  const auto& sh = a.shape();
+  const auto& st = a.strides();
+  const bool rows_dense = st[3] == 1 && (sh[2] <= 1 || st[2] == sh[3]);
+  if (rows_dense) {
+    data = a.data<uint8_t>();
+    bh[0] = st[0];
+    bh[1] = st[1];
+    return;
+  }
+  copy.resize(a.size());
+  const auto* src = a.data<uint32_t>();
+  size_t i = 0;
+  for (int b = 0; b < sh[0]; ++b)
+    for (int h = 0; h < sh[1]; ++h)
+      for (int t = 0; t < sh[2]; ++t)
+        for (int d = 0; d < sh[3]; ++d)
+          copy[i++] = src[b * st[0] + h * st[1] + t * st[2] + d * st[3]];
+  data = reinterpret_cast<const uint8_t*>(copy.data());
+  bh[0] = static_cast<int64_t>(sh[1]) * sh[2] * sh[3];
+  bh[1] = static_cast<int64_t>(sh[2]) * sh[3];
+}
+
+float* aligned(std::vector<float>& buf, size_t n) {
+  buf.resize(n + 16);
+  const auto p = reinterpret_cast<uintptr_t>(buf.data());
+  return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
+}
+
+Isa select_isa(uint8_t code) {
+  if (code > static_cast<uint8_t>(Isa::Avx512))
+    throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
+  if (code == static_cast<uint8_t>(Isa::Auto)) code = qmm::best_isa();
+  if (!qmm::isa_available(code))
+    throw std::invalid_argument("this CPU or build cannot run the requested instruction set");
+  return static_cast<Isa>(code);
+}
+
+const float* scaled_queries(const array& q, int H, float scale, int bits, int lanes,
+                            std::vector<float>& buf) {
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int rep = Hq / H, M = rep * L;
+  float* qp = aligned(buf, static_cast<size_t>(B) * H * M * D);
+  const auto& qs = q.strides();
+  const float* qd = q.data<float>();
   for (int b = 0; b < B; ++b)
     for (int hq = 0; hq < Hq; ++hq)
       for (int l = 0; l < L; ++l) {
         const float* src = qd + b * qs[0] + hq * qs[1] + l * qs[2];
         const int m = (hq % rep) * L + l;
         float* dst = qp + ((static_cast<size_t>(b) * H + hq / rep) * M + m) * D;
-        for (int d = 0; d < D; ++d) dst[kernel_pos(d, bits, k->lanes)] = src[d * qs[3]] * scale;
+        for (int d = 0; d < D; ++d) dst[kernel_pos(d, bits, lanes)] = src[d * qs[3]] * scale;
       }
+  return qp;
+}
 
-  const Rows kw(in.kw), ks(in.ks), kb(in.kb), vw(in.vw), vs(in.vs), vb(in.vb);
-  Problem p{qp, plane(kw, ks, kb, D), plane(vw, vs, vb, Dv), B, H, M, L, T, group, bits, mask,
-            nullptr, {0, 0, 0, 0}};
-  if (mask == MaskKind::Bool || mask == MaskKind::Additive) {
-    p.mask_data = mask == MaskKind::Bool ? static_cast<const void*>(in.mask.data<bool>())
-                                         : static_cast<const void*>(in.mask.data<float>());
-    const auto& ms = in.mask.strides();
-    p.mask_stride[0] = ms[0];
-    p.mask_stride[1] = in.mask.shape(1) == 1 ? 0 : ms[1];
-    p.mask_stride[2] = ms[2];
-    p.mask_stride[3] = ms[3];
-  }
+void point_mask(Problem& p, const array& mask) {
+  p.mask_data = p.mask == MaskKind::Bool ? static_cast<const void*>(mask.data<bool>())
+                                         : static_cast<const void*>(mask.data<float>());
+  const auto& ms = mask.strides();
+  p.mask_stride[0] = ms[0];
+  p.mask_stride[1] = mask.shape(1) == 1 ? 0 : ms[1];
+  p.mask_stride[2] = ms[2];
+  p.mask_stride[3] = ms[3];
+}
 
+void run(const Problem& p, const Kernels* k, int rep, float* out) {
+  const int B = p.B, H = p.H, M = p.M, T = p.T, Dv = p.v.dim;
   // Flash-decoding split: the keys of each (b, h, row block) go to
   // `splits` tasks, enough that every thread has several (decode has only
   // B * H row blocks), each folding its chunks as it goes; chunks shrink
@@ -285,13 +305,6 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
     parallel(static_cast<int>(blocks), combine);
   }
 }
-
-bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
-  return s.ndim() == 4 && s.dtype() == mx::float32 && s.shape(0) == B && s.shape(1) == H &&
-         s.shape(2) == T && s.shape(3) == cols;
-}
-
-}  // namespace
 
 void QuantizedSdpa::eval_cpu(const std::vector<array>& inputs, array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
@@ -41,6 +42,42 @@ class QuantizedSdpa : public mlx::core::UnaryPrimitive {
   MaskKind mask_;
   const Kernels* kernels_;
 };
+
+// ---- shared with the float attention (fattn.cc) ----
+
+// A 4-D array of 4-byte elements as the kernels read it: each (b, h) block
+// of rows dense (true of a KV cache sliced along T from a larger buffer),
+// any strides between blocks. Anything else is copied dense first.
+struct Rows {
+  const uint8_t* data;
+  int64_t bh[2];  // elements between consecutive b, h
+  std::vector<uint32_t> copy;
+
+  explicit Rows(const array& a);
+};
+
+// A float buffer of n floats starting on a cache line (see qmm.cc).
+float* aligned(std::vector<float>& buf, size_t n);
+
+// The same choice as the quantized matmul: Auto is the best variant the CPU
+// runs (capped by MLXRT_QMM_ISA); naming one it cannot run is an error.
+Isa select_isa(uint8_t code);
+
+// q [B, Hq, L, D] f32 (any strides) times `scale` as the kernels read it:
+// [B][H][rep * L][D], the rows of each kv head together; for 4-bit keys
+// permuted in blocks of 2 * lanes like their nibbles. Lives in `buf`.
+const float* scaled_queries(const array& q, int H, float scale, int bits, int lanes,
+                            std::vector<float>& buf);
+
+// Points `p` (mask Bool or Additive) at `mask` [B, 1 or H, L, T] (bool, or
+// f32 added to the scores).
+void point_mask(Problem& p, const array& mask);
+
+// Attention of `p` with kernels `k` into `out` [B, H * rep, L, v.dim]:
+// (b, kv head, block of k->rows query rows) tasks over the quantized
+// matmul's thread pool, the keys split further (flash-decoding partials,
+// merged with online-softmax rescaling) when there are few row blocks.
+void run(const Problem& p, const Kernels* k, int rep, float* out);
 
 // ---- bridged to Rust (qsdpa_sys.rs) ----
 

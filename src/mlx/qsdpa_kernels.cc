@@ -79,6 +79,7 @@ struct V {
 }  // namespace mlxrt::qsdpa::portable
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
+#include "mlxrt/src/mlx/fattn_impl.h"  // the float kernel, same vectors
 #undef QS_FN
 #undef QS_NS
 #undef QS_ISA
@@ -156,6 +157,7 @@ struct V {
 }  // namespace mlxrt::qsdpa::avx2
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
+#include "mlxrt/src/mlx/fattn_impl.h"  // the float kernel, same vectors
 #undef QS_FN
 #undef QS_NS
 #undef QS_ISA
@@ -239,6 +241,7 @@ struct V {
 }  // namespace mlxrt::qsdpa::avx512
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
+#include "mlxrt/src/mlx/fattn_impl.h"  // the float kernel, same vectors
 
 #endif  // __x86_64__
 
