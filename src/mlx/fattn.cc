@@ -1,5 +1,6 @@
 #include "mlxrt/src/mlx/fattn.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -112,21 +113,10 @@ std::unique_ptr<array> float_sdpa(const array& q, const array& k, const array& v
   auto kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
   std::vector<array> inputs{q, k, v};
   if (mask_kind == 2) {
-    // MLX broadcasts the mask against [B, Hq, L, T]; the kernel takes one
+    // MLX broadcasts the mask against [B, Hq, L, T]; the kernels take one
     // mask per batch row (or per kv head without grouping).
-    array m = mask;
-    if (m.ndim() > 4 || m.ndim() < 1) return nullptr;
-    while (m.ndim() < 4) m = mx::expand_dims(m, 0);
-    if (m.shape(1) != 1 && !(m.shape(1) == H && Hq == H)) return nullptr;
-    for (int a : {0, 2, 3})
-      if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return nullptr;
-    kind = MaskKind::Bool;
-    if (m.dtype() != mx::bool_) {
-      if (!mx::issubdtype(m.dtype(), mx::floating)) return nullptr;
-      kind = MaskKind::Additive;
-      m = mx::astype(m, mx::float32);
-    }
-    inputs.push_back(mx::broadcast_to(m, {B, m.shape(1), L, T}));
+    kind = qsdpa::push_mask(mask, B, Hq == H ? H : 1, L, T, inputs);
+    if (kind == MaskKind::None) return nullptr;
   }
   auto prim = std::make_shared<FloatSdpa>(mx::default_stream(mx::Device::cpu), scale, kind,
                                           window, kern);

@@ -15,6 +15,7 @@ use super::array::{Array, MlxError, Result};
 use super::fattn_sys::ffi;
 use super::ops::fast::{self, Mask};
 use super::qmm::QmmIsa;
+use super::qsdpa::mask_code;
 
 /// `softmax(scale * q @ k.T + mask) @ v` with `q` `[B, Hq, L, D]`, `k`
 /// `[B, Hkv, T, D]`, `v` `[B, Hkv, T, Dv]`, `Hq` a multiple of `Hkv`;
@@ -41,11 +42,7 @@ pub fn fused_sdpa_isa(
     window: Option<i32>,
     isa: QmmIsa,
 ) -> Result<Array> {
-    let (kind, m) = match &mask {
-        Mask::None => (0, q),
-        Mask::Causal => (1, q),
-        Mask::Array(m) => (2, *m),
-    };
+    let (kind, m) = mask_code(&mask, q);
     let w = match (&mask, window) {
         (Mask::Causal, Some(w)) if w > 0 => w,
         (_, None) => 0,

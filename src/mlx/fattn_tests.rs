@@ -11,14 +11,10 @@
 //! moves an output by ~1e-2 of the bound or more.
 
 use super::fast::Mask;
-use super::test_data::randn;
+use super::test_data::{isas, randn, worst_error};
 use super::*;
 
 const TOL: f32 = 1e-5;
-
-fn isas() -> Vec<QmmIsa> {
-    [QmmIsa::Portable, QmmIsa::Avx2, QmmIsa::Avx512].into_iter().filter(|i| i.available()).collect()
-}
 
 #[derive(Clone, Copy, Debug)]
 enum MaskCase {
@@ -62,17 +58,6 @@ fn args(case: MaskCase, arr: &Option<Array>) -> (Mask<'_>, Option<i32>) {
         (_, Some(a)) => (Mask::Array(a), None),
         _ => (Mask::None, None),
     }
-}
-
-/// Largest |got - want| / bound over all outputs (inf if any is not finite).
-fn worst_error(got: &Array, want: &Array, bound: &Array) -> f32 {
-    assert_eq!(got.shape(), want.shape());
-    let (g, w, b) = (got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap(), bound.to_vec_f32().unwrap());
-    g.iter()
-        .zip(&w)
-        .zip(&b)
-        .map(|((g, w), b)| if g.is_finite() && w.is_finite() { (g - w).abs() / b.max(1e-30) } else { f32::INFINITY })
-        .fold(0.0, f32::max)
 }
 
 struct Case {

@@ -278,6 +278,21 @@ void point_mask(Problem& p, const array& mask) {
   p.mask_stride[3] = ms[3];
 }
 
+MaskKind push_mask(array m, int B, int H, int L, int T, std::vector<array>& inputs) {
+  if (m.ndim() > 4 || m.ndim() < 1) return MaskKind::None;
+  while (m.ndim() < 4) m = mx::expand_dims(m, 0);
+  if (m.shape(1) != 1 && m.shape(1) != H) return MaskKind::None;
+  for (int a : {0, 2, 3})
+    if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return MaskKind::None;
+  auto kind = MaskKind::Bool;
+  if (m.dtype() != mx::bool_) {
+    kind = MaskKind::Additive;
+    m = mx::astype(m, mx::float32);
+  }
+  inputs.push_back(mx::broadcast_to(m, {B, m.shape(1), L, T}));
+  return kind;
+}
+
 void run(const Problem& p, const Kernels* k, int rep, float* out) {
   const int B = p.B, H = p.H, M = p.M, T = p.T, Dv = p.v.dim;
   // Flash-decoding split: the keys of each (b, h, row block) go to
@@ -365,20 +380,10 @@ std::unique_ptr<array> quantized_sdpa(const array& q, const array& kw, const arr
   auto kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
   std::vector<array> inputs{q, kw, ks, kb, vw, vs, vb};
   if (mask_kind == 2) {
-    array m = mask;
-    if (m.ndim() > 4 || m.ndim() < 1) return nullptr;
     // mlx-lm lines a 3-D mask up with [rep, L, T] when rep > 1.
-    if (m.ndim() == 3 && Hq != H && m.shape(0) != 1) return nullptr;
-    while (m.ndim() < 4) m = mx::expand_dims(m, 0);
-    if (m.shape(1) != 1 && m.shape(1) != H) return nullptr;
-    for (int a : {0, 2, 3})
-      if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return nullptr;
-    kind = MaskKind::Bool;
-    if (m.dtype() != mx::bool_) {
-      kind = MaskKind::Additive;
-      m = mx::astype(m, mx::float32);
-    }
-    inputs.push_back(mx::broadcast_to(m, {B, m.shape(1), L, T}));
+    if (mask.ndim() == 3 && Hq != H && mask.shape(0) != 1) return nullptr;
+    kind = push_mask(mask, B, H, L, T, inputs);
+    if (kind == MaskKind::None) return nullptr;
   }
   auto prim = std::make_shared<QuantizedSdpa>(mx::default_stream(mx::Device::cpu), scale,
                                               group_size, bits, kind, k);

@@ -73,6 +73,12 @@ const float* scaled_queries(const array& q, int H, float scale, int bits, int la
 // f32 added to the scores).
 void point_mask(Problem& p, const array& mask);
 
+// Appends a mask (rank <= 4, padded on the left to [B or 1, 1 or H, L or
+// 1, T or 1]) to `inputs` as the kernels read it: broadcast to
+// [B, 1 or H, L, T], bool, or any other dtype as f32 to add. Returns its
+// kind, or None (nothing appended) for a mask they do not take.
+MaskKind push_mask(array m, int B, int H, int L, int T, std::vector<array>& inputs);
+
 // Attention of `p` with kernels `k` into `out` [B, H * rep, L, v.dim]:
 // (b, kv head, block of k->rows query rows) tasks over the quantized
 // matmul's thread pool, the keys split further (flash-decoding partials,

@@ -1,6 +1,7 @@
-//! Deterministic test data shared by the kernel tests (qmm, qsdpa).
+//! Deterministic test data and checks shared by the kernel tests (qmm,
+//! qsdpa, fattn).
 
-use super::Array;
+use super::{Array, QmmIsa};
 
 /// Deterministic normal(0, 1) samples (splitmix64 + Box-Muller).
 fn normal(n: usize, seed: u64) -> Vec<f32> {
@@ -23,4 +24,20 @@ fn normal(n: usize, seed: u64) -> Vec<f32> {
 pub fn randn(shape: &[i32], seed: u64) -> Array {
     let n = shape.iter().map(|&d| d as usize).product();
     Array::from_f32(&normal(n, seed), shape).unwrap()
+}
+
+/// The kernel variants this CPU runs.
+pub fn isas() -> Vec<QmmIsa> {
+    [QmmIsa::Portable, QmmIsa::Avx2, QmmIsa::Avx512].into_iter().filter(|i| i.available()).collect()
+}
+
+/// Largest |got - want| / bound over all outputs (inf if any is not finite).
+pub fn worst_error(got: &Array, want: &Array, bound: &Array) -> f32 {
+    assert_eq!(got.shape(), want.shape());
+    let (g, w, b) = (got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap(), bound.to_vec_f32().unwrap());
+    g.iter()
+        .zip(&w)
+        .zip(&b)
+        .map(|((g, w), b)| if g.is_finite() && w.is_finite() { (g - w).abs() / b.max(1e-30) } else { f32::INFINITY })
+        .fold(0.0, f32::max)
 }
