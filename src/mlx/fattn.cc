@@ -57,6 +57,21 @@ void compute(const Inputs& in, float* out, float scale, MaskKind mask, int windo
   qsdpa::Problem p{qp, plane(kr, D), plane(vr, Dv), B, H, rep * L, L, T, 0, 32, mask,
                    nullptr, {0, 0, 0, 0}};
   p.window = window;
+  // Many rows per kv head (prefill) read every key many times: transposed
+  // once, the scores are a register-tiled product. Decode reads them once.
+  std::vector<float> kt;
+  if (p.M >= 2 * k->rows) {
+    p.kt_len = T + 2 * k->lanes;
+    kt.assign(static_cast<size_t>(B) * H * D * p.kt_len, 0.0f);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const float* src = reinterpret_cast<const float*>(p.k.w_at(b, h));
+        float* dst = kt.data() + (static_cast<size_t>(b) * H + h) * D * p.kt_len;
+        for (int t = 0; t < T; ++t)
+          for (int d = 0; d < D; ++d) dst[d * p.kt_len + t] = src[static_cast<size_t>(t) * D + d];
+      }
+    p.keys_t = kt.data();
+  }
   if (mask == MaskKind::Bool || mask == MaskKind::Additive) qsdpa::point_mask(p, in.mask);
   qsdpa::run(p, k, rep, out);
 }

@@ -5,8 +5,10 @@
 //
 // One chunk (rows m of one (b, kv head), keys [t0, t1)) as the quantized
 // kernel does it, with keys and values read as f32 rows:
-//  1. scores: per key, MR dot products q_m . k_t in registers (q already
-//     scaled), summed horizontally once per key;
+//  1. scores: with transposed keys (prefill), an MR x 2W register tile per
+//     2W keys; else (decode: few rows, keys read once) per key MR dot
+//     products q_m . k_t in registers, summed horizontally (q already
+//     scaled);
 //  2. the mask (causal and window bounds computed, never read), per row max,
 //     exp(s - max) in place and their sum;
 //  3. values: per slice of 2 vectors of the value dimension, every value row
@@ -35,6 +37,38 @@ QS_FN void float_scores(const Problem& p, const float* q, int b, int h, int t0, 
     }
     QS_UNROLL
     for (int m = 0; m < MR; ++m) S[m * kChunk + (t - t0)] = V::hsum(acc[m]);
+  }
+}
+
+// The same from transposed keys, 2W keys at a time: per d, MR broadcasts
+// of q[m][d] times two key vectors (a register tile like a matmul's, no
+// horizontal sums). Writes up to 2W - 1 scores past t1 (the rows have
+// kChunk room, a multiple of 2W; exp_row and values never read them).
+template <int MR>
+QS_FN void float_scores_t(const Problem& p, const float* q, int b, int h, int t0, int t1,
+                          float* S) {
+  const int D = p.k.dim;
+  const int64_t n = p.kt_len;
+  const float* kt = p.keys_t + (static_cast<size_t>(b) * p.H + h) * D * n;
+  for (int t = t0; t < t1; t += 2 * W) {
+    T a[MR][2];
+    QS_UNROLL
+    for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = V::zero();
+    const float* kd = kt + t;
+    for (int d = 0; d < D; ++d, kd += n) {
+      const T k0 = V::load(kd), k1 = V::load(kd + W);
+      QS_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const T qm = V::set1(q[m * D + d]);
+        a[m][0] = V::fma(qm, k0, a[m][0]);
+        a[m][1] = V::fma(qm, k1, a[m][1]);
+      }
+    }
+    QS_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      V::store(S + m * kChunk + (t - t0), a[m][0]);
+      V::store(S + m * kChunk + (t - t0) + W, a[m][1]);
+    }
   }
 }
 
@@ -79,7 +113,11 @@ template <int MR>
 QS_FN void float_chunk_rows(const Problem& p, int b, int h, int m0, int t0, int t1, float* S,
                             float* acc, float* mx, float* sum) {
   const float* q = p.q + (static_cast<size_t>(b * p.H + h) * p.M + m0) * p.k.dim;
-  float_scores<MR>(p, q, b, h, t0, t1, S);
+  if (p.keys_t) {
+    float_scores_t<MR>(p, q, b, h, t0, t1, S);
+  } else {
+    float_scores<MR>(p, q, b, h, t0, t1, S);
+  }
   for (int m = 0; m < MR; ++m) {
     float* s = S + m * kChunk;
     apply_mask(p, b, h, m0 + m, t0, t1 - t0, s);

@@ -52,6 +52,10 @@ struct Problem {
   // Causal: keys a row sees at most (0 = no window; the last `window`
   // positions up to its own).
   int window = 0;
+  // Float kernel, optional: the keys transposed, [B][H][k.dim][kt_len]
+  // (kt_len >= T + 2 * lanes, zero past T).
+  const float* keys_t = nullptr;
+  int64_t kt_len = 0;
 
   // Last visible key of row m under the causal mask (may be < 0).
   int causal_last(int m) const { return T - L + m % L; }
