@@ -51,7 +51,7 @@ fn find_mlx(root: &Path) -> PathBuf {
 /// per-instruction-set kernels. The kernels pick their instruction set per
 /// function (`target` attributes), so all files share the crate's compiler
 /// flags.
-const KERNEL_FILES: [&str; 20] = [
+const KERNEL_FILES: [&str; 23] = [
     "src/mlx/qmm.h",
     "src/mlx/qmm.cc",
     "src/mlx/qmm_kernels.h",
@@ -72,6 +72,9 @@ const KERNEL_FILES: [&str; 20] = [
     "src/mlx/tqsdpa.cc",
     "src/mlx/tqsdpa_kernels.h",
     "src/mlx/tqsdpa_impl.h",
+    "src/mlx/fattn.h",
+    "src/mlx/fattn.cc",
+    "src/mlx/fattn_impl.h",
 ];
 
 /// Where Debian/Ubuntu (libopenblas0-pthread), Fedora and source installs put
@@ -167,7 +170,7 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=MLXRT_OPENBLAS");
-    for f in ["src/mlx/shim.h", "src/mlx/shim.cc", "src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs", "src/mlx/qsdpa_sys.rs", "src/mlx/tqsdpa_sys.rs", "cbindgen.toml", "src/ffi"] {
+    for f in ["src/mlx/shim.h", "src/mlx/shim.cc", "src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs", "src/mlx/qsdpa_sys.rs", "src/mlx/tqsdpa_sys.rs", "src/mlx/fattn_sys.rs", "cbindgen.toml", "src/ffi"] {
         println!("cargo:rerun-if-changed={f}");
     }
     for f in KERNEL_FILES {
@@ -176,7 +179,7 @@ fn main() {
 
     let mlx = find_mlx(&root);
     let lib = mlx.join("lib");
-    cxx_build::bridges(["src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs", "src/mlx/qsdpa_sys.rs", "src/mlx/tqsdpa_sys.rs"])
+    cxx_build::bridges(["src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs", "src/mlx/qsdpa_sys.rs", "src/mlx/tqsdpa_sys.rs", "src/mlx/fattn_sys.rs"])
         .file("src/mlx/shim.cc")
         .files(KERNEL_FILES.iter().filter(|f| f.ends_with(".cc")))
         .include(mlx.join("include"))

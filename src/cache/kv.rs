@@ -240,12 +240,13 @@ impl KvView {
 
     /// Scaled dot-product attention of `queries` (`[B, heads, L, D]`) over
     /// these keys and values: `[B, heads, L, Dv]`.
-    /// `kernels` picks the quantized attention's implementation (see
-    /// `quant_attention`).
+    /// `kernels` picks the implementation: mlxrt's fused CPU kernels
+    /// (float: `mlx::fused_sdpa`; quantized: see `quant_attention`) or MLX's.
     pub fn attend(&self, queries: &Array, scale: f32, mask: &AttnMask, kernels: Kernels) -> Result<Array> {
-        use crate::mlx::fast;
+        use crate::mlx::{fused_sdpa, sdpa_stock};
         let dense = |k: &Array, v: &Array| -> Result<Array> {
-            Ok(fast::scaled_dot_product_attention(queries, k, v, scale, mask.as_mask())?)
+            let run = if kernels == Kernels::Auto { fused_sdpa } else { sdpa_stock };
+            Ok(run(queries, k, v, scale, mask.as_mask(), None)?)
         };
         let quant = |q: &AffineKv| {
             super::quant_attention::quantized_attention(queries, &q.keys, &q.values, scale, mask, q.group_size, q.bits, kernels)

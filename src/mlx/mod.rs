@@ -2,6 +2,10 @@
 //! bridge; `Array` and its ops are the safe surface the rest of the crate uses.
 
 mod array;
+mod fattn;
+mod fattn_sys;
+#[cfg(test)]
+mod fattn_tests;
 pub mod io;
 mod ops;
 mod qmm;
@@ -25,6 +29,7 @@ mod tqsdpa_sys;
 mod tqsdpa_tests;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
+pub use fattn::{fattn_isa_of, fused_sdpa, fused_sdpa_isa, sdpa_stock};
 pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
     blas_info, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_isa, qmm_threads,

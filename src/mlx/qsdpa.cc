@@ -112,18 +112,23 @@ void run_task(const Task& job, int i) {
   float* psum = pmx + rows_max;
   for (int r = 0; r < rows; ++r) pmx[r] = -std::numeric_limits<float>::infinity();
 
-  // Under the causal mask, keys past every row's last visible one add
-  // exactly 0 to rows that see some key; rows that see none need all of
-  // them (their softmax is uniform).
-  int end = p.T;
+  // Under the causal mask, keys past every row's last visible one (and
+  // with a window, before its first) add exactly 0 to rows that see some
+  // key; rows that see none need all of them (their softmax is uniform).
+  int begin = 0, end = p.T;
   if (p.causal) {
     auto last = [&](int m) { return p.T - p.L + m % p.L; };
-    int lo = last(m0), hi = lo;
+    auto first = [&](int m) { return p.window > 0 ? std::max(0, last(m) - p.window + 1) : 0; };
+    int lo = last(m0), hi = lo, from = first(m0);
     for (int m = m0; m < m0 + rows; ++m) {
       lo = std::min(lo, last(m));
       hi = std::max(hi, last(m));
+      from = std::min(from, first(m));
     }
-    if (lo >= 0) end = std::min(end, hi + 1);
+    if (lo >= 0) {
+      begin = from;
+      end = std::min(end, hi + 1);
+    }
   }
 
   thread_local std::vector<float> buf;
@@ -134,8 +139,9 @@ void run_task(const Task& job, int i) {
   float* csum = cmx + rows_max;
   const int c1 = std::min(job.nchunks, (s + 1) * job.per);
   for (int c = s * job.per; c < c1; ++c) {
-    const int t0 = c * p.chunk_keys, t1 = std::min(end, t0 + p.chunk_keys);
-    if (t0 >= t1) break;
+    if (c * p.chunk_keys >= end) break;
+    const int t0 = std::max(begin, c * p.chunk_keys), t1 = std::min(end, (c + 1) * p.chunk_keys);
+    if (t0 >= t1) continue;
     p.chunk(p.ctx, b, h, m0, rows, t0, t1, scratch, cacc, cmx, csum);
     fold(rows, dv, cacc, cmx, csum, pacc, pmx, psum);
   }
@@ -184,40 +190,14 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
   const int H = in.kw.shape(1), T = in.kw.shape(2), rep = Hq / H, M = rep * L;
   const int Dv = in.vw.shape(3) * 32 / bits;
 
-  // q * scale (as mlx-lm's `queries *= scale`), rows of each kv head
-  // together, 4-bit: permuted like the keys' nibbles.
   std::vector<float> qbuf;
-  float* qp = aligned(qbuf, static_cast<size_t>(B) * H * M * D);
-  const auto& qs = in.q.strides();
-  const float* qd = in.q.data<float>();
-  for (int b = 0; b < B; ++b)
-    for (int hq = 0; hq < Hq; ++hq)
-      for (int l = 0; l < L; ++l) {
-        const float* src = qd + b * qs[0] + hq * qs[1] + l * qs[2];
-        const int m = (hq % rep) * L + l;
-        float* dst = qp + ((static_cast<size_t>(b) * H + hq / rep) * M + m) * D;
-        for (int d = 0; d < D; ++d) dst[kernel_pos(d, bits, k->lanes)] = src[d * qs[3]] * scale;
-      }
-
+  const float* qp = scaled_queries(in.q, H, scale, bits, k->lanes, qbuf);
   const Rows kw(in.kw), ks(in.ks), kb(in.kb), vw(in.vw), vs(in.vs), vb(in.vb);
   Problem p{qp, plane(kw, ks, kb, D), plane(vw, vs, vb, Dv), B, H, M, L, T, group, bits, mask,
             nullptr, {0, 0, 0, 0}};
   set_mask(p, in.mask);
 
-  // The kernels' value order (4-bit: permuted like q).
-  std::vector<int> order(Dv);
-  for (int d = 0; d < Dv; ++d) order[d] = kernel_pos(d, bits, k->lanes);
-  const std::pair<const Problem*, const Kernels*> ctx{&p, k};
-  flash_attention(Split{B, H, M, L, T, Dv, k->rows, mask == MaskKind::Causal, kScratchFloats,
-                        kChunk,
-                        [](const void* c, int b, int h, int m0, int rows, int t0, int t1,
-                           float* scratch, float* acc, float* mx, float* sum) {
-                          const auto* pk =
-                              static_cast<const std::pair<const Problem*, const Kernels*>*>(c);
-                          pk->second->chunk(*pk->first, b, h, m0, rows, t0, t1, scratch, acc, mx,
-                                            sum);
-                        },
-                        &ctx, order.data(), rep, out});
+  run(p, k, rep, out);
 }
 
 bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
@@ -268,25 +248,47 @@ Isa select_isa(uint8_t code) {
   return static_cast<Isa>(code);
 }
 
-bool mask_input(uint8_t mask_kind, const array& mask, int B, int H, int Hq, int L, int T,
-                MaskKind& kind, std::vector<array>& inputs) {
-  kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
-  if (mask_kind != 2) return true;
-  array m = mask;
-  if (m.ndim() > 4 || m.ndim() < 1) return false;
-  // mlx-lm lines a 3-D mask up with [rep, L, T] when rep > 1.
-  if (m.ndim() == 3 && Hq != H && m.shape(0) != 1) return false;
+const float* scaled_queries(const array& q, int H, float scale, int bits, int lanes,
+                            std::vector<float>& buf) {
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int rep = Hq / H, M = rep * L;
+  float* qp = aligned(buf, static_cast<size_t>(B) * H * M * D);
+  const auto& qs = q.strides();
+  const float* qd = q.data<float>();
+  for (int b = 0; b < B; ++b)
+    for (int hq = 0; hq < Hq; ++hq)
+      for (int l = 0; l < L; ++l) {
+        const float* src = qd + b * qs[0] + hq * qs[1] + l * qs[2];
+        const int m = (hq % rep) * L + l;
+        float* dst = qp + ((static_cast<size_t>(b) * H + hq / rep) * M + m) * D;
+        for (int d = 0; d < D; ++d) dst[kernel_pos(d, bits, lanes)] = src[d * qs[3]] * scale;
+      }
+  return qp;
+}
+
+MaskKind push_mask(array m, int B, int H, int L, int T, std::vector<array>& inputs) {
+  if (m.ndim() > 4 || m.ndim() < 1) return MaskKind::None;
   while (m.ndim() < 4) m = mx::expand_dims(m, 0);
-  if (m.shape(1) != 1 && m.shape(1) != H) return false;
+  if (m.shape(1) != 1 && m.shape(1) != H) return MaskKind::None;
   for (int a : {0, 2, 3})
-    if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return false;
-  kind = MaskKind::Bool;
+    if (m.shape(a) != 1 && m.shape(a) != (a == 0 ? B : a == 2 ? L : T)) return MaskKind::None;
+  auto kind = MaskKind::Bool;
   if (m.dtype() != mx::bool_) {
     kind = MaskKind::Additive;
     m = mx::astype(m, mx::float32);
   }
   inputs.push_back(mx::broadcast_to(m, {B, m.shape(1), L, T}));
-  return true;
+  return kind;
+}
+
+bool mask_input(uint8_t mask_kind, const array& mask, int B, int H, int Hq, int L, int T,
+                MaskKind& kind, std::vector<array>& inputs) {
+  kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
+  if (mask_kind != 2) return true;
+  // mlx-lm lines a 3-D mask up with [rep, L, T] when rep > 1.
+  if (mask.ndim() == 3 && Hq != H && mask.shape(0) != 1) return false;
+  kind = push_mask(mask, B, H, L, T, inputs);
+  return kind != MaskKind::None;
 }
 
 void set_mask(Problem& p, const array& mask) {
@@ -325,6 +327,23 @@ void flash_attention(const Split& s) {
     auto combine = [&](int i) { merge(job, i); };
     parallel(static_cast<int>(blocks), combine);
   }
+}
+
+void run(const Problem& p, const Kernels* k, int rep, float* out) {
+  // The kernels' value order (4-bit: permuted like q).
+  std::vector<int> order(p.v.dim);
+  for (int d = 0; d < p.v.dim; ++d) order[d] = kernel_pos(d, p.bits, k->lanes);
+  const std::pair<const Problem*, const Kernels*> ctx{&p, k};
+  Split s{p.B, p.H, p.M, p.L, p.T, p.v.dim, k->rows, p.mask == MaskKind::Causal, kScratchFloats,
+          kChunk,
+          [](const void* c, int b, int h, int m0, int rows, int t0, int t1, float* scratch,
+             float* acc, float* mx, float* sum) {
+            const auto* pk = static_cast<const std::pair<const Problem*, const Kernels*>*>(c);
+            pk->second->chunk(*pk->first, b, h, m0, rows, t0, t1, scratch, acc, mx, sum);
+          },
+          &ctx, order.data(), rep, out};
+  s.window = p.window;
+  flash_attention(s);
 }
 
 void QuantizedSdpa::eval_cpu(const std::vector<array>& inputs, array& out) {

@@ -43,7 +43,7 @@ class QuantizedSdpa : public mlx::core::UnaryPrimitive {
   const Kernels* kernels_;
 };
 
-// ---- shared with the TurboQuant attention (tqsdpa.cc) ----
+// ---- shared with the TurboQuant (tqsdpa.cc) and float (fattn.cc) attention ----
 
 // A 4-D array as the kernels read it: each (b, h) block of rows dense (true
 // of a KV cache sliced along T from a larger buffer), any strides between
@@ -76,16 +76,32 @@ struct Split {
   const int* order;   // order[d]: index of output value d in `acc`; null: d
   int rep;
   float* out;
+  int window = 0;     // causal only: a row sees its last `window` keys (0: all)
 };
 void flash_attention(const Split& s);
+
+// Attention of `p` with kernels `k` into `out` [B, H * rep, L, v.dim]: a
+// Split whose chunks are `k->chunk` (values back from the kernels' order).
+void run(const Problem& p, const Kernels* k, int rep, float* out);
 
 // The instruction set an `Isa` code asks for (Auto: the best this CPU
 // runs); throws if the CPU cannot run it.
 Isa select_isa(uint8_t code);
+
+// q [B, Hq, L, D] f32 (any strides) times `scale` as the kernels read it:
+// [B][H][rep * L][D], the rows of each kv head together; for 4-bit keys
+// permuted in blocks of 2 * lanes like their nibbles. Lives in `buf`.
+const float* scaled_queries(const array& q, int H, float scale, int bits, int lanes,
+                            std::vector<float>& buf);
+
+// Appends a mask (rank <= 4, padded on the left to [B or 1, 1 or H, L or
+// 1, T or 1]) to `inputs` as the kernels read it: broadcast to
+// [B, 1 or H, L, T], bool, or any other dtype as f32 to add. Returns its
+// kind, or None (nothing appended) for a mask they do not take.
+MaskKind push_mask(array m, int B, int H, int L, int T, std::vector<array>& inputs);
 // The mask input for `mask_kind` (as `quantized_sdpa` takes it): sets
-// `kind` and, for an array mask, appends it broadcast to [B, 1 or H, L, T]
-// (bool, or f32 to add) to `inputs`; false for a mask shape the kernels do
-// not take.
+// `kind` and, for an array mask, appends it with push_mask; false for a
+// mask shape the kernels do not take.
 bool mask_input(uint8_t mask_kind, const array& mask, int B, int H, int Hq, int L, int T,
                 MaskKind& kind, std::vector<array>& inputs);
 // Points `p`'s mask fields at that appended mask (for Bool / Additive).

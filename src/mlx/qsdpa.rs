@@ -50,11 +50,7 @@ pub fn quantized_sdpa_isa(
     bits: i32,
     isa: QmmIsa,
 ) -> Result<Array> {
-    let (kind, m) = match &mask {
-        Mask::None => (0, q),
-        Mask::Causal => (1, q),
-        Mask::Array(m) => (2, *m),
-    };
+    let (kind, m) = mask_code(&mask, q);
     let out = ffi::quantized_sdpa(
         q.raw(),
         k[0].raw(),
@@ -74,6 +70,16 @@ pub fn quantized_sdpa_isa(
         return quantized_sdpa_ops(q, k, v, scale, mask, group_size, bits);
     }
     Ok(Array(out))
+}
+
+/// The bridges' `mask_kind` code of `mask` and the array they get as `mask`
+/// (`q`, unread, when there is none).
+pub(super) fn mask_code<'a>(mask: &Mask<'a>, q: &'a Array) -> (u8, &'a Array) {
+    match mask {
+        Mask::None => (0, q),
+        Mask::Causal => (1, q),
+        Mask::Array(m) => (2, m),
+    }
 }
 
 /// [`quantized_sdpa`] as MLX ops, op for op mlx-lm's

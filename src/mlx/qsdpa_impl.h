@@ -91,6 +91,7 @@ QS_FN void apply_mask(const Problem& p, int b, int h, int m, int t0, int n, floa
     case MaskKind::Causal: {
       const int first = p.causal_last(m) + 1 - t0;  // first masked, relative
       for (int j = first < 0 ? 0 : first; j < n; ++j) s[j] = kMinF32;
+      for (int j = 0, e = p.causal_first(m) - t0; j < e && j < n; ++j) s[j] = kMinF32;
       return;
     }
     case MaskKind::Bool:

@@ -82,6 +82,7 @@ struct V {
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
 #include "mlxrt/src/mlx/tqsdpa_impl.h"
+#include "mlxrt/src/mlx/fattn_impl.h"  // the float kernel, same vectors
 #undef QS_FN
 #undef QS_NS
 #undef QS_ISA
@@ -160,6 +161,7 @@ struct V {
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
 #include "mlxrt/src/mlx/tqsdpa_impl.h"
+#include "mlxrt/src/mlx/fattn_impl.h"  // the float kernel, same vectors
 #undef QS_FN
 #undef QS_NS
 #undef QS_ISA
@@ -244,6 +246,7 @@ struct V {
 
 #include "mlxrt/src/mlx/qsdpa_impl.h"
 #include "mlxrt/src/mlx/tqsdpa_impl.h"
+#include "mlxrt/src/mlx/fattn_impl.h"  // the float kernel, same vectors
 
 #endif  // __x86_64__
 

@@ -49,8 +49,21 @@ struct Problem {
   const void* mask_data;
   int64_t mask_stride[4];
 
+  // Causal: keys a row sees at most (0 = no window; the last `window`
+  // positions up to its own).
+  int window = 0;
+  // Float kernel, optional: the keys transposed, [B][H][k.dim][kt_len]
+  // (kt_len >= T + 2 * lanes, zero past T).
+  const float* keys_t = nullptr;
+  int64_t kt_len = 0;
+
   // Last visible key of row m under the causal mask (may be < 0).
   int causal_last(int m) const { return T - L + m % L; }
+  // First visible key of row m under the causal mask (>= 0).
+  int causal_first(int m) const {
+    const int f = window > 0 ? causal_last(m) - window + 1 : 0;
+    return f > 0 ? f : 0;
+  }
 };
 
 // Keys per chunk (flash-decoding split of T) at most.

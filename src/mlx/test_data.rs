@@ -1,5 +1,5 @@
 //! Deterministic test data and checks shared by the kernel tests (qmm,
-//! qsdpa, tqsdpa, and the TurboQuant codec's).
+//! qsdpa, tqsdpa, fattn, and the TurboQuant codec's).
 
 use super::{Array, QmmIsa};
 

@@ -3,13 +3,16 @@
 //! per-head RMSNorm of queries and keys, RoPE (possibly over part of each
 //! head), the layer's KV cache (a ring for a sliding window), and an optional
 //! sigmoid output gate computed by the query projection (Qwen3-Next).
+//! Under `Kernels::Auto` float KV attends through mlxrt's fused CPU
+//! attention (`mlx::fused_sdpa`; a sliding window computed in the kernel).
 
 use super::layers::{FusedLinear, Kernels, Linear, LinearGroup, RmsNorm, Rope};
 use super::weights::Weights;
 use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvView, LayerCache, Positions};
 use crate::error::{Error, Result};
-use crate::mlx::Array;
+use crate::mlx::fast::Mask;
+use crate::mlx::{fused_sdpa, Array};
 use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
@@ -18,14 +21,25 @@ use std::rc::Rc;
 pub struct Masks {
     full: Option<AttnMask>,
     window: Option<AttnMask>,
+    /// `Some(w)` when `window` is exactly "causal, each query sees its last
+    /// `w` keys" over the ring's keys (several new tokens, no padding among
+    /// the keys): the fused kernel then computes it instead of reading it.
+    causal_window: Option<i32>,
 }
 
 impl Masks {
     /// The masks for `n` new tokens over a model's layer caches.
     pub fn new(cache: &[LayerCache], n: i32) -> Result<Masks> {
         let full = cache.iter().find_map(|c| c.kv().ok()).map(|c| c.mask(n)).transpose()?;
-        let window = cache.iter().find_map(LayerCache::ring).map(|c| c.mask(n)).transpose()?;
-        Ok(Masks { full, window })
+        let ring = cache.iter().find_map(LayerCache::ring);
+        let window = ring.map(|c| c.mask(n)).transpose()?;
+        // As `RingCache::mask`: for n > 1 the keys run in temporal order from
+        // `start`, and padding past `start` is what else it would mask.
+        let causal_window = ring.filter(|_| n > 1).and_then(|c| {
+            let start = (c.len() - c.window() + 1).max(0);
+            c.timeline().pads().iter().all(|&p| p <= start).then_some(c.window())
+        });
+        Ok(Masks { full, window, causal_window })
     }
 
     pub fn full(&self) -> Result<&AttnMask> {
@@ -137,15 +151,17 @@ impl Attention {
         let v = heads(next(), self.kv_heads, &None)?;
         let q = self.rope.forward(&q, pos)?;
         let k = self.rope.forward(&k, pos)?;
-        let (kv, mask) = match (self.window, cache) {
+        let o = match (self.window, cache) {
             (Some(w), LayerCache::Ring(c)) if c.window() == w => {
                 let (keys, values) = c.update_and_fetch(&k, &v)?;
-                (KvView::Dense { keys, values }, masks.window()?)
+                match (self.kernels, masks.causal_window) {
+                    (Kernels::Auto, Some(w)) => fused_sdpa(&q, &keys, &values, self.scale, Mask::Causal, Some(w))?,
+                    _ => KvView::Dense { keys, values }.attend(&q, self.scale, masks.window()?, self.kernels)?,
+                }
             }
-            (None, c) => (c.kv_mut()?.update(&k, &v)?, masks.full()?),
+            (None, c) => c.kv_mut()?.update(&k, &v)?.attend(&q, self.scale, masks.full()?, self.kernels)?,
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };
-        let o = kv.attend(&q, self.scale, mask, self.kernels)?;
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
         match gate {
             Some(g) => self.o.forward(&o.multiply(&g.sigmoid()?)?),

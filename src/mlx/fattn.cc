@@ -1,0 +1,144 @@
+#include "mlxrt/src/mlx/fattn.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlxrt/src/mlx/qsdpa.h"
+
+namespace mx = mlx::core;
+
+namespace mlxrt::fattn {
+
+// Defined by fattn_impl.h, once per variant qsdpa_kernels.cc compiles.
+namespace portable {
+const Kernels* kernels();
+}
+#if defined(__x86_64__)
+namespace avx2 {
+const Kernels* kernels();
+}
+namespace avx512 {
+const Kernels* kernels();
+}
+#endif
+
+namespace {
+
+const Kernels* select_kernels(uint8_t code) {
+  switch (qsdpa::select_isa(code)) {
+    case Isa::Portable: return portable::kernels();
+#if defined(__x86_64__)
+    case Isa::Avx2: return avx2::kernels();
+    case Isa::Avx512: return avx512::kernels();
+#endif
+    default: throw std::invalid_argument("this build has no kernels for the requested instruction set");
+  }
+}
+
+// Everything eval_cpu's task needs, captured by value.
+struct Inputs {
+  array q, k, v, mask;
+};
+
+void compute(const Inputs& in, float* out, float scale, MaskKind mask, int window,
+             const Kernels* k) {
+  const int B = in.q.shape(0), Hq = in.q.shape(1), L = in.q.shape(2), D = in.q.shape(3);
+  const int H = in.k.shape(1), T = in.k.shape(2), rep = Hq / H, Dv = in.v.shape(3);
+  std::vector<float> qbuf;
+  const float* qp = qsdpa::scaled_queries(in.q, H, scale, 32, k->lanes, qbuf);
+  const qsdpa::Rows kr(in.k), vr(in.v);
+  // f32 rows as "planes" without scales: the float kernel reads `w` only.
+  auto plane = [](const qsdpa::Rows& r, int dim) {
+    return qsdpa::Plane{r.data, nullptr, nullptr, {r.bh[0] * 4, r.bh[1] * 4}, {0, 0}, {0, 0}, dim};
+  };
+  qsdpa::Problem p{qp, plane(kr, D), plane(vr, Dv), B, H, rep * L, L, T, 0, 32, mask,
+                   nullptr, {0, 0, 0, 0}};
+  p.window = window;
+  // Many rows per kv head (prefill) read every key many times: transposed
+  // once, the scores are a register-tiled product. Decode reads them once.
+  std::vector<float> kt;
+  if (p.M >= 2 * k->rows) {
+    p.kt_len = T + 2 * k->lanes;
+    kt.assign(static_cast<size_t>(B) * H * D * p.kt_len, 0.0f);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) {
+        const float* src = reinterpret_cast<const float*>(p.k.w_at(b, h));
+        float* dst = kt.data() + (static_cast<size_t>(b) * H + h) * D * p.kt_len;
+        for (int t = 0; t < T; ++t)
+          for (int d = 0; d < D; ++d) dst[d * p.kt_len + t] = src[static_cast<size_t>(t) * D + d];
+      }
+    p.keys_t = kt.data();
+  }
+  qsdpa::set_mask(p, in.mask);
+  qsdpa::run(p, k, rep, out);
+}
+
+bool is_f32(const array& a) { return a.ndim() == 4 && a.dtype() == mx::float32; }
+
+}  // namespace
+
+void FloatSdpa::eval_cpu(const std::vector<array>& inputs, array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  auto weak = [&](int i) { return array::unsafe_weak_copy(inputs[i]); };
+  Inputs in{weak(0), weak(1), weak(2), inputs.size() > 3 ? weak(3) : weak(0)};
+  enc.dispatch([in = std::move(in), o = out.data<float>(), scale = scale_, mask = mask_,
+                window = window_, k = kernels_]() { compute(in, o, scale, mask, window, k); });
+}
+
+void FloatSdpa::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("FloatSdpa has no GPU implementation");
+}
+
+bool FloatSdpa::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const FloatSdpa*>(&other);
+  return o && o->scale_ == scale_ && o->mask_ == mask_ && o->window_ == window_ &&
+         o->kernels_ == kernels_;
+}
+
+std::vector<mx::Shape> FloatSdpa::output_shapes(const std::vector<array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = inputs[2].shape(3);
+  return {shape};
+}
+
+std::unique_ptr<array> float_sdpa(const array& q, const array& k, const array& v, float scale,
+                                  uint8_t mask_kind, const array& mask, int32_t window,
+                                  uint8_t isa) {
+  const Kernels* kern = select_kernels(isa);
+  if (mask_kind > 2) throw std::invalid_argument("unknown mask kind " + std::to_string(mask_kind));
+  if (mx::default_device() != mx::Device::cpu) return nullptr;
+  if (!is_f32(q) || !is_f32(k) || !is_f32(v)) return nullptr;
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int H = k.shape(1), T = k.shape(2), Dv = v.shape(3);
+  if (B < 1 || L < 1 || T < 1 || H < 1 || Hq % H != 0 || window < 0) return nullptr;
+  if (k.shape(0) != B || k.shape(3) != D || v.shape(0) != B || v.shape(1) != H ||
+      v.shape(2) != T)
+    return nullptr;
+  // Whole vectors per row (every head size models use).
+  if (D % kern->lanes != 0 || Dv % kern->lanes != 0 || D < 1 || Dv < 1) return nullptr;
+  if (static_cast<int64_t>(B) * Hq * L * std::max(D, Dv) >= INT32_MAX) return nullptr;
+  if (mask_kind != 1 && window != 0) return nullptr;
+
+  auto kind = mask_kind == 0 ? MaskKind::None : MaskKind::Causal;
+  std::vector<array> inputs{q, k, v};
+  if (mask_kind == 2) {
+    // MLX broadcasts the mask against [B, Hq, L, T]; the kernels take one
+    // mask per batch row (or per kv head without grouping).
+    kind = qsdpa::push_mask(mask, B, Hq == H ? H : 1, L, T, inputs);
+    if (kind == MaskKind::None) return nullptr;
+  }
+  auto prim = std::make_shared<FloatSdpa>(mx::default_stream(mx::Device::cpu), scale, kind,
+                                          window, kern);
+  return std::make_unique<array>(mx::Shape{B, Hq, L, Dv}, mx::float32, std::move(prim),
+                                 std::move(inputs));
+}
+
+uint8_t fattn_node_isa(const array& a) { return qsdpa::node_isa<FloatSdpa>(a); }
+
+}  // namespace mlxrt::fattn

@@ -1,0 +1,153 @@
+// The float attention kernel (fattn.cc), compiled once per instruction set
+// next to the quantized-KV one: qsdpa_kernels.cc includes this right after
+// each qsdpa_impl.h, inside whose namespace it reuses the vector type `V`,
+// the mask (`apply_mask`) and the vectorized softmax row (`exp_row`).
+//
+// One chunk (rows m of one (b, kv head), keys [t0, t1)) as the quantized
+// kernel does it, with keys and values read as f32 rows:
+//  1. scores: with transposed keys (prefill), an MR x 2W register tile per
+//     2W keys; else (decode: few rows, keys read once) per key MR dot
+//     products q_m . k_t in registers, summed horizontally (q already
+//     scaled);
+//  2. the mask (causal and window bounds computed, never read), per row max,
+//     exp(s - max) in place and their sum;
+//  3. values: per slice of 2 vectors of the value dimension, every value row
+//     of the chunk added into MR x 2 accumulators with weight p[m][t].
+
+#define QS_UNROLL _Pragma("GCC unroll 32")
+
+namespace mlxrt::qsdpa::QS_NS {
+namespace {
+
+// s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart).
+template <int MR>
+QS_FN void float_scores(const Problem& p, const float* q, int b, int h, int t0, int t1,
+                        float* S) {
+  const int D = p.k.dim;
+  const float* k = reinterpret_cast<const float*>(p.k.w_at(b, h));
+  for (int t = t0; t < t1; ++t) {
+    const float* kr = k + static_cast<size_t>(t) * D;
+    T acc[MR];
+    QS_UNROLL
+    for (int m = 0; m < MR; ++m) acc[m] = V::zero();
+    for (int i = 0; i < D; i += W) {
+      const T kv = V::load(kr + i);
+      QS_UNROLL
+      for (int m = 0; m < MR; ++m) acc[m] = V::fma(V::load(q + m * D + i), kv, acc[m]);
+    }
+    QS_UNROLL
+    for (int m = 0; m < MR; ++m) S[m * kChunk + (t - t0)] = V::hsum(acc[m]);
+  }
+}
+
+// The same from transposed keys, 2W keys at a time: per d, MR broadcasts
+// of q[m][d] times two key vectors (a register tile like a matmul's, no
+// horizontal sums). Writes up to 2W - 1 scores past t1 (the rows have
+// kChunk room, a multiple of 2W; exp_row and values never read them).
+template <int MR>
+QS_FN void float_scores_t(const Problem& p, const float* q, int b, int h, int t0, int t1,
+                          float* S) {
+  const int D = p.k.dim;
+  const int64_t n = p.kt_len;
+  const float* kt = p.keys_t + (static_cast<size_t>(b) * p.H + h) * D * n;
+  for (int t = t0; t < t1; t += 2 * W) {
+    T a[MR][2];
+    QS_UNROLL
+    for (int m = 0; m < MR; ++m) a[m][0] = a[m][1] = V::zero();
+    const float* kd = kt + t;
+    for (int d = 0; d < D; ++d, kd += n) {
+      const T k0 = V::load(kd), k1 = V::load(kd + W);
+      QS_UNROLL
+      for (int m = 0; m < MR; ++m) {
+        const T qm = V::set1(q[m * D + d]);
+        a[m][0] = V::fma(qm, k0, a[m][0]);
+        a[m][1] = V::fma(qm, k1, a[m][1]);
+      }
+    }
+    QS_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      V::store(S + m * kChunk + (t - t0), a[m][0]);
+      V::store(S + m * kChunk + (t - t0) + W, a[m][1]);
+    }
+  }
+}
+
+// acc[m][d0, d0 + NV * W) = sum_t P[m][t - t0] * V_t[d0, ...) for MR rows.
+template <int MR, int NV>
+QS_FN void float_values_slice(const float* v, int D, int d0, int t0, int t1, const float* P,
+                              float* acc) {
+  T a[MR][NV];
+  QS_UNROLL
+  for (int m = 0; m < MR; ++m)
+    QS_UNROLL
+    for (int j = 0; j < NV; ++j) a[m][j] = V::zero();
+  for (int t = t0; t < t1; ++t) {
+    const float* vr = v + static_cast<size_t>(t) * D + d0;
+    T vv[NV];
+    QS_UNROLL
+    for (int j = 0; j < NV; ++j) vv[j] = V::load(vr + j * W);
+    QS_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const T pm = V::set1(P[m * kChunk + (t - t0)]);
+      QS_UNROLL
+      for (int j = 0; j < NV; ++j) a[m][j] = V::fma(pm, vv[j], a[m][j]);
+    }
+  }
+  QS_UNROLL
+  for (int m = 0; m < MR; ++m)
+    QS_UNROLL
+    for (int j = 0; j < NV; ++j) V::store(acc + m * D + d0 + j * W, a[m][j]);
+}
+
+template <int MR>
+QS_FN void float_values(const Problem& p, int b, int h, int t0, int t1, const float* P,
+                        float* acc) {
+  const int D = p.v.dim;
+  const float* v = reinterpret_cast<const float*>(p.v.w_at(b, h));
+  int d0 = 0;
+  for (; d0 + 2 * W <= D; d0 += 2 * W) float_values_slice<MR, 2>(v, D, d0, t0, t1, P, acc);
+  if (d0 < D) float_values_slice<MR, 1>(v, D, d0, t0, t1, P, acc);
+}
+
+template <int MR>
+QS_FN void float_chunk_rows(const Problem& p, int b, int h, int m0, int t0, int t1, float* S,
+                            float* acc, float* mx, float* sum) {
+  const float* q = p.q + (static_cast<size_t>(b * p.H + h) * p.M + m0) * p.k.dim;
+  if (p.keys_t) {
+    float_scores_t<MR>(p, q, b, h, t0, t1, S);
+  } else {
+    float_scores<MR>(p, q, b, h, t0, t1, S);
+  }
+  for (int m = 0; m < MR; ++m) {
+    float* s = S + m * kChunk;
+    apply_mask(p, b, h, m0 + m, t0, t1 - t0, s);
+    mx[m] = exp_row(s, t1 - t0, sum[m]);
+  }
+  float_values<MR>(p, b, h, t0, t1, S, acc);
+}
+
+// Runtime row count -> compile-time tile height.
+template <int MR = V::MR>
+QS_FN void float_rows(const Problem& p, int b, int h, int m0, int rows, int t0, int t1,
+                      float* S, float* acc, float* mx, float* sum) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return float_rows<MR - 1>(p, b, h, m0, rows, t0, t1, S, acc, mx, sum);
+  }
+  float_chunk_rows<MR>(p, b, h, m0, t0, t1, S, acc, mx, sum);
+}
+
+QS_FN void float_chunk(const Problem& p, int b, int h, int m0, int rows, int t0, int t1,
+                       float* scratch, float* acc, float* mx, float* sum) {
+  float_rows(p, b, h, m0, rows, t0, t1, scratch, acc, mx, sum);
+}
+
+const Kernels kFloatKernels{QS_ISA, W, V::MR, &float_chunk};
+
+}  // namespace
+}  // namespace mlxrt::qsdpa::QS_NS
+
+namespace mlxrt::fattn::QS_NS {
+const qsdpa::Kernels* kernels() { return &qsdpa::QS_NS::kFloatKernels; }
+}  // namespace mlxrt::fattn::QS_NS
+
+#undef QS_UNROLL
