@@ -59,6 +59,11 @@ struct Rows {
 // A float buffer of n floats starting on a cache line, inside `buf`.
 float* aligned(std::vector<float>& buf, size_t n);
 
+// q [B, Hq, L, D] f32 times `scale`, as [B][H][rep * L][D] dense in `buf`
+// (rows of each kv head together, in Split's row order); value d of a row
+// at pos[d] (null: d).
+float* group_queries(const array& q, int H, float scale, const int* pos, std::vector<float>& buf);
+
 // Attention of M = rep * L query rows per (b, kv head) over T keys, chunk by
 // chunk over the quantized matmul's pool (flash decoding: per-task partial
 // softmax sums, merged at the end). Row m of kv head h is query head
