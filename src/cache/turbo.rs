@@ -31,14 +31,16 @@
 //! **Packing**: indices of `b` bits form an LSB-first bitstream in bytes (8
 //! indices → `b` bytes); 8-bit keys are plain int8.
 //!
-//! **Cost** (MLX ops, CPU, measured on a shared 2-core machine): k8v3 takes
-//! 100 bytes per head and position at D = 64 (0.39 of f16). Every step
-//! decodes the whole cache once (keys 3 passes, values one table lookup per
-//! 4 indices), so attention is slower than dense: T = 2048, 3 KV heads, one
-//! query: 2.2 ms against 0.72 ms for MLX's SDPA on f32; SmolLM2 decodes at
-//! 2k context at 5.7 tokens/s against 17.5 dense. A fused kernel (dot
-//! products on the int8 keys, values accumulated in the rotated domain) is
-//! what would close that gap.
+//! **Cost** (CPU, measured on a shared 2-core AVX-512 machine): k8v3 takes
+//! 100 bytes per head and position at D = 64 (0.39 of f16). T = 4096, 3 KV
+//! heads, 9 query heads, one query: the fused kernel attends in ~0.5 ms
+//! (un-rotation included), the MLX ops in ~7 ms (they decode the whole cache
+//! every step), MLX's SDPA on the f32 cache in ~1.2 ms and the fused affine
+//! 8-bit kernel in ~0.2 ms. Encoding the step's token with MLX ops costs
+//! ~0.2 ms per layer (about 60 small ops; affine's `quantize` is one), the
+//! main reason TurboQuant decodes slower than the affine schemes: SmolLM2 at
+//! 4k context decodes at 18.7 tokens/s against 13.0 dense f32 (1.44x) and
+//! 34.5 affine 8-bit (`scripts/bench.sh kv_memory`).
 //!
 //! # Sources and where we differ
 //! - Zandieh et al., "TurboQuant: Online Vector Quantization with Near-optimal

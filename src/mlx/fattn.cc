@@ -48,7 +48,7 @@ void compute(const Inputs& in, float* out, float scale, MaskKind mask, int windo
   const int B = in.q.shape(0), Hq = in.q.shape(1), L = in.q.shape(2), D = in.q.shape(3);
   const int H = in.k.shape(1), T = in.k.shape(2), rep = Hq / H, Dv = in.v.shape(3);
   std::vector<float> qbuf;
-  const float* qp = qsdpa::scaled_queries(in.q, H, scale, 32, k->lanes, qbuf);
+  const float* qp = qsdpa::group_queries(in.q, H, scale, nullptr, qbuf);
   const qsdpa::Rows kr(in.k), vr(in.v);
   // f32 rows as "planes" without scales: the float kernel reads `w` only.
   auto plane = [](const qsdpa::Rows& r, int dim) {

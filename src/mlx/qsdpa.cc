@@ -190,8 +190,13 @@ void compute(const Inputs& in, float* out, float scale, int group, int bits, Mas
   const int H = in.kw.shape(1), T = in.kw.shape(2), rep = Hq / H, M = rep * L;
   const int Dv = in.vw.shape(3) * 32 / bits;
 
+  // q * scale (as mlx-lm's `queries *= scale`); 4-bit: permuted like the
+  // keys' nibbles.
+  std::vector<int> qpos(D);
+  for (int d = 0; d < D; ++d) qpos[d] = kernel_pos(d, bits, k->lanes);
   std::vector<float> qbuf;
-  const float* qp = scaled_queries(in.q, H, scale, bits, k->lanes, qbuf);
+  const float* qp = group_queries(in.q, H, scale, qpos.data(), qbuf);
+
   const Rows kw(in.kw), ks(in.ks), kb(in.kb), vw(in.vw), vs(in.vs), vb(in.vb);
   Problem p{qp, plane(kw, ks, kb, D), plane(vw, vs, vb, Dv), B, H, M, L, T, group, bits, mask,
             nullptr, {0, 0, 0, 0}};
@@ -248,24 +253,6 @@ Isa select_isa(uint8_t code) {
   return static_cast<Isa>(code);
 }
 
-const float* scaled_queries(const array& q, int H, float scale, int bits, int lanes,
-                            std::vector<float>& buf) {
-  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
-  const int rep = Hq / H, M = rep * L;
-  float* qp = aligned(buf, static_cast<size_t>(B) * H * M * D);
-  const auto& qs = q.strides();
-  const float* qd = q.data<float>();
-  for (int b = 0; b < B; ++b)
-    for (int hq = 0; hq < Hq; ++hq)
-      for (int l = 0; l < L; ++l) {
-        const float* src = qd + b * qs[0] + hq * qs[1] + l * qs[2];
-        const int m = (hq % rep) * L + l;
-        float* dst = qp + ((static_cast<size_t>(b) * H + hq / rep) * M + m) * D;
-        for (int d = 0; d < D; ++d) dst[kernel_pos(d, bits, lanes)] = src[d * qs[3]] * scale;
-      }
-  return qp;
-}
-
 MaskKind push_mask(array m, int B, int H, int L, int T, std::vector<array>& inputs) {
   if (m.ndim() > 4 || m.ndim() < 1) return MaskKind::None;
   while (m.ndim() < 4) m = mx::expand_dims(m, 0);
@@ -300,6 +287,23 @@ void set_mask(Problem& p, const array& mask) {
   p.mask_stride[1] = mask.shape(1) == 1 ? 0 : ms[1];
   p.mask_stride[2] = ms[2];
   p.mask_stride[3] = ms[3];
+}
+
+float* group_queries(const array& q, int H, float scale, const int* pos, std::vector<float>& buf) {
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int rep = Hq / H, M = rep * L;
+  float* out = aligned(buf, static_cast<size_t>(B) * H * M * D);
+  const auto& qs = q.strides();
+  const float* qd = q.data<float>();
+  for (int b = 0; b < B; ++b)
+    for (int hq = 0; hq < Hq; ++hq)
+      for (int l = 0; l < L; ++l) {
+        const float* src = qd + b * qs[0] + hq * qs[1] + l * qs[2];
+        const int m = (hq % rep) * L + l;
+        float* dst = out + ((static_cast<size_t>(b) * H + hq / rep) * M + m) * D;
+        for (int d = 0; d < D; ++d) dst[pos ? pos[d] : d] = src[d * qs[3]] * scale;
+      }
+  return out;
 }
 
 // Flash-decoding split: the keys of each (b, h, row block) go to `splits`

@@ -59,6 +59,11 @@ struct Rows {
 // A float buffer of n floats starting on a cache line, inside `buf`.
 float* aligned(std::vector<float>& buf, size_t n);
 
+// q [B, Hq, L, D] f32 times `scale`, as [B][H][rep * L][D] dense in `buf`
+// (rows of each kv head together, in Split's row order); value d of a row
+// at pos[d] (null: d).
+float* group_queries(const array& q, int H, float scale, const int* pos, std::vector<float>& buf);
+
 // Attention of M = rep * L query rows per (b, kv head) over T keys, chunk by
 // chunk over the quantized matmul's pool (flash decoding: per-task partial
 // softmax sums, merged at the end). Row m of kv head h is query head
@@ -87,12 +92,6 @@ void run(const Problem& p, const Kernels* k, int rep, float* out);
 // The instruction set an `Isa` code asks for (Auto: the best this CPU
 // runs); throws if the CPU cannot run it.
 Isa select_isa(uint8_t code);
-
-// q [B, Hq, L, D] f32 (any strides) times `scale` as the kernels read it:
-// [B][H][rep * L][D], the rows of each kv head together; for 4-bit keys
-// permuted in blocks of 2 * lanes like their nibbles. Lives in `buf`.
-const float* scaled_queries(const array& q, int H, float scale, int bits, int lanes,
-                            std::vector<float>& buf);
 
 // Appends a mask (rank <= 4, padded on the left to [B or 1, 1 or H, L or
 // 1, T or 1]) to `inputs` as the kernels read it: broadcast to

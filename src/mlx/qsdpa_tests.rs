@@ -13,7 +13,7 @@
 //! nibble, mask entry or head moves an output by ~1e-2 of the bound or more.
 
 use super::fast::Mask;
-use super::test_data::{isas, randn, worst_error};
+use super::test_data::{attention_bound, isas, randn, worst_error};
 use super::*;
 
 const TOL: f32 = 1e-5;
@@ -94,36 +94,7 @@ fn as_mask<'a>(case: &MaskCase, arr: &'a Option<Array>) -> Mask<'a> {
 /// sum_t p_t (|scale q| + |bias|)_t per output, with dense ops on the
 /// dequantized planes.
 fn bound(q: &Array, k: &Planes, v: &Planes, scale: f32, mask: &Mask) -> Array {
-    let s = q.shape();
-    let (b, hq, l, d) = (s[0], s[1], s[2], s[3]);
-    let h = k.dense.dim(1);
-    let t = k.dense.dim(2);
-    let rep = hq / h;
-    let q5 = q.mul_scalar(scale).unwrap().reshape(&[b, h, rep, l, d]).unwrap();
-    let kd = k.dense.expand_dims(2).unwrap().swapaxes(-1, -2).unwrap();
-    let mut scores = q5.matmul(&kd).unwrap();
-    let min = Array::scalar_f32(f32::MIN).unwrap();
-    match mask {
-        Mask::None => {}
-        Mask::Causal => {
-            let qi = Array::arange(t - l, t).unwrap().reshape(&[l, 1]).unwrap();
-            let ki = Array::arange(0, t).unwrap().reshape(&[1, t]).unwrap();
-            scores = Array::select(&qi.greater_equal(&ki).unwrap(), &scores, &min).unwrap();
-        }
-        Mask::Array(m) => {
-            let m = m.expand_dims(2).unwrap();
-            scores = if m.dtype() == Dtype::Bool {
-                Array::select(&m, &scores, &min).unwrap()
-            } else {
-                scores.add(&m).unwrap()
-            };
-        }
-    }
-    let p = scores.softmax(-1, true).unwrap();
-    let va = v.mag.expand_dims(2).unwrap();
-    let out = p.matmul(&va).unwrap();
-    let dv = out.dim(-1);
-    out.reshape(&[b, hq, l, dv]).unwrap()
+    attention_bound(q, &k.dense, &v.mag, scale, mask)
 }
 
 struct Case {

@@ -46,19 +46,9 @@ void compute(const Inputs& in, float* out, float scale, int key_bits, int value_
   const int H = in.ki.shape(1), T = in.ki.shape(2), rep = Hq / H, M = rep * L;
   const int Dv = in.vs.shape(3) * 32;
 
-  // q * scale (turbo.rs scales the queries), rows of each kv head together.
+  // q * scale (turbo.rs scales the queries).
   std::vector<float> qbuf;
-  float* qp = qsdpa::aligned(qbuf, static_cast<size_t>(B) * H * M * D);
-  const auto& qs = in.q.strides();
-  const float* qd = in.q.data<float>();
-  for (int b = 0; b < B; ++b)
-    for (int hq = 0; hq < Hq; ++hq)
-      for (int l = 0; l < L; ++l) {
-        const float* src = qd + b * qs[0] + hq * qs[1] + l * qs[2];
-        const int m = (hq % rep) * L + l;
-        float* dst = qp + ((static_cast<size_t>(b) * H + hq / rep) * M + m) * D;
-        for (int d = 0; d < D; ++d) dst[d] = src[d * qs[3]] * scale;
-      }
+  const float* qp = qsdpa::group_queries(in.q, H, scale, nullptr, qbuf);
 
   const Rows ki(in.ki), ks(in.ks), kz(in.kz), vi(in.vi), vs(in.vs);
   TurboProblem p{};

@@ -12,7 +12,7 @@
 //! output by ~1e-2 of the bound or more.
 
 use super::fast::Mask;
-use super::test_data::{isas, randn, worst_error};
+use super::test_data::{attention_bound, isas, randn, worst_error};
 use super::*;
 use crate::cache::turbo::{Keys, TurboCodec, Values};
 use crate::model::Kernels;
@@ -68,27 +68,7 @@ impl Cache {
 
     /// sum_t p_t |y_t| per output, with dense ops.
     fn bound(&self, q: &Array, scale: f32, mask: &Mask) -> Array {
-        let s = q.shape();
-        let (b, hq, l, d) = (s[0], s[1], s[2], s[3]);
-        let (h, t) = (self.dense_keys.dim(1), self.dense_keys.dim(2));
-        let rep = hq / h;
-        let q5 = q.mul_scalar(scale).unwrap().reshape(&[b, h, rep, l, d]).unwrap();
-        let kd = self.dense_keys.expand_dims(2).unwrap().swapaxes(-1, -2).unwrap();
-        let mut scores = q5.matmul(&kd).unwrap();
-        let min = Array::scalar_f32(f32::MIN).unwrap();
-        match mask {
-            Mask::None => {}
-            Mask::Causal => {
-                let qi = Array::arange(t - l, t).unwrap().reshape(&[l, 1]).unwrap();
-                let ki = Array::arange(0, t).unwrap().reshape(&[1, t]).unwrap();
-                scores = Array::select(&qi.greater_equal(&ki).unwrap(), &scores, &min).unwrap();
-            }
-            Mask::Array(m) => scores = Array::select(&m.expand_dims(2).unwrap(), &scores, &min).unwrap(),
-        }
-        let p = scores.softmax(-1, true).unwrap();
-        let out = p.matmul(&self.abs_values.expand_dims(2).unwrap()).unwrap();
-        let dv = out.dim(-1);
-        out.reshape(&[b, hq, l, dv]).unwrap()
+        attention_bound(q, &self.dense_keys, &self.abs_values, scale, mask)
     }
 }
 
