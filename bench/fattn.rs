@@ -113,8 +113,15 @@ fn main() {
             "mlx_version": mlxrt::mlx::version(),
         },
         "provenance": {
-            "mlxrt": {"kernels": format!("mlxrt fused float attention ({:?})", QmmIsa::best()), "threads": qmm_threads()},
-            "reference": {"kernels": "MLX fast::scaled_dot_product_attention (CPU: matmul + mask + precise softmax + matmul)"},
+            "mlxrt": {
+                "kernels": format!("mlxrt fused float attention ({:?})", QmmIsa::best()),
+                "scale_dtype": "none (f32 keys and values)",
+                "threads": qmm_threads(),
+            },
+            "reference": {
+                "kernels": "MLX fast::scaled_dot_product_attention (CPU: matmul + mask + precise softmax + matmul)",
+                "scale_dtype": "none (f32 keys and values)",
+            },
         },
         "notes": "f32, SmolLM2-135M heads; median ms per call (node build + eval) over alternating rounds; speedup = mlx / fused; peak = MLX allocator peak above the live inputs over one call",
         "results": results,

@@ -67,7 +67,8 @@ pub fn sdpa_stock(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask, windo
             let m = qi.greater_equal(&ki)?.logical_and(&near)?;
             fast::scaled_dot_product_attention(q, k, v, scale, Mask::Array(&m))
         }
-        (mask, _) => fast::scaled_dot_product_attention(q, k, v, scale, mask),
+        (mask, None) => fast::scaled_dot_product_attention(q, k, v, scale, mask),
+        (_, Some(w)) => Err(MlxError(format!("sdpa_stock: window {w} needs a causal mask"))),
     }
 }
 

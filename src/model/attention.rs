@@ -155,7 +155,9 @@ impl Attention {
             (Some(w), LayerCache::Ring(c)) if c.window() == w => {
                 let (keys, values) = c.update_and_fetch(&k, &v)?;
                 match (self.kernels, masks.causal_window) {
-                    (Kernels::Auto, Some(w)) => fused_sdpa(&q, &keys, &values, self.scale, Mask::Causal, Some(w))?,
+                    (Kernels::Auto, Some(cw)) if cw == w => {
+                        fused_sdpa(&q, &keys, &values, self.scale, Mask::Causal, Some(w))?
+                    }
                     _ => KvView::Dense { keys, values }.attend(&q, self.scale, masks.window()?, self.kernels)?,
                 }
             }
