@@ -9,13 +9,11 @@
 mod common;
 
 use common::*;
-use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
+use mlxrt::engine::{Engine, EngineConfig, RequestOptions};
 use mlxrt::mlx::io::TensorFile;
 use mlxrt::mlx::{self, Array};
-use mlxrt::model::{load, LoadOptions, LoadedModel, Output};
+use mlxrt::model::{load, LoadOptions};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::mpsc;
 
 const STEPS: usize = 32;
 const LOGIT_STEPS: &str = "0,1,8,31";
@@ -27,11 +25,6 @@ const LOGIT_TOL: f32 = 1e-3;
 /// 0.008).
 const BF16_TOL: f32 = 1e-2;
 
-fn py(args: &[&str]) {
-    let out = Command::new(python()).args(args).output().expect("run python");
-    assert!(out.status.success(), "python {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// Builds the tiny model of `family` in `variant` ("f32", "q4": 4-bit
 /// quantized, "bf16") and records mlx-lm's outputs for
 /// tests/oracle/family_prompts.json, once per change of the scripts (cached
@@ -42,75 +35,20 @@ fn oracle(family: &str, variant: &str) -> (PathBuf, PathBuf) {
     let folder = dir.join(&name);
     let reference = dir.join(format!("{name}.reference.safetensors"));
     let scripts = repo_root().join("tests/oracle");
+    let prompts = scripts.join("family_prompts.json");
     // Rebuilt when a script or the prompts changed since.
-    let newest_input = ["make_tiny.py", "mlxlm_reference.py", "family_prompts.json"]
-        .iter()
-        .filter_map(|f| std::fs::metadata(scripts.join(f)).and_then(|m| m.modified()).ok())
-        .max();
-    let fresh = std::fs::metadata(&reference).and_then(|m| m.modified()).ok().zip(newest_input).is_some_and(|(r, i)| r > i);
-    if !fresh {
+    let inputs = [scripts.join("make_tiny.py"), scripts.join("mlxlm_reference.py"), prompts.clone()];
+    if !reference_fresh(&reference, &inputs) {
         let _ = std::fs::remove_dir_all(&folder);
-        let gguf = model_path();
-        let mut args = vec![
-            scripts.join("make_tiny.py").to_string_lossy().into_owned(),
-            "--family".into(),
-            family.into(),
-            "--out".into(),
-            folder.to_string_lossy().into_owned(),
-            "--gguf".into(),
-            gguf.to_string_lossy().into_owned(),
-        ];
-        match variant {
-            "q4" => args.extend(["--quantize".into(), "4".into()]),
-            "bf16" => args.extend(["--dtype".into(), "bfloat16".into()]),
-            _ => {}
-        }
-        py(&args.iter().map(String::as_str).collect::<Vec<_>>());
-        py(&[
-            scripts.join("mlxlm_reference.py").to_str().unwrap(),
-            "--model",
-            folder.to_str().unwrap(),
-            "--prompts",
-            scripts.join("family_prompts.json").to_str().unwrap(),
-            "--steps",
-            &STEPS.to_string(),
-            "--logit-steps",
-            LOGIT_STEPS,
-            "--out",
-            reference.to_str().unwrap(),
-        ]);
+        let extra: &[&str] = match variant {
+            "q4" => &["--quantize", "4"],
+            "bf16" => &["--dtype", "bfloat16"],
+            _ => &[],
+        };
+        make_tiny(family, &folder, extra);
+        mlxlm_reference(&folder, &prompts, STEPS, LOGIT_STEPS, &reference, &[]);
     }
     (folder, reference)
-}
-
-/// Greedy decoding through the model API, prefilling as the engine does (all
-/// but the last token in chunks of `chunk`, then the last one alone).
-fn greedy(m: &LoadedModel, prompt: &[u32], chunk: usize, keep: &[usize]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut cache = m.model.new_cache(1);
-    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-    let n = ids.len();
-    for part in ids[..n - 1].chunks(chunk) {
-        let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
-        m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
-        let state: Vec<&Array> = cache.iter().flat_map(|c| c.state()).collect();
-        mlx::eval(&state).unwrap();
-    }
-    let mut next = ids[n - 1];
-    let (mut tokens, mut kept) = (vec![], vec![]);
-    for step in 0..STEPS {
-        let x = Array::from_i32(&[next], &[1, 1]).unwrap();
-        let logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
-        if keep.contains(&step) {
-            kept.push(logits.to_vec_f32().unwrap());
-        }
-        tokens.push(next as u32);
-    }
-    (tokens, kept)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
 
 /// Model API: tokens and logits against mlx-lm; returns the worst |Δ|.
@@ -122,40 +60,17 @@ fn check_model_tol(label: &str, folder: &Path, cases: &[Case], chunk: usize, tol
     let m = load(folder, &LoadOptions::default()).unwrap_or_else(|e| panic!("{label}: {e}"));
     let mut worst = 0f32;
     for c in cases {
-        let (tokens, logits) = greedy(&m, &c.prompt, chunk, &c.logit_steps);
-        assert_eq!(tokens, c.tokens, "{label}/{}: greedy tokens differ from mlx-lm", c.name);
-        for (i, step) in c.logit_steps.iter().enumerate() {
-            let d = max_abs_diff(&logits[i], &c.logits[i]);
-            assert!(d <= tol, "{label}/{} step {step}: max |Δ logits| {d} > {tol}", c.name);
-            worst = worst.max(d);
-        }
+        let (tokens, logits) = greedy(&m, m.model.new_cache(1), &c.prompt, chunk, STEPS, &c.logit_steps);
+        worst = worst.max(assert_matches(label, c, &tokens, &logits, tol));
     }
     eprintln!("{label}: {} prompts × {STEPS} tokens identical to mlx-lm; max |Δ logits| = {worst:.2e}", cases.len());
     worst
 }
 
-fn request(prompt: &[u32], chunk: Option<usize>) -> RequestOptions {
-    let mut o = RequestOptions::new(Input::Tokens(prompt.to_vec()));
-    o.max_tokens = STEPS as u32;
-    o.stop_at_eos = false;
-    o.prefill_chunk = chunk;
-    o
-}
-
 /// Submits every case at once (rows of different lengths decode together)
 /// and returns each one's tokens.
 fn batched(e: &Engine, cases: &[Case], chunk: Option<usize>) -> Vec<Vec<u32>> {
-    let rxs: Vec<_> = cases
-        .iter()
-        .map(|c| {
-            let (tx, rx) = mpsc::channel();
-            e.submit(request(&c.prompt, chunk), Box::new(move |ev: &Event| {
-                let _ = tx.send(ev.clone());
-            }))
-            .unwrap();
-            rx
-        })
-        .collect();
+    let rxs: Vec<_> = cases.iter().map(|c| submit(e, token_request(&c.prompt, STEPS, chunk))).collect();
     rxs.iter().map(|rx| tokens_of(&collect(rx))).collect()
 }
 
@@ -242,19 +157,7 @@ fn qwen3_next_hybrid() {
 }
 
 fn chat(messages: serde_json::Value, cache: bool) -> RequestOptions {
-    let mut o = RequestOptions::new(Input::Messages(messages));
-    o.max_tokens = STEPS as u32;
-    o.stop_at_eos = false;
-    o.prompt_cache = cache;
-    o.prefill_chunk = Some(16);
-    o
-}
-
-/// (tokens, cached prompt tokens)
-fn go(e: &Engine, o: RequestOptions) -> (Vec<u32>, u32) {
-    let ev = run(e, o);
-    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{ev:?}") };
-    (tokens_of(&ev), usage.cached_tokens)
+    chat_request(messages, STEPS, cache, 16)
 }
 
 #[test]
@@ -273,24 +176,24 @@ fn hybrid_prompt_cache_hit_gives_the_cold_result() {
     // message), stopping a prefill chunk there: the recurrent state is only
     // valid at exactly that length.
     let first = ask(system, "When do you open?");
-    let (t1, c1) = go(&warm, chat(first.clone(), true));
+    let (t1, c1) = tokens_and_cached(&warm, chat(first.clone(), true));
     assert_eq!(c1, 0);
-    assert_eq!(t1, go(&cold, chat(first.clone(), false)).0, "prefill stopping at the boundary changed the result");
+    assert_eq!(t1, tokens_and_cached(&cold, chat(first.clone(), false)).0, "prefill stopping at the boundary changed the result");
     // Another question after the same system message: a whole-entry hit.
     let second = ask(system, "Do you deliver cakes?");
-    let (t2, c2) = go(&warm, chat(second.clone(), true));
+    let (t2, c2) = tokens_and_cached(&warm, chat(second.clone(), true));
     assert!(c2 > 0, "the boundary snapshot was not used");
-    assert_eq!(t2, go(&cold, chat(second, false)).0, "a prompt-cache hit changed the result");
+    assert_eq!(t2, tokens_and_cached(&cold, chat(second, false)).0, "a prompt-cache hit changed the result");
     // The same first request again: a hit on the boundary entry, not on the
     // longer end-of-request entry (a state cannot be cut back).
-    let (t1b, c1b) = go(&warm, chat(first, true));
+    let (t1b, c1b) = tokens_and_cached(&warm, chat(first, true));
     assert_eq!((t1b, c1b), (t1, c2));
     // A system message that only shares a partial prefix with the cached one:
     // a KV cache could reuse it, a recurrent state cannot; a miss.
     let other = ask(&format!("{system} Cash only."), "Do you deliver cakes?");
-    let (t3, c3) = go(&warm, chat(other.clone(), true));
+    let (t3, c3) = tokens_and_cached(&warm, chat(other.clone(), true));
     assert_eq!(c3, 0, "a partial prefix of a recurrent state was used");
-    assert_eq!(t3, go(&cold, chat(other, false)).0);
+    assert_eq!(t3, tokens_and_cached(&cold, chat(other, false)).0);
 }
 
 /// A copy of `folder` whose config and tensors are changed by `edit`.

@@ -5,10 +5,14 @@
 //! pass that brings it to `quantized_kv_start` positions; mlxrt switches a
 //! row to quantized KV for a forward starting at or past its start. With a
 //! start that is a multiple of the prefill chunk (the same chunk on both
-//! sides) the two agree: greedy tokens identical and logits equal up to
-//! rounding (`TINY_TOL`), except where a float difference of the two
-//! runtimes moves a K/V element across a rounding boundary (SmolLM2, see
-//! `smollm2_matches_mlx_lm`).
+//! sides) the two agree exactly: with MLX's stock kernels mlxrt runs mlx-lm's
+//! ops in mlx-lm's order (dense projections unstacked), and mlx-lm runs on
+//! mlxrt's BLAS (`common::py`), so greedy tokens and logits are
+//! bit-identical (Gemma 3: tokens only, see `tiny_gemma3_matches_mlx_lm`).
+//! On the wheel's reference BLAS instead, mlx-lm's float attention rounds
+//! ~1e-7 differently, 4-bit quantization turns that into whole levels of
+//! some K/V elements, and 5 of 8 SmolLM2 (prompt, start) pairs diverged
+//! after 2 to 26 tokens.
 //!
 //! Needs the venv (.venv, scripts/setup.sh) and the default model
 //! (scripts/fetch-model.sh); references are cached under target/oracle/kv.
@@ -18,40 +22,21 @@ mod common;
 use common::*;
 use mlxrt::cache::scheme::{KvQuant, KvScheme};
 use mlxrt::cache::{KvCache, LayerCache};
-use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
-use mlxrt::mlx::{self, Array};
-use mlxrt::model::{load, Kernels, LoadOptions, LoadedModel, Output};
+use mlxrt::engine::{Engine, EngineConfig, Event, RequestOptions};
+use mlxrt::model::{load, Kernels, LoadOptions, LoadedModel};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::mpsc;
 
 const STEPS: usize = 32;
 const LOGIT_STEPS: &str = "0,1,8,31";
 /// Prefill chunk on both sides; every start below is a multiple of it.
 const CHUNK: usize = 16;
-/// Max |Δ| between mlxrt's and mlx-lm's last-position logits with quantized
-/// KV (f32), tiny models. Both sides run the same MLX ops (quantize,
-/// quantized_matmul, precise softmax) on the same values; what differs is
-/// f32 rounding in the dense parts (BLAS), which quantization may turn into
-/// one level of one element. Measured: ≤ 8e-5 at 4 bits, ≤ 1.2e-2 at 8 bits
-/// (more levels, more elements near a boundary).
-const TINY_TOL: f32 = 5e-2;
-/// The same for SmolLM2 at 8 bits (measured 0.61; see
-/// `smollm2_matches_mlx_lm`).
-const SMOLLM2_TOL_8: f32 = 1.0;
+
+/// Max |Δ logits| for the tiny Gemma 3 (see `tiny_gemma3_matches_mlx_lm`).
+const GEMMA3_TOL: f32 = 1e-2;
 
 /// Tests run in parallel: one builds a model folder or reference file while
 /// no other reads or writes it.
 static ORACLE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn py(args: &[&str]) {
-    let out = Command::new(python()).args(args).output().expect("run python");
-    assert!(out.status.success(), "python {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-}
-
-fn modified(p: &Path) -> Option<std::time::SystemTime> {
-    std::fs::metadata(p).and_then(|m| m.modified()).ok()
-}
 
 /// The MLX folder of `model` ("smollm2": the default GGUF converted; else a
 /// tiny preset of tests/oracle/make_tiny.py), built once.
@@ -62,14 +47,12 @@ fn folder(model: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join(model);
     let script = if model == "smollm2" { "gguf_to_mlx.py" } else { "make_tiny.py" };
-    let fresh = modified(&out.join("config.json")).zip(modified(&scripts.join(script))).is_some_and(|(o, s)| o > s);
-    if !fresh {
+    if !newer_than(&out.join("config.json"), &[scripts.join(script)]) {
         let _ = std::fs::remove_dir_all(&out);
-        let (gguf, out_s) = (model_path(), out.to_string_lossy().into_owned());
         if model == "smollm2" {
-            py(&[scripts.join(script).to_str().unwrap(), gguf.to_str().unwrap(), &out_s]);
+            py(&[scripts.join(script).to_str().unwrap(), model_path().to_str().unwrap(), out.to_str().unwrap()]);
         } else {
-            py(&[scripts.join(script).to_str().unwrap(), "--family", model, "--out", &out_s, "--gguf", gguf.to_str().unwrap()]);
+            make_tiny(model, &out, &[]);
         }
     }
     out
@@ -87,36 +70,14 @@ fn reference(model: &str, bits: i32, start: i32) -> Vec<Case> {
     let sliding = model.starts_with("gemma");
     let norot = if sliding { "-norot" } else { "" };
     let out = repo_root().join(format!("target/oracle/kv/{model}-kvb{bits}-g64-s{start}-p{CHUNK}{norot}.safetensors"));
-    let newest = ["mlxlm_reference.py", "family_prompts.json"].iter().filter_map(|f| modified(&scripts.join(f))).max();
-    let fresh = modified(&out).zip(newest).is_some_and(|(o, n)| o > n) && modified(&out) > modified(&folder.join("config.json"));
-    if !fresh {
-        let (script, prompts) = (scripts.join("mlxlm_reference.py"), scripts.join("family_prompts.json"));
-        let (steps, chunk, bits, start) = (STEPS.to_string(), CHUNK.to_string(), bits.to_string(), start.to_string());
-        let mut args = vec![
-            script.to_str().unwrap(),
-            "--model",
-            folder.to_str().unwrap(),
-            "--prompts",
-            prompts.to_str().unwrap(),
-            "--steps",
-            &steps,
-            "--logit-steps",
-            LOGIT_STEPS,
-            "--prefill-step-size",
-            &chunk,
-            "--kv-bits",
-            &bits,
-            "--kv-group-size",
-            "64",
-            "--quantized-kv-start",
-            &start,
-            "--out",
-            out.to_str().unwrap(),
-        ];
+    let prompts = scripts.join("family_prompts.json");
+    if !reference_fresh(&out, &[scripts.join("mlxlm_reference.py"), prompts.clone(), folder.join("config.json")]) {
+        let (chunk, bits, start) = (CHUNK.to_string(), bits.to_string(), start.to_string());
+        let mut args = vec!["--prefill-step-size", &chunk, "--kv-bits", &bits, "--kv-group-size", "64", "--quantized-kv-start", &start];
         if sliding {
             args.push("--no-rotating-quant");
         }
-        py(&args);
+        mlxlm_reference(&folder, &prompts, STEPS, LOGIT_STEPS, &out, &args);
     }
     reference_cases(&out)
 }
@@ -138,41 +99,8 @@ fn quantized_cache(m: &LoadedModel, bits: i32, start: i32) -> Vec<LayerCache> {
     cache
 }
 
-/// Greedy decoding through the model API, prefilling as mlx-lm does (all
-/// but the last token in chunks of `CHUNK`, then the last one alone).
-fn greedy(m: &LoadedModel, prompt: &[u32], bits: i32, start: i32, keep: &[usize]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut cache = quantized_cache(m, bits, start);
-    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-    let n = ids.len();
-    for part in ids[..n - 1].chunks(CHUNK) {
-        let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
-        m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
-        let state: Vec<&Array> = cache.iter().flat_map(|c| c.state()).collect();
-        mlx::eval(&state).unwrap();
-    }
-    let mut next = ids[n - 1];
-    let (mut tokens, mut kept) = (vec![], vec![]);
-    for step in 0..STEPS {
-        let x = Array::from_i32(&[next], &[1, 1]).unwrap();
-        let logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
-        if keep.contains(&step) {
-            kept.push(logits.to_vec_f32().unwrap());
-        }
-        tokens.push(next as u32);
-    }
-    (tokens, kept)
-}
-
-fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
-}
-
 fn request(prompt: &[u32], start: Option<i32>, chunk: Option<usize>) -> RequestOptions {
-    let mut o = RequestOptions::new(Input::Tokens(prompt.to_vec()));
-    o.max_tokens = STEPS as u32;
-    o.stop_at_eos = false;
-    o.prefill_chunk = chunk;
+    let mut o = token_request(prompt, STEPS, chunk);
     o.quantized_kv_start = start;
     o
 }
@@ -187,7 +115,8 @@ fn quant_engine(model: &Path, bits: i32, start: i32, max_rows: usize) -> Engine 
     Engine::new(cfg).unwrap()
 }
 
-/// Model API and engine against mlx-lm for each (bits, start): returns,
+/// Model API and engine (stock kernels) against mlx-lm for each (bits,
+/// start): returns,
 /// per setting and prompt, the first step whose token differs from mlx-lm's
 /// (None: all identical) and the max |Δ logits| at the logit steps before it.
 fn parity(model: &str, folder: &Path, settings: &[(i32, i32)]) -> Vec<(String, Option<usize>, f32)> {
@@ -198,7 +127,8 @@ fn parity(model: &str, folder: &Path, settings: &[(i32, i32)]) -> Vec<(String, O
         let e = quant_engine(folder, bits, start, 1);
         for c in &cases {
             let label = format!("{model} kv_bits {bits} start {start}/{}", c.name);
-            let (tokens, logits) = greedy(&m, &c.prompt, bits, start, &c.logit_steps);
+            let cache = quantized_cache(&m, bits, start);
+            let (tokens, logits) = greedy(&m, cache, &c.prompt, CHUNK, STEPS, &c.logit_steps);
             let diverge = tokens.iter().zip(&c.tokens).position(|(a, b)| a != b);
             let before = |s: usize| diverge.is_none_or(|d| s <= d);
             let worst = c
@@ -222,72 +152,51 @@ fn parity(model: &str, folder: &Path, settings: &[(i32, i32)]) -> Vec<(String, O
     out
 }
 
-/// MLX folder, tiny presets: 2 layers of random weights, where every
-/// setting gives mlx-lm's tokens.
-fn tiny(model: &str, settings: &[(i32, i32)]) {
-    for (label, diverge, worst) in parity(model, &folder(model), settings) {
-        assert_eq!(diverge, None, "{label}: greedy tokens differ from mlx-lm");
-        assert!(worst <= TINY_TOL, "{label}: max |Δ logits| {worst} > {TINY_TOL}");
+/// [`parity`], asserting that every (setting, prompt) pair gives mlx-lm's
+/// greedy tokens and logits within `tol` (0: bit-identical).
+fn matches(model: &str, settings: &[(i32, i32)], tol: f32) {
+    let results = parity(model, &folder(model), settings);
+    let exact = results.iter().filter(|r| r.1.is_none() && r.2 == 0.0).count();
+    eprintln!("{model}: {exact} of {} (setting, prompt) pairs give mlx-lm's {STEPS} tokens and logits exactly", results.len());
+    for (label, diverge, worst) in &results {
+        assert_eq!(*diverge, None, "{label}: greedy tokens differ from mlx-lm");
+        assert!(*worst <= tol, "{label}: max |Δ logits| {worst} > {tol}");
     }
 }
 
 #[test]
 fn smollm2_matches_mlx_lm() {
-    // The default model (its MLX conversion, stock kernels: what mlx-lm runs).
-    // Start 16 converts during prefill, 48 during decode for the short
-    // prompts. Quantization rounds each K/V element to one of 2^bits levels,
-    // so a float difference of ~1e-5 between the two runtimes (BLAS, summation
-    // order) moves an element lying on a rounding boundary by a whole level;
-    // at 4 bits over 30 layers that can change later tokens. Measured: at 8
-    // bits all 4 prompts give mlx-lm's 32 tokens (max |Δ logits| 0.61); at 4
-    // bits 5 of 8 (prompt, start) pairs diverge after 2 to 26 tokens, which
-    // is the sensitivity of 4-bit KV, not a difference in semantics: mlx-lm
-    // and mlxrt are each exactly invariant to the prefill chunk, the tiny
-    // models below agree everywhere, and prompts that meet no boundary agree
-    // to 1e-4. Asserted: 8 bits all tokens and |Δ| ≤ SMOLLM2_TOL_8; 4 bits
-    // the first token (after the quantized prefill).
-    let results = parity("smollm2", &folder("smollm2"), &[(4, 16), (8, 16), (4, 48)]);
-    let identical = results.iter().filter(|r| r.1.is_none()).count();
-    eprintln!("smollm2: {identical} of {} (setting, prompt) pairs give all {STEPS} tokens of mlx-lm", results.len());
-    for (label, diverge, worst) in &results {
-        if label.contains("kv_bits 8") {
-            assert_eq!(*diverge, None, "{label}: greedy tokens differ from mlx-lm");
-            assert!(*worst <= SMOLLM2_TOL_8, "{label}: max |Δ logits| {worst} > {SMOLLM2_TOL_8}");
-        } else {
-            assert!(diverge.is_none_or(|d| d > 0), "{label}: the first token differs from mlx-lm");
-        }
-    }
+    // The default model (its MLX conversion), 30 layers: start 16 converts
+    // during prefill, 48 during decode for the short prompts.
+    matches("smollm2", &[(4, 16), (8, 16), (4, 48)], 0.0);
 }
 
 #[test]
 fn tiny_llama_matches_mlx_lm() {
-    tiny("llama_kv", &[(4, 16), (8, 32)]);
+    matches("llama_kv", &[(4, 16), (8, 32)], 0.0);
 }
 
 #[test]
 fn tiny_qwen3_matches_mlx_lm() {
-    tiny("qwen3_kv", &[(4, 32), (8, 16)]);
+    matches("qwen3_kv", &[(4, 32), (8, 16)], 0.0);
 }
 
 #[test]
 fn tiny_gemma3_matches_mlx_lm() {
     // Full-attention layers quantized, sliding-window layers (window 16)
     // float, on both sides; prompts up to 90 tokens: several windows.
-    tiny("gemma3_kv", &[(4, 16), (8, 32)]);
+    // Tokens identical; logits not bit-identical (measured ≤ 1.3e-3): Gemma
+    // 3's float forward already differs from mlx-lm's before any quantized
+    // KV or ring wrap (ids_short, step 0: 1.0e-5); the op is not isolated
+    // yet (not its GELU, which matches mlx-lm's compiled one exactly).
+    matches("gemma3_kv", &[(4, 16), (8, 32)], GEMMA3_TOL);
 }
 
 /// Submits the first (prompt, start), waits until it runs (prefills), then
 /// the others, so that they join its prefill cohort or the decode batch;
 /// returns each one's tokens.
 fn batched(e: &Engine, rows: &[(Vec<u32>, i32)], chunk: Option<usize>) -> Vec<Vec<u32>> {
-    let submit = |(p, s): &(Vec<u32>, i32)| {
-        let (tx, rx) = mpsc::channel();
-        e.submit(request(p, Some(*s), chunk), Box::new(move |ev: &Event| {
-            let _ = tx.send(ev.clone());
-        }))
-        .unwrap();
-        rx
-    };
+    let submit = |(p, s): &(Vec<u32>, i32)| submit(e, request(p, Some(*s), chunk));
     let mut rxs = vec![submit(&rows[0])];
     while e.stats().active == 0 {
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -350,16 +259,7 @@ fn quantized_kv_admits_more_rows() {
     let err = too_small.prepare(request(&prompt, None, None)).err().expect("a dense row does not fit");
     assert!(err.to_string().contains("kv_budget"), "{err}");
     let e = engine(affine(4), dense * 3 / 2);
-    let rxs: Vec<_> = (0..6)
-        .map(|_| {
-            let (tx, rx) = mpsc::channel();
-            e.submit(request(&prompt, None, None), Box::new(move |ev: &Event| {
-                let _ = tx.send(ev.clone());
-            }))
-            .unwrap();
-            rx
-        })
-        .collect();
+    let rxs: Vec<_> = (0..6).map(|_| submit(&e, request(&prompt, None, None))).collect();
     let mut peak = 0;
     while e.stats().completed < 6 {
         peak = peak.max(e.stats().active);

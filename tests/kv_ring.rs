@@ -14,12 +14,11 @@ mod common;
 
 use common::*;
 use mlxrt::cache::LayerCache;
-use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
-use mlxrt::mlx::{self, Array};
+use mlxrt::engine::{Engine, EngineConfig, RequestOptions};
+use mlxrt::mlx::Array;
 use mlxrt::model::{load, LoadOptions, LoadedModel, Output};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{mpsc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// `gemma3_kv`'s sliding window.
@@ -27,11 +26,6 @@ const W: usize = 16;
 const STEPS: usize = 24;
 const LOGIT_STEPS: &str = "0,1,12,23";
 const LOGIT_TOL: f32 = 1e-3;
-
-fn py(args: &[&str]) {
-    let out = Command::new(python()).args(args).output().expect("run python");
-    assert!(out.status.success(), "python {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// Prompt ids (any ids of the vocabulary do): one shorter than the window,
 /// the others 3 to 7 windows long.
@@ -64,65 +58,12 @@ fn oracle(family: &str) -> (PathBuf, PathBuf) {
     }
     let scripts = repo_root().join("tests/oracle");
     let inputs = [scripts.join("make_tiny.py"), scripts.join("mlxlm_reference.py"), prompts_file.clone()];
-    let newest_input = inputs.iter().filter_map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).max();
-    let fresh = std::fs::metadata(&reference).and_then(|m| m.modified()).ok().zip(newest_input).is_some_and(|(r, i)| r > i);
-    if !fresh {
+    if !reference_fresh(&reference, &inputs) {
         let _ = std::fs::remove_dir_all(&folder);
-        let gguf = model_path();
-        py(&[
-            scripts.join("make_tiny.py").to_str().unwrap(),
-            "--family",
-            family,
-            "--out",
-            folder.to_str().unwrap(),
-            "--gguf",
-            gguf.to_str().unwrap(),
-        ]);
-        py(&[
-            scripts.join("mlxlm_reference.py").to_str().unwrap(),
-            "--model",
-            folder.to_str().unwrap(),
-            "--prompts",
-            prompts_file.to_str().unwrap(),
-            "--steps",
-            &STEPS.to_string(),
-            "--logit-steps",
-            LOGIT_STEPS,
-            "--out",
-            reference.to_str().unwrap(),
-        ]);
+        make_tiny(family, &folder, &[]);
+        mlxlm_reference(&folder, &prompts_file, STEPS, LOGIT_STEPS, &reference, &[]);
     }
     (folder, reference)
-}
-
-fn eval(cache: &[LayerCache]) {
-    let state: Vec<&Array> = cache.iter().flat_map(|c| c.state()).collect();
-    mlx::eval(&state).unwrap();
-}
-
-/// Greedy decoding through the model API, prefilling as the engine does (all
-/// but the last token in chunks of `chunk`, then the last one alone).
-fn greedy(m: &LoadedModel, prompt: &[u32], chunk: usize, keep: &[usize]) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut cache = m.model.new_cache(1);
-    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
-    let n = ids.len();
-    for part in ids[..n - 1].chunks(chunk) {
-        let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
-        m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
-        eval(&cache);
-    }
-    let mut next = ids[n - 1];
-    let (mut tokens, mut kept) = (vec![], vec![]);
-    for step in 0..STEPS {
-        let x = Array::from_i32(&[next], &[1, 1]).unwrap();
-        let logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
-        if keep.contains(&step) {
-            kept.push(logits.to_vec_f32().unwrap());
-        }
-        tokens.push(next as u32);
-    }
-    (tokens, kept)
 }
 
 /// Every prompt through the model API with each prefill chunk: mlx-lm's
@@ -134,13 +75,8 @@ fn check_model(label: &str, folder: &Path, cases: &[Case], window: usize) {
     let mut worst = 0f32;
     for chunk in [5, 2 * window + 3, 4096] {
         for c in cases {
-            let (tokens, logits) = greedy(&m, &c.prompt, chunk, &c.logit_steps);
-            assert_eq!(tokens, c.tokens, "{label}/{} chunk {chunk}: greedy tokens differ from mlx-lm", c.name);
-            for (i, step) in c.logit_steps.iter().enumerate() {
-                let d = logits[i].iter().zip(&c.logits[i]).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
-                assert!(d <= LOGIT_TOL, "{label}/{} chunk {chunk} step {step}: max |Δ logits| {d} > {LOGIT_TOL}", c.name);
-                worst = worst.max(d);
-            }
+            let (tokens, logits) = greedy(&m, m.model.new_cache(1), &c.prompt, chunk, STEPS, &c.logit_steps);
+            worst = worst.max(assert_matches(&format!("{label} chunk {chunk}"), c, &tokens, &logits, LOGIT_TOL));
         }
     }
     eprintln!("{label}: {} prompts × chunks 5, 2W+3, whole: tokens identical to mlx-lm; max |Δ logits| = {worst:.2e}", cases.len());
@@ -168,7 +104,7 @@ fn kv_bytes(m: &LoadedModel, n: usize, chunk: usize) -> (usize, usize) {
     for part in ids.chunks(chunk) {
         let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
         m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
-        eval(&cache);
+        eval_cache(&cache);
     }
     let (rings, others): (Vec<&LayerCache>, Vec<&LayerCache>) = cache.iter().partition(|c| c.ring().is_some());
     (rings.iter().map(|c| c.nbytes()).sum(), others.iter().map(|c| c.nbytes()).sum())
@@ -189,14 +125,6 @@ fn sliding_layer_memory_is_flat_past_the_window() {
     }
 }
 
-fn request(prompt: &[u32], chunk: Option<usize>) -> RequestOptions {
-    let mut o = RequestOptions::new(Input::Tokens(prompt.to_vec()));
-    o.max_tokens = STEPS as u32;
-    o.stop_at_eos = false;
-    o.prefill_chunk = chunk;
-    o
-}
-
 /// Submits every case, the later ones while the first decode (they join a
 /// running batch), and returns each one's tokens.
 fn batched(e: &Engine, cases: &[Case], chunk: Option<usize>) -> Vec<Vec<u32>> {
@@ -207,12 +135,7 @@ fn batched(e: &Engine, cases: &[Case], chunk: Option<usize>) -> Vec<Vec<u32>> {
             if i == 2 {
                 std::thread::sleep(Duration::from_millis(30));
             }
-            let (tx, rx) = mpsc::channel();
-            e.submit(request(&c.prompt, chunk), Box::new(move |ev: &Event| {
-                let _ = tx.send(ev.clone());
-            }))
-            .unwrap();
-            rx
+            submit(e, token_request(&c.prompt, STEPS, chunk))
         })
         .collect();
     rxs.iter().map(|rx| tokens_of(&collect(rx))).collect()
@@ -231,7 +154,7 @@ fn batched_rows_equal_each_row_alone() {
     for chunk in [None, Some(5), Some(2 * W + 3)] {
         let got = batched(&e, &cases, chunk);
         for (c, got) in cases.iter().zip(got) {
-            let one = tokens_of(&run(&alone, request(&c.prompt, chunk)));
+            let one = tokens_of(&run(&alone, token_request(&c.prompt, STEPS, chunk)));
             assert_eq!(got, one, "{} chunk {chunk:?}: batched differs from alone", c.name);
             assert_eq!(got, c.tokens, "{} chunk {chunk:?}: differs from mlx-lm", c.name);
         }
@@ -239,19 +162,7 @@ fn batched_rows_equal_each_row_alone() {
 }
 
 fn chat(messages: serde_json::Value, cache: bool) -> RequestOptions {
-    let mut o = RequestOptions::new(Input::Messages(messages));
-    o.max_tokens = STEPS as u32;
-    o.stop_at_eos = false;
-    o.prompt_cache = cache;
-    o.prefill_chunk = Some(2 * W + 3);
-    o
-}
-
-/// (tokens, cached prompt tokens)
-fn go(e: &Engine, o: RequestOptions) -> (Vec<u32>, u32) {
-    let ev = run(e, o);
-    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{ev:?}") };
-    (tokens_of(&ev), usage.cached_tokens)
+    chat_request(messages, STEPS, cache, 2 * W + 3)
 }
 
 #[test]
@@ -276,20 +187,20 @@ fn prompt_cache_hits_give_the_cold_result() {
     // The first request snapshots its prompt at the boundary (the system
     // message, several windows long: the rings have wrapped).
     let first = ask("When do you open?");
-    let (t1, c1) = go(&warm, chat(first.clone(), true));
+    let (t1, c1) = tokens_and_cached(&warm, chat(first.clone(), true));
     assert_eq!(c1, 0);
-    assert_eq!(t1, go(&cold, chat(first.clone(), false)).0, "prefill stopping at the boundary changed the result");
+    assert_eq!(t1, tokens_and_cached(&cold, chat(first.clone(), false)).0, "prefill stopping at the boundary changed the result");
     // Another question after the same system message: a memory hit.
     let second = ask("Do you deliver cakes?");
-    let (t2, c2) = go(&warm, chat(second.clone(), true));
+    let (t2, c2) = tokens_and_cached(&warm, chat(second.clone(), true));
     assert!(c2 as usize > 3 * W, "the boundary snapshot was not used ({c2} cached tokens)");
-    let cold2 = go(&cold, chat(second.clone(), false)).0;
+    let cold2 = tokens_and_cached(&cold, chat(second.clone(), false)).0;
     assert_eq!(t2, cold2, "a memory hit changed the result");
     // Disk: a new engine over the same directory.
     warm.flush_prompt_cache().unwrap();
     drop(warm);
     let again = warm_engine();
-    let (t4, c4) = go(&again, chat(second, true));
+    let (t4, c4) = tokens_and_cached(&again, chat(second, true));
     assert_eq!(c4, c2, "the entry was not loaded from disk");
     assert_eq!(t4, cold2, "a disk hit changed the result");
     let s = wait_idle(&again);

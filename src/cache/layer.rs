@@ -175,7 +175,7 @@ impl LayerCache {
                 let meta = match scheme {
                     KvScheme::Affine { bits, group_size } => [1, bits, group_size, start],
                     KvScheme::TurboQuant { key_bits, value_bits } => [2, key_bits, value_bits, start],
-                    KvScheme::Dense => unreachable!("a quantized cache has a quantized scheme"),
+                    KvScheme::Dense => return Err(Error::internal("a quantized KV cache with the dense scheme")),
                 };
                 let meta = Array::from_f32(&meta.map(|x| x as f32), &[4])?;
                 LayerSnapshot::Quant { planes, float, meta }

@@ -91,12 +91,7 @@ impl RingCache {
 
     /// RoPE positions of the next tokens.
     pub fn positions(&self) -> Result<Positions> {
-        let (len, pad) = (self.t.len(), self.t.pads());
-        if !self.t.ragged() {
-            return Ok(Positions::Same(len - pad[0]));
-        }
-        let off: Vec<i32> = pad.iter().map(|&p| len - p).collect();
-        Ok(Positions::PerRow(Array::from_i32(&off, &[off.len() as i32])?))
+        self.t.positions()
     }
 
     /// The mask for `n` new tokens over the keys `update_and_fetch` will

@@ -1,8 +1,12 @@
 //! The timeline a batch's layer caches share: `len` positions written for
 //! every row, of which row `r`'s first `pad[r]` are left padding it never
 //! attends to (its history is shorter, or its prompt starts later). Every
-//! kind of layer cache (`KvCache`, `StateCache`) keeps one and moves it the
+//! kind of layer cache (`KvCache`, `RingCache`, `StateCache`) keeps one and moves it the
 //! same way, so all layers of a batch stay aligned.
+
+use super::Positions;
+use crate::error::Result;
+use crate::mlx::Array;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Timeline {
@@ -60,6 +64,16 @@ impl Timeline {
         self.pad.iter().any(|&p| p != self.pad[0])
     }
 
+    /// RoPE positions of the next tokens: one offset for all rows, or one
+    /// per row when they are padded differently.
+    pub fn positions(&self) -> Result<Positions> {
+        if !self.ragged() {
+            return Ok(Positions::Same(self.len - self.pad[0]));
+        }
+        let off: Vec<i32> = self.pad.iter().map(|&p| self.len - p).collect();
+        Ok(Positions::PerRow(Array::from_i32(&off, &[off.len() as i32])?))
+    }
+
     /// Records `n` more positions written for every row.
     pub fn advance(&mut self, n: i32) {
         self.len += n;
@@ -106,7 +120,10 @@ mod tests {
         assert!(a.ragged());
         a.advance(10);
         assert_eq!((a.row_len(0), a.row_len(1)), (15, 3));
+        let Positions::PerRow(p) = a.positions().unwrap() else { panic!("rows are padded differently") };
+        assert_eq!(p.to_vec_i32().unwrap(), vec![15, 3]);
         assert_eq!(a.filter(&[1]), 12, "the padding the kept row has alone goes");
         assert_eq!((a.len(), a.pads(), a.ragged()), (3, &[0][..], false));
+        assert!(matches!(a.positions().unwrap(), Positions::Same(3)));
     }
 }

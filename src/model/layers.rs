@@ -20,7 +20,8 @@ pub enum Kernels {
     /// own elsewhere.
     #[default]
     Auto,
-    /// MLX's stock kernels everywhere (for exact comparisons with mlx-lm).
+    /// MLX's stock kernels everywhere, and dense projections unstacked: what
+    /// mlx-lm computes, bit for bit (for exact comparisons with it).
     Stock,
 }
 
@@ -59,7 +60,8 @@ pub fn gated_mlp_hidden(gate_up: &LinearGroup, x: &Array, kernels: Kernels) -> R
 }
 
 pub enum Linear {
-    Dense { w: Array, b: Option<Array> },
+    /// `kernels` only decides stacking (see `FusedLinear::new`).
+    Dense { w: Array, b: Option<Array>, kernels: Kernels },
     Quantized { w: Array, scales: Array, biases: Array, b: Option<Array>, spec: QuantSpec, kernels: Kernels },
 }
 
@@ -67,8 +69,8 @@ impl Linear {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let (y, b) = match self {
             // With a bias, mlx's nn.Linear uses addmm (one rounding).
-            Linear::Dense { w, b: Some(b) } => return Ok(x.addmm(&w.transpose(&[1, 0])?, b)?),
-            Linear::Dense { w, b } => (x.matmul(&w.transpose(&[1, 0])?)?, b),
+            Linear::Dense { w, b: Some(b), .. } => return Ok(x.addmm(&w.transpose(&[1, 0])?, b)?),
+            Linear::Dense { w, b, .. } => (x.matmul(&w.transpose(&[1, 0])?)?, b),
             Linear::Quantized { w, scales, biases, b, spec, kernels } => (qmm(x, w, scales, biases, *spec, *kernels)?, b),
         };
         match b {
@@ -82,7 +84,7 @@ impl Linear {
         let idx = Array::from_i32(rows, &[rows.len() as i32])?;
         let t = |a: Array| -> Result<Array> { Ok(a.take(&idx, 0)?) };
         Ok(match self {
-            Linear::Dense { w, b } => Linear::Dense { w: t(w)?, b: b.map(t).transpose()? },
+            Linear::Dense { w, b, kernels } => Linear::Dense { w: t(w)?, b: b.map(t).transpose()?, kernels },
             Linear::Quantized { w, scales, biases, b, spec, kernels } => Linear::Quantized {
                 w: t(w)?,
                 scales: t(scales)?,
@@ -118,7 +120,13 @@ impl Linear {
         let same_bias = self.bias().is_some() == other.bias().is_some();
         let same_dtype = self.weight().dtype() == other.weight().dtype();
         match (self, other) {
-            (Linear::Dense { .. }, Linear::Dense { .. }) => same_bias && same_dtype,
+            // MLX's quantized matmul computes each output row on its own, so
+            // a stack gives the parts' exact results; a BLAS `sgemm` (OpenBLAS)
+            // may round a stacked product differently for some shapes, so
+            // stock kernels keep dense parts apart, as mlx-lm runs them.
+            (Linear::Dense { kernels: Kernels::Auto, .. }, Linear::Dense { kernels: Kernels::Auto, .. }) => {
+                same_bias && same_dtype
+            }
             (
                 Linear::Quantized { spec: a, kernels: ka, scales: sa, .. },
                 Linear::Quantized { spec: b, kernels: kb, scales: sb, .. },
@@ -129,15 +137,15 @@ impl Linear {
 
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
-            Linear::Dense { w, b } => std::iter::once(w).chain(b.iter()).collect(),
+            Linear::Dense { w, b, .. } => std::iter::once(w).chain(b.iter()).collect(),
             Linear::Quantized { w, scales, biases, b, .. } => [w, scales, biases].into_iter().chain(b.iter()).collect(),
         }
     }
 }
 
 /// Several linear layers with the same input, run as one matrix product
-/// (their output rows stacked at load; rows are independent, so the result
-/// is the same) and split after: one kernel call instead of several.
+/// (their output rows stacked at load) and split after: one kernel call
+/// instead of several, with the same result (see `Linear::stackable_with`).
 pub struct FusedLinear {
     lin: Linear,
     /// Output size of each part.
@@ -145,8 +153,9 @@ pub struct FusedLinear {
 }
 
 impl FusedLinear {
-    /// Stacks `parts` when they are alike (all dense, or all quantized the
-    /// same way, biases on all or none); otherwise keeps them apart.
+    /// Stacks `parts` when they are alike (all dense under `Kernels::Auto`,
+    /// or all quantized the same way, biases on all or none); otherwise
+    /// keeps them apart.
     pub fn new(parts: Vec<(Linear, i32)>) -> Result<LinearGroup> {
         let same = parts.windows(2).all(|w| w[0].0.stackable_with(&w[1].0));
         if !same {
@@ -160,7 +169,9 @@ impl FusedLinear {
         };
         let b = cat(&|l| l.bias())?;
         let lin = match &lins[0] {
-            Linear::Dense { .. } => Linear::Dense { w: cat(&|l| Some(l.weight()))?.expect("all parts have weights"), b },
+            Linear::Dense { kernels, .. } => {
+                Linear::Dense { w: cat(&|l| Some(l.weight()))?.expect("all parts have weights"), b, kernels: *kernels }
+            }
             Linear::Quantized { spec, kernels, .. } => Linear::Quantized {
                 w: cat(&|l| l.quantized().map(|q| q[0]))?.expect("stackable parts are quantized"),
                 scales: cat(&|l| l.quantized().map(|q| q[1]))?.expect("stackable parts are quantized"),

@@ -103,7 +103,7 @@ impl Weights {
         };
         if !self.contains(&format!("{prefix}.scales")) {
             let w = self.take_shaped(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
-            return Ok(Linear::Dense { w, b });
+            return Ok(Linear::Dense { w, b, kernels: self.kernels });
         }
         let (w, scales, biases, spec) = self.quantized(prefix, in_dim, out_dim)?;
         Ok(Linear::Quantized { w, scales, biases, b, spec, kernels: self.kernels })

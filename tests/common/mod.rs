@@ -1,11 +1,15 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+use mlxrt::cache::LayerCache;
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
-use mlxrt::mlx::io::TensorFile;
+use mlxrt::mlx::io::{Meta, TensorFile};
+use mlxrt::mlx::{self, Array};
+use mlxrt::model::{LoadedModel, Output};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The default model (scripts/setup.sh puts it there). Tests fail, not skip,
 /// when it is missing: the test command always runs the setup first.
@@ -72,6 +76,171 @@ pub fn python() -> PathBuf {
     p
 }
 
+/// The `LD_PRELOAD` that gives a Python process the BLAS this test binary's
+/// libmlx binds to: OpenBLAS when build.rs linked it (see
+/// docs/cpu-kernels.md), else nothing (both use the wheel's reference BLAS).
+/// Float attention's matmuls (`cblas_sgemm`) round differently on the two,
+/// by ~1e-7, which quantized KV can turn into a whole level of a K/V element.
+pub fn blas_preload() -> String {
+    let b = mlx::blas_info();
+    if b.is_openblas() {
+        b.library
+    } else {
+        String::new()
+    }
+}
+
+/// Runs the venv's Python on `args` with this process's BLAS (see
+/// `blas_preload`), so that mlx-lm computes exactly what mlxrt's stock
+/// kernels compute; panics with its stderr if it fails.
+pub fn py(args: &[&str]) {
+    let mut cmd = Command::new(python());
+    let preload = blas_preload();
+    if !preload.is_empty() {
+        let old = std::env::var("LD_PRELOAD").unwrap_or_default();
+        cmd.env("LD_PRELOAD", if old.is_empty() { preload } else { format!("{preload}:{old}") });
+        if let Some(t) = mlx::blas_info().openblas_threads {
+            cmd.env("OPENBLAS_NUM_THREADS", t.to_string());
+        }
+    }
+    let out = cmd.args(args).output().expect("run python");
+    assert!(out.status.success(), "python {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+pub fn modified(p: &Path) -> Option<SystemTime> {
+    std::fs::metadata(p).and_then(|m| m.modified()).ok()
+}
+
+/// Whether `out` exists and is newer than each of `inputs` that exists.
+pub fn newer_than(out: &Path, inputs: &[PathBuf]) -> bool {
+    modified(out).is_some_and(|o| inputs.iter().filter_map(|i| modified(i)).all(|i| o > i))
+}
+
+/// Whether the mlx-lm reference `out` (tests/oracle/mlxlm_reference.py) is
+/// newer than `inputs` and was made with this process's BLAS.
+pub fn reference_fresh(out: &Path, inputs: &[PathBuf]) -> bool {
+    newer_than(out, inputs)
+        && TensorFile::load_safetensors(out.to_str().unwrap())
+            .and_then(|f| f.meta("ld_preload"))
+            .is_ok_and(|m| matches!(m, Some(Meta::Str(s)) if s == blas_preload()))
+}
+
+/// Runs tests/oracle/mlxlm_reference.py: mlx-lm's greedy tokens and logits
+/// for `model` on `prompts` into `out`; `extra` adds options.
+pub fn mlxlm_reference(model: &Path, prompts: &Path, steps: usize, logit_steps: &str, out: &Path, extra: &[&str]) {
+    let script = repo_root().join("tests/oracle/mlxlm_reference.py");
+    let steps = steps.to_string();
+    let mut args = vec![
+        script.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--prompts",
+        prompts.to_str().unwrap(),
+        "--steps",
+        &steps,
+        "--logit-steps",
+        logit_steps,
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    py(&args);
+}
+
+/// Runs tests/oracle/make_tiny.py: a tiny random-weight model of `family`
+/// (mlx-lm's own class) into `out`; `extra` adds options.
+pub fn make_tiny(family: &str, out: &Path, extra: &[&str]) {
+    let (script, gguf) = (repo_root().join("tests/oracle/make_tiny.py"), model_path());
+    let mut args = vec![script.to_str().unwrap(), "--family", family, "--out", out.to_str().unwrap(), "--gguf", gguf.to_str().unwrap()];
+    args.extend(extra);
+    py(&args);
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+/// Asserts that `tokens` are mlx-lm's for case `c` and `logits` (at its
+/// logit steps) within `tol` of mlx-lm's; returns the max |Δ logits|.
+pub fn assert_matches(label: &str, c: &Case, tokens: &[u32], logits: &[Vec<f32>], tol: f32) -> f32 {
+    assert_eq!(tokens, c.tokens, "{label}/{}: greedy tokens differ from mlx-lm", c.name);
+    let mut worst = 0f32;
+    for (i, step) in c.logit_steps.iter().enumerate() {
+        let d = max_abs_diff(&logits[i], &c.logits[i]);
+        assert!(d <= tol, "{label}/{} step {step}: max |Δ logits| {d} > {tol}", c.name);
+        worst = worst.max(d);
+    }
+    worst
+}
+
+/// Evaluates the caches' arrays.
+pub fn eval_cache(cache: &[LayerCache]) {
+    let state: Vec<&Array> = cache.iter().flat_map(|c| c.state()).collect();
+    mlx::eval(&state).unwrap();
+}
+
+/// Greedy decoding through the model API from the empty `cache`, prefilling
+/// as mlx-lm's `generate_step` and the engine do (all but the last prompt
+/// token in chunks of `chunk`, then one token per step): `steps` tokens and
+/// the logits of the steps in `keep`.
+pub fn greedy(
+    m: &LoadedModel,
+    mut cache: Vec<LayerCache>,
+    prompt: &[u32],
+    chunk: usize,
+    steps: usize,
+    keep: &[usize],
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let ids: Vec<i32> = prompt.iter().map(|&t| t as i32).collect();
+    let n = ids.len();
+    for part in ids[..n - 1].chunks(chunk) {
+        let x = Array::from_i32(part, &[1, part.len() as i32]).unwrap();
+        m.model.forward(&x, &mut cache, Output::CacheOnly).unwrap();
+        eval_cache(&cache);
+    }
+    let mut next = ids[n - 1];
+    let (mut tokens, mut kept) = (vec![], vec![]);
+    for step in 0..steps {
+        let x = Array::from_i32(&[next], &[1, 1]).unwrap();
+        let logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
+        next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
+        if keep.contains(&step) {
+            kept.push(logits.to_vec_f32().unwrap());
+        }
+        tokens.push(next as u32);
+    }
+    (tokens, kept)
+}
+
+/// A request for exactly `steps` tokens after `prompt` (EOS ignored).
+pub fn token_request(prompt: &[u32], steps: usize, chunk: Option<usize>) -> RequestOptions {
+    let mut o = RequestOptions::new(Input::Tokens(prompt.to_vec()));
+    o.max_tokens = steps as u32;
+    o.stop_at_eos = false;
+    o.prefill_chunk = chunk;
+    o
+}
+
+/// A chat request for exactly `steps` tokens (EOS ignored), through the
+/// prompt cache or not, prefilled in chunks of `chunk`.
+pub fn chat_request(messages: serde_json::Value, steps: usize, cache: bool, chunk: usize) -> RequestOptions {
+    let mut o = RequestOptions::new(Input::Messages(messages));
+    o.max_tokens = steps as u32;
+    o.stop_at_eos = false;
+    o.prompt_cache = cache;
+    o.prefill_chunk = Some(chunk);
+    o
+}
+
+/// Runs a request: its tokens and how many prompt tokens came from the
+/// prompt cache.
+pub fn tokens_and_cached(e: &Engine, o: RequestOptions) -> (Vec<u32>, u32) {
+    let ev = run(e, o);
+    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{ev:?}") };
+    (tokens_of(&ev), usage.cached_tokens)
+}
+
 pub fn engine() -> Engine {
     Engine::new(EngineConfig::new(model_path())).expect("engine loads the default model")
 }
@@ -80,15 +249,20 @@ pub fn chat(user: &str) -> RequestOptions {
     RequestOptions::new(Input::Messages(serde_json::json!([{"role": "user", "content": user}])))
 }
 
-/// Submits and collects every event until the terminal one.
-pub fn run(engine: &Engine, opts: RequestOptions) -> Vec<Event> {
+/// Submits a request; its events arrive on the receiver.
+pub fn submit(engine: &Engine, opts: RequestOptions) -> mpsc::Receiver<Event> {
     let (tx, rx) = mpsc::channel();
     engine
         .submit(opts, Box::new(move |ev: &Event| {
             let _ = tx.send(ev.clone());
         }))
         .expect("submit");
-    collect(&rx)
+    rx
+}
+
+/// Submits and collects every event until the terminal one.
+pub fn run(engine: &Engine, opts: RequestOptions) -> Vec<Event> {
+    collect(&submit(engine, opts))
 }
 
 pub fn collect(rx: &mpsc::Receiver<Event>) -> Vec<Event> {

@@ -28,13 +28,20 @@ PROMPTS.json: {"prompts": [{"name": "...", "ids": [...]} |
 Messages are rendered with the tokenizer's chat template (add_generation_prompt=True) and
 tokenized with special tokens parsed and none added; the ids used are recorded.
 
+BLAS: MLX's dense CPU matmul calls `cblas_sgemm`, which mlxrt binds to OpenBLAS (build.rs)
+while this process gets the wheel's reference BLAS; they round differently (~1e-7), and
+quantized KV can turn that into a whole level of a K/V element. The Rust tests therefore
+run this script with mlxrt's OpenBLAS in LD_PRELOAD (tests/common: `py`), which is
+recorded in the metadata (`ld_preload`) so that a reference made on another BLAS is
+rebuilt.
+
 Output (mx.save_safetensors), per prompt NAME:
     NAME.prompt_ids  int32 [n_prompt]
     NAME.tokens      int32 [steps]
     NAME.logits      float32 [len(logit_steps), vocab]
     NAME.logit_steps int32 [len(logit_steps)]
 and string metadata: mlx_version, mlx_lm_version, f32_scales, steps, prefill_step_size,
-model, prompts (JSON: name -> rendered text or null).
+model, prompts (JSON: name -> rendered text or null), ld_preload.
 --json prints a summary (versions, per-prompt ids, tokens, decoded text) to stdout.
 
 Importable: `run_reference(model, tokenizer, prompts, steps, logit_steps)` returns the
@@ -42,6 +49,7 @@ arrays; `load_reference_model(path, f32_scales)` loads and optionally casts scal
 """
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -196,6 +204,7 @@ def main():
         "kv": json.dumps(kv),
         "model": str(args.model),
         "prompts": json.dumps(texts, ensure_ascii=False),
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(args.out), tensors, metadata=meta)
