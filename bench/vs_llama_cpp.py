@@ -145,6 +145,7 @@ class Runner:
     def __init__(self, args, exe_dir, llama_bin, ids):
         self.args, self.exe_dir, self.bin, self.ids = args, Path(exe_dir), Path(llama_bin), ids
         self.env = common.kernels_env(args.kernels)
+        self.llama_env = dict(e.split("=", 1) for e in args.llama_env)
         self.info = {"mlxrt": {}, "llama.cpp": {}}
 
     def mlxrt(self, model, case):
@@ -170,7 +171,7 @@ class Runner:
     def _bench(self, model, extra):
         argv = [self.bin / "llama-bench", "-m", model, "-t", self.args.threads,
                 "-r", self.args.llama_reps, "-o", "json", *extra]
-        r = run_measured(argv, timeout=self.args.timeout)
+        r = run_measured(argv, self.llama_env, self.args.timeout)
         rows = json.loads(r["stdout"])
         assert len(rows) == 1, rows
         return rows[0], r, argv
@@ -179,7 +180,7 @@ class Runner:
         argv = [self.bin / "llama-batched-bench", "-m", model, "-t", self.args.threads,
                 "-c", npl * (npp + ntg), "-npp", npp, "-ntg", ntg, "-npl", npl,
                 "--output-format", "jsonl"]
-        r = run_measured(argv, timeout=self.args.timeout)
+        r = run_measured(argv, self.llama_env, self.args.timeout)
         rows = [o for o in json_lines(r["stdout"] + "\n" + r["stderr"]) if "speed_tg" in o]
         assert len(rows) == 1 and rows[0]["pp"] == npp and rows[0]["pl"] == npl, rows
         self.info["llama.cpp"].setdefault("system_info", system_info(r["stderr"]))
@@ -294,6 +295,10 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count(),
                     help="llama.cpp threads; must equal mlxrt's kernel pool (the core count)")
     ap.add_argument("--llama-reps", type=int, default=1, help="llama-bench -r per round")
+    ap.add_argument("--llama-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment of the llama.cpp tools (repeatable), e.g. "
+                         "OMP_WAIT_POLICY=passive: its OpenMP workers spin at barriers by "
+                         "default, which collapses on an oversubscribed machine")
     common.add_kernels_arg(ap)
     ap.add_argument("--note", default="", help="recorded in the results (e.g. machine load)")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS)
@@ -363,7 +368,8 @@ def main():
                          "note": args.note},
             "load_average": {**load, "now": os.getloadavg()},
             "provenance": {"mlxrt": prov_m, "llama.cpp": {**build, **runner.info["llama.cpp"],
-                                                          "threads": args.threads}},
+                                                          "threads": args.threads,
+                                                          "env": runner.llama_env}},
             "prompt_ids": {"short": long_prompt[:SHORT_PROMPT], "long": long_prompt,
                            "batch": prompts},
             **{k: v for k, v in out.items() if k != "by_model"},
