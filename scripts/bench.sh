@@ -8,7 +8,8 @@
 #   scripts/bench.sh families [options]           -> families.json
 #   scripts/bench.sh kv_memory [options]          -> kv_memory.json
 #   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
-#     (--build-only: just build llama.cpp's tools, cached, and exit)
+#     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
+#      --build-only: just build llama.cpp's tools, cached, and exit)
 # All but cpu_kernels take --kernels auto|stock (mlxrt's own CPU kernels, the
 # default, or MLX's stock ones as mlx-lm uses); single_stream, batching and
 # prompt_cache take --name NAME (-> NAME.json).
