@@ -25,7 +25,7 @@ fresh process:
 Prompts are exactly N tokens on both sides (mlxrt gets the ids of bench/batching.py's
 prompts; llama.cpp's tools take a token count). Both sides: greedy/EOS ignored on mlxrt,
 --threads on llama.cpp (must equal mlxrt's kernel pool, which is the core count). Peak RSS
-is the child's ru_maxrss from wait4. Read bandwidth: a numpy sum over 1 GiB, on 1 and on
+is the child's VmHWM (its address space's high-water mark). Read bandwidth: a numpy sum over 1 GiB, on 1 and on
 --threads threads, the best; decode_bandwidth_share = mlxrt's decode tok/s (Q4_1, short)
 ÷ (bandwidth ÷ mlxrt's parameter bytes).
 
@@ -55,19 +55,35 @@ SHORT_PROMPT, LONG_PROMPT, GEN = 512, 4096, 128
 BATCH_PROMPT, BATCH_GEN = 128, 128
 
 
+def _vm_hwm(pid):
+    """Peak RSS (bytes) of pid's address space so far (Linux /proc VmHWM), or None."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def run_measured(argv, env=None, timeout=None):
-    """Runs argv (no shell); returns its stdout, stderr, peak RSS (bytes, from wait4) and
-    wall time. Fails on a non-zero exit."""
+    """Runs argv (no shell); returns its stdout, stderr, peak RSS (bytes) and wall time.
+    Fails on a non-zero exit. Peak RSS: the last VmHWM polled every 50 ms (the address
+    space's high-water mark, monotonic); not wait4's ru_maxrss, which on Linux starts at
+    the forking parent's peak (this driver holds mlx-lm's model and a 1 GiB buffer)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         p = subprocess.Popen([str(a) for a in argv], stdout=out, stderr=err,
                              env={**os.environ, **(env or {})})
-        timer = threading.Timer(timeout, p.kill) if timeout else None
-        if timer:
-            timer.start()
-        _, status, ru = os.wait4(p.pid, 0)
-        if timer:
-            timer.cancel()
+        hwm = None
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            hwm = _vm_hwm(p.pid) or hwm
+            if timeout and time.perf_counter() - t0 > timeout:
+                p.kill()
+            time.sleep(0.05)
         p.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
         out.seek(0)
@@ -75,9 +91,9 @@ def run_measured(argv, env=None, timeout=None):
         stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
     if p.returncode != 0:
         raise RuntimeError(f"exit {p.returncode}: {' '.join(map(str, argv))}\n{stderr[-3000:]}")
-    # ru_maxrss is KiB on Linux, bytes on macOS.
-    rss = ru.ru_maxrss if sys.platform == "darwin" else ru.ru_maxrss * 1024
-    return {"stdout": stdout, "stderr": stderr, "max_rss_bytes": rss, "wall_s": wall}
+    if hwm is None:  # no /proc (macOS): ru_maxrss, bytes there, KiB on Linux
+        hwm = ru.ru_maxrss if sys.platform == "darwin" else ru.ru_maxrss * 1024
+    return {"stdout": stdout, "stderr": stderr, "max_rss_bytes": hwm, "wall_s": wall}
 
 
 def json_lines(text):
