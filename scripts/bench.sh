@@ -7,6 +7,9 @@
 #   scripts/bench.sh prompt_cache [options]       -> prompt_cache.json
 #   scripts/bench.sh families [options]           -> families.json
 #   scripts/bench.sh kv_memory [options]          -> kv_memory.json
+#   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
+#     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
+#      --build-only: just build llama.cpp's tools, cached, and exit)
 # All but cpu_kernels take --kernels auto|stock (mlxrt's own CPU kernels, the
 # default, or MLX's stock ones as mlx-lm uses); single_stream, batching and
 # prompt_cache take --name NAME (-> NAME.json).
@@ -16,6 +19,51 @@ cd "$ROOT"
 bash scripts/setup.sh
 source scripts/env.sh
 which="${1:-single_stream}"; shift || true
+
+# llama.cpp's llama-bench, llama-batched-bench and llama-quantize, built once
+# (CPU, native, Release) from the llama.cpp vendored in the llama-cpp-python
+# sdist, into $LLAMA_CPP_DIR/bin. cmake comes from PyPI into the venv if absent.
+LLAMA_CPP_PY_VERSION=0.3.36
+LLAMA_CPP_DIR="$MLXRT_CACHE/llama.cpp-$LLAMA_CPP_PY_VERSION"
+build_llama_cpp() {
+  local tools=(llama-bench llama-batched-bench llama-quantize) t ok=1
+  for t in "${tools[@]}"; do [ -x "$LLAMA_CPP_DIR/bin/$t" ] || ok=0; done
+  [ "$ok" = 0 ] || return 0
+  local cmake; cmake="$(command -v cmake || true)"
+  if [ -z "$cmake" ]; then
+    [ -x "$VENV/bin/cmake" ] || PIP_CACHE_DIR="$MLXRT_CACHE/pip" "$VENV/bin/pip" install -q \
+      --disable-pip-version-check --only-binary cmake cmake
+    cmake="$VENV/bin/cmake"
+  fi
+  local sdist="$MLXRT_CACHE/sdist/llama_cpp_python-$LLAMA_CPP_PY_VERSION.tar.gz"
+  if [ ! -s "$sdist" ]; then
+    # --no-binary for this package only: its build deps (cmake, scikit-build-core,
+    # needed to prepare its metadata) come as wheels rather than being compiled.
+    PIP_CACHE_DIR="$MLXRT_CACHE/pip" "$VENV/bin/pip" download -q --disable-pip-version-check \
+      --no-deps --no-binary llama-cpp-python "llama-cpp-python==$LLAMA_CPP_PY_VERSION" \
+      -d "$MLXRT_CACHE/sdist"
+  fi
+  if [ ! -f "$LLAMA_CPP_DIR/src/CMakeLists.txt" ]; then
+    local tmp="$LLAMA_CPP_DIR/unpack.$$"
+    rm -rf "$tmp" "$LLAMA_CPP_DIR/src"; mkdir -p "$tmp"
+    tar xzf "$sdist" -C "$tmp"
+    mv "$tmp/llama_cpp_python-$LLAMA_CPP_PY_VERSION/vendor/llama.cpp" "$LLAMA_CPP_DIR/src"
+    # The vendored commit, for provenance (the sdist has no .git).
+    grep -o -m1 'update llama.cpp to ggml-org/llama.cpp@[0-9a-f]*' \
+      "$tmp/llama_cpp_python-$LLAMA_CPP_PY_VERSION/CHANGELOG.md" | sed 's/.*@//' \
+      > "$LLAMA_CPP_DIR/commit"
+    rm -rf "$tmp"
+  fi
+  echo "[bench] building llama.cpp ($(cat "$LLAMA_CPP_DIR/commit")) in $LLAMA_CPP_DIR/build" >&2
+  local t0=$SECONDS
+  nice "$cmake" -S "$LLAMA_CPP_DIR/src" -B "$LLAMA_CPP_DIR/build" -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >/dev/null
+  nice "$cmake" --build "$LLAMA_CPP_DIR/build" -j "$(nproc)" --target "${tools[@]}"
+  mkdir -p "$LLAMA_CPP_DIR/bin"
+  for t in "${tools[@]}"; do cp "$LLAMA_CPP_DIR/build/bin/$t" "$LLAMA_CPP_DIR/bin/"; done
+  echo "[bench] llama.cpp built in $((SECONDS - t0)) s" >&2
+}
 case "$which" in
   single_stream)
     cargo build --release --quiet --example mlxrt_single_stream
@@ -44,5 +92,11 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_kv_memory
     "$VENV/bin/python" bench/kv_memory.py --model "$MLXRT_MODEL" "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory)" >&2; exit 2 ;;
+  vs_llama_cpp)
+    build_llama_cpp
+    [ "${1:-}" != --build-only ] || exit 0
+    cargo build --release --quiet --example mlxrt_single_stream --example mlxrt_batching
+    "$VENV/bin/python" bench/vs_llama_cpp.py --model "$MLXRT_MODEL" --llama-cpp "$LLAMA_CPP_DIR" "$@"
+    ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, vs_llama_cpp)" >&2; exit 2 ;;
 esac
