@@ -2,6 +2,10 @@
 //! bridge; `Array` and its ops are the safe surface the rest of the crate uses.
 
 mod array;
+mod fused;
+mod fused_sys;
+#[cfg(test)]
+mod fused_tests;
 pub mod io;
 mod ops;
 mod qmm;
@@ -21,6 +25,7 @@ mod test_data;
 mod sys;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
+pub use fused::{fused_rms_norm, fused_rope, fused_rope_at, is_fused_node, rope_inv_freqs, rope_inv_freqs_of};
 pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
     blas_info, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_isa, qmm_threads,
