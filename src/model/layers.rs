@@ -23,7 +23,9 @@ pub enum Kernels {
     /// own elsewhere.
     #[default]
     Auto,
-    /// MLX's stock kernels everywhere (for exact comparisons with mlx-lm).
+    /// MLX's stock kernels everywhere (for exact comparisons with mlx-lm);
+    /// RMSNorm and RoPE keep mlxrt's one-node primitives, which give MLX's
+    /// bits.
     Stock,
 }
 
