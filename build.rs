@@ -47,11 +47,11 @@ fn find_mlx(root: &Path) -> PathBuf {
     );
 }
 
-/// mlxrt's CPU primitives (quantized matmul, SwiGLU, quantized-KV attention) and their
-/// per-instruction-set kernels. The kernels pick their instruction set per
-/// function (`target` attributes), so all files share the crate's compiler
-/// flags.
-const KERNEL_FILES: [&str; 23] = [
+/// mlxrt's CPU primitives (quantized matmul, SwiGLU, quantized-KV and float
+/// attention, RMSNorm and RoPE) and their per-instruction-set kernels. The kernels pick
+/// their instruction set per function (`target` attributes), so all files
+/// share the crate's compiler flags.
+const KERNEL_FILES: [&str; 25] = [
     "src/mlx/qmm.h",
     "src/mlx/qmm.cc",
     "src/mlx/qmm_kernels.h",
@@ -75,6 +75,19 @@ const KERNEL_FILES: [&str; 23] = [
     "src/mlx/fattn.h",
     "src/mlx/fattn.cc",
     "src/mlx/fattn_impl.h",
+    "src/mlx/fused.h",
+    "src/mlx/fused.cc",
+];
+
+/// The cxx bridges to MLX and to those primitives.
+const BRIDGES: [&str; 7] = [
+    "src/mlx/sys.rs",
+    "src/mlx/qmm_sys.rs",
+    "src/mlx/swiglu_sys.rs",
+    "src/mlx/qsdpa_sys.rs",
+    "src/mlx/tqsdpa_sys.rs",
+    "src/mlx/fattn_sys.rs",
+    "src/mlx/fused_sys.rs",
 ];
 
 /// Where Debian/Ubuntu (libopenblas0-pthread), Fedora and source installs put
@@ -170,7 +183,7 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-env-changed=MLX_DIR");
     println!("cargo:rerun-if-env-changed=MLXRT_OPENBLAS");
-    for f in ["src/mlx/shim.h", "src/mlx/shim.cc", "src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs", "src/mlx/qsdpa_sys.rs", "src/mlx/tqsdpa_sys.rs", "src/mlx/fattn_sys.rs", "cbindgen.toml", "src/ffi"] {
+    for f in BRIDGES.iter().chain(&["src/mlx/shim.h", "src/mlx/shim.cc", "cbindgen.toml", "src/ffi"]) {
         println!("cargo:rerun-if-changed={f}");
     }
     for f in KERNEL_FILES {
@@ -179,7 +192,7 @@ fn main() {
 
     let mlx = find_mlx(&root);
     let lib = mlx.join("lib");
-    cxx_build::bridges(["src/mlx/sys.rs", "src/mlx/qmm_sys.rs", "src/mlx/swiglu_sys.rs", "src/mlx/qsdpa_sys.rs", "src/mlx/tqsdpa_sys.rs", "src/mlx/fattn_sys.rs"])
+    cxx_build::bridges(BRIDGES)
         .file("src/mlx/shim.cc")
         .files(KERNEL_FILES.iter().filter(|f| f.ends_with(".cc")))
         .include(mlx.join("include"))

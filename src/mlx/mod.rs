@@ -6,6 +6,10 @@ mod fattn;
 mod fattn_sys;
 #[cfg(test)]
 mod fattn_tests;
+mod fused;
+mod fused_sys;
+#[cfg(test)]
+mod fused_tests;
 pub mod io;
 mod ops;
 mod qmm;
@@ -30,6 +34,7 @@ mod tqsdpa_tests;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
 pub use fattn::{fattn_isa_of, fused_sdpa, fused_sdpa_isa, sdpa_stock};
+pub use fused::{fused_rms_norm, fused_rope, fused_rope_at, is_fused_node, rope_inv_freqs, rope_inv_freqs_of};
 pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
     blas_info, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_isa, qmm_threads,

@@ -4,7 +4,10 @@
 
 use crate::cache::Positions;
 use crate::error::{Error, Result};
-use crate::mlx::{dequantize, fast, fast_quantized_matmul, fast_swiglu, fast_swiglu_packed, quantized_matmul, Array};
+use crate::mlx::{
+    dequantize, fast, fast_quantized_matmul, fast_swiglu, fast_swiglu_packed, fused_rms_norm, fused_rope, fused_rope_at,
+    quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, Array,
+};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +24,8 @@ pub enum Kernels {
     #[default]
     Auto,
     /// MLX's stock kernels everywhere, and dense projections unstacked: what
-    /// mlx-lm computes, bit for bit (for exact comparisons with it).
+    /// mlx-lm computes, bit for bit (for exact comparisons with it). RMSNorm
+    /// and RoPE keep mlxrt's one-node primitives, which give MLX's bits.
     Stock,
 }
 
@@ -265,8 +269,10 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
+    /// One mlxrt node on the CPU for f32 (bit-identical to MLX's ops, so
+    /// under either `Kernels` setting), `fast::rms_norm` elsewhere.
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(fast::rms_norm(x, &self.w, self.eps)?)
+        Ok(fused_rms_norm(x, &self.w, self.eps)?)
     }
 
     /// Gemma's `(1 + w)` scaling: the offset is added once at load, in the
@@ -398,13 +404,16 @@ pub struct Rope {
     base: f32,
     scale: f32,
     freqs: Option<Array>,
+    /// The inverse frequencies MLX derives from `base` or `freqs` at every
+    /// call, computed once (by MLX's ops) for mlxrt's one-node RoPE.
+    inv_freqs: Array,
 }
 
 impl Rope {
     /// Builds RoPE from a HF `rope_scaling` object (None = plain RoPE).
     /// Supported types: default, linear, llama3.
     pub fn new(dims: i32, base: f32, traditional: bool, scaling: Option<&Value>, max_pos: Option<i64>) -> Result<Rope> {
-        let plain = Rope { dims, traditional, base, scale: 1.0, freqs: None };
+        let plain = Rope::with(dims, traditional, base, 1.0, None)?;
         let Some(cfg) = scaling.filter(|v| !v.is_null()) else { return Ok(plain) };
         let kind = cfg
             .get("type")
@@ -425,7 +434,7 @@ impl Rope {
                 let old_ctx = num("original_max_position_embeddings").unwrap_or(8192.0);
                 let _ = max_pos;
                 let freqs = llama3_freqs(dims, base as f64, factor, low, high, old_ctx);
-                Ok(Rope { freqs: Some(Array::from_f32(&freqs, &[freqs.len() as i32])?), ..plain })
+                Rope::with(dims, traditional, base, 1.0, Some(Array::from_f32(&freqs, &[freqs.len() as i32])?))
             }
             other => Err(Error::unsupported(format!("rope_scaling type `{other}` is not supported"))),
         }
@@ -437,12 +446,29 @@ impl Rope {
     pub fn proportional(dims: i32, rotated: i32, base: f32, factor: f32, traditional: bool) -> Result<Rope> {
         let mut f: Vec<f32> = (0..rotated).step_by(2).map(|i| factor * base.powf(i as f32 / dims as f32)).collect();
         f.resize((dims / 2) as usize, f32::INFINITY);
-        Ok(Rope { dims, traditional, base, scale: 1.0, freqs: Some(Array::from_f32(&f, &[f.len() as i32])?) })
+        Rope::with(dims, traditional, base, 1.0, Some(Array::from_f32(&f, &[f.len() as i32])?))
+    }
+
+    fn with(dims: i32, traditional: bool, base: f32, scale: f32, freqs: Option<Array>) -> Result<Rope> {
+        let inv_freqs = match &freqs {
+            Some(f) => rope_inv_freqs_of(f)?,
+            None => rope_inv_freqs(dims, base)?,
+        };
+        inv_freqs.eval()?;
+        Ok(Rope { dims, traditional, base, scale, freqs, inv_freqs })
     }
 
     /// Rotates `x` `[B, heads, L, head_dim]` for positions starting at `pos`.
     pub fn forward(&self, x: &Array, pos: &Positions) -> Result<Array> {
         let (d, t, s) = (self.dims, self.traditional, self.scale);
+        // One mlxrt node on the CPU for f32 (bit-identical to MLX's ops).
+        let fused = match pos {
+            Positions::Same(o) => fused_rope(x, d, t, s, *o, &self.inv_freqs)?,
+            Positions::PerRow(o) => fused_rope_at(x, d, t, s, o, &self.inv_freqs)?,
+        };
+        if let Some(y) = fused {
+            return Ok(y);
+        }
         Ok(match (&self.freqs, pos) {
             (Some(f), Positions::Same(o)) => fast::rope_with_freqs(x, d, t, s, *o, f)?,
             (None, Positions::Same(o)) => fast::rope(x, d, t, self.base, s, *o)?,

@@ -1,0 +1,262 @@
+#include "mlxrt/src/mlx/fused.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+// MLX's scalar sin/cos (header-only); its comparisons mix signedness.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare"
+#include "mlx/backend/cpu/simd/simd.h"
+#pragma GCC diagnostic pop
+
+namespace mx = mlx::core;
+
+namespace mlxrt::fused {
+
+// Numerics. MLX's CPU wheel runs these ops one element at a time (no SIMD on
+// x86), so each loop below does what its composition does, in its order:
+//   rms_norm: s = 0; s += x*x in index order (square, then a sequential
+//     sum); mean = s * float(1.0 / D); r = 1 / sqrt(mean + eps);
+//     out = (x * r) * w.
+//   rope: pos = (float(t) + float(offset)) * scale; theta = pos * inv_freq;
+//     c = cos(theta), s = sin(theta) with MLX's own scalar sin/cos (the
+//     Cephes polynomials of its header mlx/backend/cpu/simd/math.h, called
+//     here, not libm's); out1 = x1*c - x2*s, out2 = x1*s + x2*c (each product
+//     rounded on its own); features past `dims` are copied.
+// inv_freqs come from MLX's own ops (rope_inv_freqs), as its exp is not
+// libm's either. The tests compare bits with MLX's ops (fused_tests.rs).
+
+namespace {
+
+// An empty asm that "modifies" v: the compiler must materialize the rounded
+// product, so it cannot fuse it with the next addition into an FMA.
+inline void opaque(float& v) {
+#if defined(__x86_64__) || defined(__i386__)
+  __asm__("" : "+x"(v));
+#elif defined(__aarch64__)
+  __asm__("" : "+w"(v));
+#else
+  __asm__("" : "+m"(v));
+#endif
+}
+
+// Element offset of row `r` (all axes but the last) of an array view.
+int64_t row_offset(const mx::Shape& shape, const mx::Strides& strides, int64_t r) {
+  int64_t off = 0;
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) {
+    off += (r % shape[d]) * strides[d];
+    r /= shape[d];
+  }
+  return off;
+}
+
+// What a task needs to walk an input.
+struct View {
+  const float* data;
+  mx::Shape shape;
+  mx::Strides strides;
+  bool dense;
+  const float* row(int64_t r, int64_t d) const {
+    return dense ? data + r * d : data + row_offset(shape, strides, r);
+  }
+};
+
+View view(const array& a) {
+  return View{a.data<float>(), a.shape(), a.strides(), a.flags().row_contiguous};
+}
+
+bool runs_here(const array& x) {
+  return mx::default_device() == mx::Device::cpu && x.dtype() == mx::float32 && x.ndim() >= 1 &&
+         x.size() > 0;
+}
+
+void alloc_out(array& out) { out.set_data(mx::allocator::malloc(out.nbytes())); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// RMSNorm
+
+void FastRmsNorm::eval_cpu(const std::vector<array>& inputs, array& out) {
+  const array& x = inputs[0];
+  const array& w = inputs[1];
+  if (x.dtype() != mx::float32 || w.dtype() != mx::float32)
+    throw std::invalid_argument("FastRmsNorm: inputs must be f32");
+  alloc_out(out);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  const int64_t d = x.shape(-1);
+  const int64_t rows = static_cast<int64_t>(x.size()) / d;
+  const float inv_d = static_cast<float>(1.0 / static_cast<double>(d));
+  enc.dispatch([xv = view(x), ws = w.strides(0), wp = w.data<float>(), o = out.data<float>(), d,
+                rows, inv_d, eps = eps_]() {
+    const int64_t xs = xv.shape.empty() ? 1 : xv.strides.back();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xp = xv.row(r, d);
+      float* op = o + r * d;
+      float s = 0.0f;
+      for (int64_t i = 0; i < d; ++i) {
+        const float v = xp[i * xs];
+        s += v * v;
+      }
+      const float scale = 1.0f / std::sqrt(s * inv_d + eps);
+      for (int64_t i = 0; i < d; ++i) op[i] = (xp[i * xs] * scale) * wp[i * ws];
+    }
+  });
+}
+
+void FastRmsNorm::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("FastRmsNorm has no GPU implementation");
+}
+
+bool FastRmsNorm::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const FastRmsNorm*>(&other);
+  return o && o->eps_ == eps_;
+}
+
+std::vector<mx::Shape> FastRmsNorm::output_shapes(const std::vector<array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+// ---------------------------------------------------------------------------
+// RoPE
+
+void FastRope::eval_cpu(const std::vector<array>& inputs, array& out) {
+  const array& x = inputs[0];
+  const array& inv = inputs[1];
+  const bool per_row = inputs.size() > 2;
+  if (x.dtype() != mx::float32 || inv.dtype() != mx::float32)
+    throw std::invalid_argument("FastRope: x and inv_freqs must be f32");
+  alloc_out(out);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+
+  const int64_t d = x.shape(-1), t_len = x.ndim() >= 2 ? x.shape(-2) : 1;
+  const int64_t batch = x.ndim() >= 3 ? x.shape(0) : 1;
+  const int64_t rows = static_cast<int64_t>(x.size()) / d;
+  const int64_t per_batch = rows / batch;
+  // Offsets are read in the task: the node computing them may not have run
+  // yet when this one is encoded.
+  const array* offs = per_row ? &inputs[2] : nullptr;
+  enc.dispatch([xv = view(x), ip = inv.data<float>(), is = inv.strides(0), o = out.data<float>(),
+                offp = offs ? offs->data<int32_t>() : nullptr, os = offs ? offs->strides(0) : 0,
+                n_starts = offs ? static_cast<int64_t>(offs->size()) : 1, d, t_len, rows, per_batch,
+                dims = dims_, trad = traditional_, scale = scale_, offset = offset_]() {
+    const int64_t half = dims / 2;
+    const int64_t xs = xv.strides.back();
+    // cos/sin for every (start, t) pair.
+    thread_local std::vector<float> table;
+    table.resize(n_starts * t_len * 2 * half);
+    for (int64_t b = 0; b < n_starts; ++b) {
+      const int32_t start = offp ? offp[b * os] : offset;
+      for (int64_t t = 0; t < t_len; ++t) {
+        const float pos = (static_cast<float>(t) + static_cast<float>(start)) * scale;
+        float* cs = table.data() + (b * t_len + t) * 2 * half;
+        for (int64_t i = 0; i < half; ++i) {
+          const float theta = pos * ip[i * is];
+          cs[i] = mx::simd::cos(mx::simd::Simd<float, 1>(theta)).value;
+          cs[half + i] = mx::simd::sin(mx::simd::Simd<float, 1>(theta)).value;
+        }
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t b = n_starts > 1 ? r / per_batch : 0;
+      const int64_t t = r % t_len;
+      const float* cs = table.data() + (b * t_len + t) * 2 * half;
+      const float* xp = xv.row(r, d);
+      float* op = o + r * d;
+      const int64_t second = trad ? 1 : half;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t j = trad ? 2 * i : i;
+        const float x1 = xp[j * xs], x2 = xp[(j + second) * xs];
+        const float c = cs[i], s = cs[half + i];
+        float a = x1 * c, bb = x2 * s, e = x1 * s, f = x2 * c;
+        opaque(a);
+        opaque(bb);
+        opaque(e);
+        opaque(f);
+        op[j] = a - bb;
+        op[j + second] = e + f;
+      }
+      for (int64_t i = dims; i < d; ++i) op[i] = xp[i * xs];
+    }
+  });
+}
+
+void FastRope::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("FastRope has no GPU implementation");
+}
+
+bool FastRope::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const FastRope*>(&other);
+  return o && o->dims_ == dims_ && o->traditional_ == traditional_ && o->scale_ == scale_ &&
+         o->offset_ == offset_;
+}
+
+std::vector<mx::Shape> FastRope::output_shapes(const std::vector<array>& inputs) {
+  return {inputs[0].shape()};
+}
+
+// ---------------------------------------------------------------------------
+// Bridge functions
+
+std::unique_ptr<array> fused_rms_norm(const array& x, const array& w, float eps) {
+  if (!runs_here(x) || w.dtype() != mx::float32 || w.ndim() != 1 || w.shape(0) != x.shape(-1))
+    return nullptr;
+  auto prim = std::make_shared<FastRmsNorm>(mx::default_stream(mx::Device::cpu), eps);
+  return std::make_unique<array>(x.shape(), mx::float32, std::move(prim),
+                                 std::vector<array>{x, w});
+}
+
+namespace {
+
+bool rope_applies(const array& x, int dims, const array& inv) {
+  return runs_here(x) && x.ndim() >= 3 && dims > 0 && dims % 2 == 0 && dims <= x.shape(-1) &&
+         inv.dtype() == mx::float32 && inv.ndim() == 1 && inv.shape(0) == dims / 2;
+}
+
+}  // namespace
+
+std::unique_ptr<array> fused_rope(const array& x, int32_t dims, bool traditional, float scale,
+                                  int32_t offset, const array& inv_freqs) {
+  if (!rope_applies(x, dims, inv_freqs)) return nullptr;
+  auto prim = std::make_shared<FastRope>(mx::default_stream(mx::Device::cpu), dims, traditional,
+                                         scale, offset);
+  return std::make_unique<array>(x.shape(), mx::float32, std::move(prim),
+                                 std::vector<array>{x, inv_freqs});
+}
+
+std::unique_ptr<array> fused_rope_at(const array& x, int32_t dims, bool traditional, float scale,
+                                     const array& offsets, const array& inv_freqs) {
+  if (!rope_applies(x, dims, inv_freqs) || offsets.ndim() != 1 ||
+      (offsets.size() != 1 && offsets.shape(0) != x.shape(0)))
+    return nullptr;
+  auto prim = std::make_shared<FastRope>(mx::default_stream(mx::Device::cpu), dims, traditional,
+                                         scale, 0);
+  return std::make_unique<array>(x.shape(), mx::float32, std::move(prim),
+                                 std::vector<array>{x, inv_freqs, mx::astype(offsets, mx::int32)});
+}
+
+std::unique_ptr<array> rope_inv_freqs(int32_t dims, float base) {
+  const int half = dims / 2;
+  return std::make_unique<array>(
+      mx::exp(mx::multiply(mx::arange(0, -half, -1, mx::float32),
+                           array(std::log(base) / half, mx::float32))));
+}
+
+std::unique_ptr<array> rope_inv_freqs_of(const array& freqs) {
+  return std::make_unique<array>(mx::reciprocal(mx::astype(freqs, mx::float32)));
+}
+
+bool is_fused_node(const array& a) {
+  if (!a.has_primitive()) return false;
+  auto& p = a.primitive();
+  return dynamic_cast<FastRmsNorm*>(&p) || dynamic_cast<FastRope*>(&p);
+}
+
+}  // namespace mlxrt::fused
