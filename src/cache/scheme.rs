@@ -68,6 +68,16 @@ impl KvScheme {
         }
     }
 
+    /// What packed planes made with this scheme depend on (the prompt
+    /// cache's compatibility key): the name, and for TurboQuant the seed of
+    /// the value rotation's sign table.
+    pub fn stored_form(&self) -> String {
+        match self {
+            KvScheme::TurboQuant { .. } => format!("{};signs={}", self.name(), super::turbo::SIGN_SEED),
+            _ => self.name(),
+        }
+    }
+
     /// Checks the scheme's parameters and that every layer it applies to
     /// (full-attention layers) can be stored with it.
     pub fn validate(&self, layers: &[Option<KvLayer>]) -> Result<()> {
@@ -173,6 +183,13 @@ mod tests {
         // against 256 of f16 (0.39) and 512 of f32.
         assert_eq!(tq, 1000 * 3 * 100);
         assert_eq!(KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }.bytes(&L, 1000, 10), tq + 10 * 3 * 128 * 4);
+    }
+
+    #[test]
+    fn stored_form_names_what_the_planes_depend_on() {
+        assert_eq!(KvScheme::Affine { bits: 4, group_size: 64 }.stored_form(), "affine:b4:g64");
+        // The sign table of TurboQuant's value rotation shapes its packed values.
+        assert_eq!(KvScheme::TurboQuant { key_bits: 8, value_bits: 3 }.stored_form(), "turboquant:k8v3;signs=42");
     }
 
     #[test]

@@ -70,7 +70,7 @@ use std::sync::OnceLock;
 /// Coordinates per scale group.
 const GROUP: i32 = 32;
 /// Seed of the value rotation's sign table.
-const SIGN_SEED: u64 = 42;
+pub(crate) const SIGN_SEED: u64 = 42;
 /// Floor of a key group's scale relative to its largest magnitude, so that
 /// the zero point stays an integer f16 holds exactly (≤ 2048).
 const ZERO_RANGE: f32 = 2040.0;

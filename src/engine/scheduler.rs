@@ -200,7 +200,7 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
     // engine's default start (requests with another start use their own
     // namespace, see `Engine::prepare`).
     let kv = match config.kv.scheme {
-        s if s.is_quantized() => format!("{};start={}", s.name(), config.kv.start),
+        s if s.is_quantized() => format!("{};start={}", s.stored_form(), config.kv.start),
         _ => "f32".to_string(),
     };
     let compat = format!(
