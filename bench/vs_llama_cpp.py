@@ -146,13 +146,20 @@ def llama_build_info(llama_dir):
         "source": f"llama.cpp vendored in the llama-cpp-python sdist ({llama_dir.name.split('-', 1)[1]})",
         "vendored_commit": commit.read_text().strip() if commit.exists() else None,
         "cmake": {k: cache.get(k) for k in keys},
+        "cpu_flags": cpu_flags(),
     }
 
 
-def system_info(stderr):
-    """The 'system_info: ...' line llama.cpp tools print (CPU features ggml uses)."""
-    m = re.search(r"system_info: (.*)", stderr)
-    return m.group(1).strip() if m else None
+def cpu_flags():
+    """The CPU's SIMD flags (/proc/cpuinfo): what GGML_NATIVE's -march=native builds for."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return sorted(f for f in line.split(":", 1)[1].split()
+                              if f.startswith(("avx", "fma", "f16c", "sse4", "amx")))
+    except OSError:
+        pass
+    return None
 
 
 class Runner:
@@ -199,7 +206,6 @@ class Runner:
         r = run_measured(argv, self.llama_env, self.args.timeout)
         rows = [o for o in json_lines(r["stdout"] + "\n" + r["stderr"]) if "speed_tg" in o]
         assert len(rows) == 1 and rows[0]["pp"] == npp and rows[0]["pl"] == npl, rows
-        self.info["llama.cpp"].setdefault("system_info", system_info(r["stderr"]))
         self.info["llama.cpp"]["batched_bench"] = {
             k: rows[0][k] for k in ("n_batch", "n_ubatch", "flash_attn", "n_threads", "n_threads_batch")}
         return rows[0], r, argv

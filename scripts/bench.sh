@@ -11,8 +11,8 @@
 #     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
 #      --build-only: just build llama.cpp's tools, cached, and exit)
 # All but cpu_kernels take --kernels auto|stock (mlxrt's own CPU kernels, the
-# default, or MLX's stock ones as mlx-lm uses); single_stream, batching and
-# prompt_cache take --name NAME (-> NAME.json).
+# default, or MLX's stock ones as mlx-lm uses); single_stream, batching,
+# prompt_cache and vs_llama_cpp take --name NAME (-> NAME.json).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
