@@ -671,12 +671,12 @@ mod tests {
     #[test]
     fn value_error_matches_lloyd_max_theory() {
         let (n, d) = (4096, 128);
-        let x = randn(&[n as i32, d], 7);
+        let x = randn(&[n, d], 7);
         let energy = x.square().unwrap().mean(-1, false).unwrap().mean(0, false).unwrap().item_f32().unwrap() as f64;
         for (bits, theory) in [(2, 0.1175), (3, 0.03455), (4, 0.0095)] {
             let c = TurboCodec::new(8, bits, d, d).unwrap();
             let v = c.encode_values(&x).unwrap();
-            assert_eq!(v.idx.shape(), vec![n as i32, d * bits / 8]);
+            assert_eq!(v.idx.shape(), vec![n, d * bits / 8]);
             assert_eq!(v.scale.dtype(), Dtype::F16);
             let rel = mse(&c.decode_values(&v).unwrap(), &x) / energy;
             eprintln!("v{bits}: relative MSE {rel:.5} (Lloyd–Max {theory})");
@@ -689,7 +689,7 @@ mod tests {
     #[test]
     fn key_error_is_uniform_rounding() {
         let (n, d) = (4096, 128);
-        let x = randn(&[n as i32, d], 11);
+        let x = randn(&[n, d], 11);
         for bits in [8, 4] {
             let c = TurboCodec::new(bits, 3, d, d).unwrap();
             let k = c.encode_keys(&x).unwrap();
