@@ -55,6 +55,17 @@ SHORT_PROMPT, LONG_PROMPT, GEN = 512, 4096, 128
 BATCH_PROMPT, BATCH_GEN = 128, 128
 
 
+# What llama.cpp's CPU backend runs for these files (ggml, built with
+# GGML_NATIVE): weights stay in their GGUF blocks with f16 scales, the
+# activations are quantized to 8-bit blocks for the dot products, Q4_0 is
+# repacked into interleaved rows at load (GGML_CPU_REPACK), the KV cache is
+# f16 (llama-bench's type_k / type_v below).
+LLAMA_KERNELS = {
+    "side": "llama.cpp",
+    "kernels": "ggml CPU: Q4_1 x Q8_1 / Q4_0 x Q8_0 block dot products (Q4_0 repacked), native ISA",
+    "scale_dtype": "f16",
+}
+
 def _vm_hwm(pid):
     """Peak RSS (bytes) of pid's address space so far (Linux /proc VmHWM), or None."""
     try:
@@ -389,7 +400,8 @@ def main():
                          "sampling": "mlxrt greedy, EOS ignored; llama.cpp tools decode random tokens",
                          "note": args.note},
             "load_average": {**load, "now": os.getloadavg()},
-            "provenance": {"mlxrt": prov_m, "llama.cpp": {**build, **runner.info["llama.cpp"],
+            "provenance": {"mlxrt": prov_m, "reference": {**LLAMA_KERNELS, **build,
+                                                          **runner.info["llama.cpp"],
                                                           "threads": args.threads,
                                                           "env": runner.llama_env}},
             "prompt_ids": {"short": long_prompt[:SHORT_PROMPT], "long": long_prompt,
