@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
+#include "mlxrt/src/mlx/swiglu.h"
+
 // MLX's scalar sin/cos (header-only); its comparisons mix signedness.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wsign-compare"
@@ -42,16 +44,6 @@ inline void opaque(float& v) {
 #endif
 }
 
-// Element offset of row `r` (all axes but the last) of an array view.
-int64_t row_offset(const mx::Shape& shape, const mx::Strides& strides, int64_t r) {
-  int64_t off = 0;
-  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) {
-    off += (r % shape[d]) * strides[d];
-    r /= shape[d];
-  }
-  return off;
-}
-
 // What a task needs to walk an input.
 struct View {
   const float* data;
@@ -59,7 +51,7 @@ struct View {
   mx::Strides strides;
   bool dense;
   const float* row(int64_t r, int64_t d) const {
-    return dense ? data + r * d : data + row_offset(shape, strides, r);
+    return dense ? data + r * d : data + swiglu::row_offset(shape, strides, r);
   }
 };
 

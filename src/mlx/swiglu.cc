@@ -33,16 +33,6 @@ const Kernels* select_kernels(uint8_t code) {
   return k;
 }
 
-// Element offset of row `r` (all axes but the last) of an array view.
-int64_t row_offset(const mx::Shape& shape, const mx::Strides& strides, int64_t r) {
-  int64_t off = 0;
-  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) {
-    off += (r % shape[d]) * strides[d];
-    r /= shape[d];
-  }
-  return off;
-}
-
 // What eval_cpu's task needs to walk the inputs.
 struct View {
   const float* data;

@@ -11,6 +11,18 @@
 
 namespace mlxrt::swiglu {
 
+// Element offset of row `r` (all axes but the last) of an array view (also
+// used by the RMSNorm / RoPE primitives, fused.cc).
+inline int64_t row_offset(const mlx::core::Shape& shape, const mlx::core::Strides& strides,
+                          int64_t r) {
+  int64_t off = 0;
+  for (int d = static_cast<int>(shape.size()) - 2; d >= 0; --d) {
+    off += (r % shape[d]) * strides[d];
+    r /= shape[d];
+  }
+  return off;
+}
+
 using mlx::core::array;
 
 // out = gate * sigmoid(gate) * up, bit-identical to MLX's CPU composition.
