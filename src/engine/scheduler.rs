@@ -7,7 +7,8 @@
 //!   4. run one prefill chunk of the cohort (bounded by the step budget and
 //!      the pacing cap while rows decode); a finished cohort joins the
 //!      decode batch.
-//! Commands (submit, cancel, shutdown) are taken between iterations.
+//! Commands (submit, cancel, shutdown) are taken between iterations. The
+//! work is timed in trace spans (`trace`), summarised in the stats.
 
 use super::batch::DecodeBatch;
 use super::cohort::{Cohort, Entrant};
@@ -181,7 +182,7 @@ fn main(
         seed_counter: config.seed,
         pacer: Pacer::new(config.step_token_budget),
         pcache,
-        tracer: super::trace::Tracer::new(config.trace.clone(), shared.trace.clone()),
+        tracer: Tracer::new(config.trace.clone(), shared.trace.clone()),
         config,
     };
     s.run(rx);

@@ -927,13 +927,14 @@ static void test_callbacks(const char *model) {
   /* trace spans: to the callback and summarised in the stats */
   struct trace_counts t;
   memset(&t, 0, sizeof t);
-  mlxrt_engine_config_init(&cfg);
-  CHECK(cfg.trace_callback == NULL && cfg.trace_user_data == NULL, "no trace callback by default");
-  cfg.model_path = model;
-  cfg.trace_callback = on_span;
-  cfg.trace_user_data = &t;
+  mlxrt_engine_config tc;
+  mlxrt_engine_config_init(&tc);
+  CHECK(tc.trace_callback == NULL && tc.trace_user_data == NULL, "no trace callback by default");
+  tc.model_path = model;
+  tc.trace_callback = on_span;
+  tc.trace_user_data = &t;
   e = NULL;
-  CHECK(mlxrt_engine_create(&cfg, &e, NULL) == MLXRT_STATUS_OK, "create with a trace callback");
+  CHECK(mlxrt_engine_create(&tc, &e, NULL) == MLXRT_STATUS_OK, "create with a trace callback");
   if (e) {
     mlxrt_request_params tp;
     mlxrt_request_params_init(&tp);
