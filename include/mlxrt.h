@@ -120,7 +120,8 @@
 
 /**
  * One model call (a prefill chunk or a decode step). MLX is lazy: this
- * times building the computation; computing it is in EVALUATE.
+ * times building the computation; computing it lands in SAMPLE (which
+ * starts a decode step, and on the CPU may run most of it) and EVALUATE.
  */
 #define MLXRT_SPAN_FORWARD 2
 
@@ -140,7 +141,7 @@
 #define MLXRT_SPAN_SNAPSHOT 5
 
 /**
- * Drawing tokens from the logits.
+ * Drawing tokens from the logits, and starting the step's computation.
  */
 #define MLXRT_SPAN_SAMPLE 6
 

@@ -3,9 +3,10 @@
 //! sampling, delivery), handed to an optional host callback and summarised
 //! per kind (count, total, p95) in the engine's stats.
 //!
-//! MLX is lazy: a forward span times building the step's graph; the time
-//! the arrays take to compute lands in the evaluate span that waits for them
-//! (prefill: the cache state; decode: reading the drawn tokens).
+//! MLX is lazy: a forward span times building the step's graph. Computing
+//! it runs from the span that starts it (sample, whose `async_eval` may run
+//! most of a decode step on the CPU) to the evaluate span that waits for the
+//! results (prefill: the cache state; decode: reading the drawn tokens).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,8 @@ pub enum SpanKind {
     /// cohort joining the decode batch.
     BatchSetup = 1,
     /// One model call (a prefill chunk or a decode step): building its graph.
+    /// Computing it lands in `Sample` (which starts a decode step) and
+    /// `Evaluate`.
     Forward = 2,
     /// Waiting for a forward's results (prefill cache state, decoded tokens).
     Evaluate = 3,
@@ -28,7 +31,7 @@ pub enum SpanKind {
     KvMaintenance = 4,
     /// Taking a prompt-cache snapshot of one row.
     Snapshot = 5,
-    /// Drawing tokens from logits.
+    /// Drawing tokens from logits, and starting the step's computation.
     Sample = 6,
     /// Handing tokens to their requests (detokenizing, stop strings, events).
     Deliver = 7,

@@ -67,7 +67,8 @@ pub const MLXRT_SPAN_LOOKUP_RESTORE: i32 = 0;
 /// cohort joining the decoding batch.
 pub const MLXRT_SPAN_BATCH_SETUP: i32 = 1;
 /// One model call (a prefill chunk or a decode step). MLX is lazy: this
-/// times building the computation; computing it is in EVALUATE.
+/// times building the computation; computing it lands in SAMPLE (which
+/// starts a decode step, and on the CPU may run most of it) and EVALUATE.
 pub const MLXRT_SPAN_FORWARD: i32 = 2;
 /// Waiting for a forward's results (prefill cache state, decoded tokens).
 pub const MLXRT_SPAN_EVALUATE: i32 = 3;
@@ -75,7 +76,7 @@ pub const MLXRT_SPAN_EVALUATE: i32 = 3;
 pub const MLXRT_SPAN_KV_MAINTENANCE: i32 = 4;
 /// Taking a prompt-cache snapshot of one request's state.
 pub const MLXRT_SPAN_SNAPSHOT: i32 = 5;
-/// Drawing tokens from the logits.
+/// Drawing tokens from the logits, and starting the step's computation.
 pub const MLXRT_SPAN_SAMPLE: i32 = 6;
 /// Handing tokens to their requests (detokenizing, stop strings, events).
 pub const MLXRT_SPAN_DELIVER: i32 = 7;
