@@ -107,6 +107,56 @@
 #define MLXRT_LOG_DEBUG 4
 
 /**
+ * `mlxrt_trace_span.kind` and the index into `mlxrt_engine_stats.spans`:
+ * looking a prompt up in the prompt cache, or restoring a hit's state.
+ */
+#define MLXRT_SPAN_LOOKUP_RESTORE 0
+
+/**
+ * Setting up a prefill cohort's caches, a request joining it, or a finished
+ * cohort joining the decoding batch.
+ */
+#define MLXRT_SPAN_BATCH_SETUP 1
+
+/**
+ * One model call (a prefill chunk or a decode step). MLX is lazy: this
+ * times building the computation; computing it lands in SAMPLE (which
+ * starts a decode step, and on the CPU may run most of it) and EVALUATE.
+ */
+#define MLXRT_SPAN_FORWARD 2
+
+/**
+ * Waiting for a forward's results (prefill cache state, decoded tokens).
+ */
+#define MLXRT_SPAN_EVALUATE 3
+
+/**
+ * Dropping ended or cancelled requests from the batch's caches.
+ */
+#define MLXRT_SPAN_KV_MAINTENANCE 4
+
+/**
+ * Taking a prompt-cache snapshot of one request's state.
+ */
+#define MLXRT_SPAN_SNAPSHOT 5
+
+/**
+ * Drawing tokens from the logits, and starting the step's computation.
+ */
+#define MLXRT_SPAN_SAMPLE 6
+
+/**
+ * Handing tokens to their requests (detokenizing, stop strings, events).
+ */
+#define MLXRT_SPAN_DELIVER 7
+
+/**
+ * How many span kinds there are (the length of `mlxrt_engine_stats.spans`).
+ * Kinds added later get new fields, so this never changes.
+ */
+#define MLXRT_SPAN_KINDS 8
+
+/**
  * `mlxrt_engine_clear_prompt_cache` flag: also delete the directory's files.
  */
 #define MLXRT_CLEAR_DISK 1
@@ -319,6 +369,50 @@ typedef void (*mlxrt_log_fn)(void *user_data, int32_t level, const char *message
 typedef bool (*mlxrt_progress_fn)(void *user_data, float fraction, const char *phase);
 
 /**
+ * One timed piece of the engine's work, passed to the trace callback.
+ */
+typedef struct mlxrt_trace_span {
+  /**
+   * `sizeof(mlxrt_trace_span)` of the library that made it.
+   */
+  size_t struct_size;
+  /**
+   * One of `MLXRT_SPAN_*`.
+   */
+  int32_t kind;
+  /**
+   * Requests the work was for.
+   */
+  uint32_t rows;
+  /**
+   * Tokens it processed: positions forwarded (rows × chunk, padding
+   * included), tokens drawn or delivered, prompt tokens looked up,
+   * restored or snapshotted.
+   */
+  uint64_t tokens;
+  /**
+   * The scheduler iteration it belongs to, counting from 1; lookups of
+   * arriving requests, between iterations, carry the last one's (0
+   * before the first).
+   */
+  uint64_t iteration;
+  /**
+   * When it began, in milliseconds since the engine was created, and how
+   * long it took.
+   */
+  double start_ms;
+  double duration_ms;
+} mlxrt_trace_span;
+
+/**
+ * Receives the engine's trace spans as they end, on the engine's scheduler
+ * thread, one call at a time, until `mlxrt_engine_destroy` returns. The
+ * model waits while it runs: it must be quick (copy the span and return),
+ * and must not call any mlxrt function on this engine.
+ */
+typedef void (*mlxrt_trace_fn)(void *user_data, const struct mlxrt_trace_span *span);
+
+/**
  * Engine settings. Fill with `mlxrt_engine_config_init`, then set fields.
  * Fields are only ever appended; `struct_size` tells the library which ones
  * the caller knows.
@@ -431,7 +525,28 @@ typedef struct mlxrt_engine_config {
    * `options_json`).
    */
   int32_t quantized_kv_start;
+  /**
+   * Receives the scheduler's trace spans (see `mlxrt_trace_fn`); NULL =
+   * none (the spans are still summarised in `mlxrt_engine_stats`).
+   */
+  mlxrt_trace_fn trace_callback;
+  void *trace_user_data;
 } mlxrt_engine_config;
+
+/**
+ * The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
+ */
+typedef struct mlxrt_span_stats {
+  uint64_t count;
+  /**
+   * Their total duration, in milliseconds.
+   */
+  double total_ms;
+  /**
+   * The 95th percentile of their durations, in milliseconds (within 5%).
+   */
+  double p95_ms;
+} mlxrt_span_stats;
 
 /**
  * Engine counters, filled by `mlxrt_engine_get_stats`. Set `struct_size`
@@ -486,6 +601,19 @@ typedef struct mlxrt_engine_stats {
    */
   uint64_t kv_bytes_dense;
   uint64_t kv_bytes_quantized;
+  /**
+   * Scheduler iterations run (rounds of admission, decode and prefill).
+   */
+  uint64_t iterations;
+  /**
+   * Model forward calls made (prefill chunks and decode steps).
+   */
+  uint64_t model_calls;
+  /**
+   * The scheduler's trace spans since the engine started, per kind
+   * (indexed by `MLXRT_SPAN_*`), whether or not a trace callback is set.
+   */
+  struct mlxrt_span_stats spans[MLXRT_SPAN_KINDS];
 } mlxrt_engine_stats;
 
 /**
@@ -627,7 +755,7 @@ typedef struct mlxrt_request_params {
    * above: max_tokens, temperature, top_p, top_k, min_p,
    * repetition_penalty, repetition_context_size, seed, stop, tools,
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-   * prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
+   * cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
    * (see `mlxrt_engine_config.quantized_kv_start`). Unknown fields are an
    * error. Tool definitions (`tools`, an array of JSON schemas as in
    * OpenAI's API) are given to the chat template; tool calls the model
@@ -661,6 +789,12 @@ typedef struct mlxrt_request_params {
    * Reasoning text comes in DELTA events of `MLXRT_CHANNEL_REASONING`.
    */
   int32_t thinking;
+  /**
+   * Prompt-cache session within `cache_namespace` (UTF-8, e.g. one
+   * conversation; NULL = none): cached state is only shared between
+   * requests of the same namespace and session.
+   */
+  const char *cache_session_id;
 } mlxrt_request_params;
 
 /**
@@ -794,6 +928,8 @@ typedef void (*mlxrt_event_fn)(void *user_data, const struct mlxrt_event *event)
  * Frees `user_data`; called exactly once, after the terminal event.
  */
 typedef void (*mlxrt_free_fn)(void *user_data);
+
+
 
 
 

@@ -172,3 +172,59 @@ fn survives_restarts_and_never_loads_bad_files() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+fn in_session(o: RequestOptions, session: Option<&str>) -> RequestOptions {
+    RequestOptions { cache_session_id: session.map(str::to_owned), ..o }
+}
+
+#[test]
+fn sessions_scope_entries_within_a_namespace() {
+    let e = engine_with(None, 1 << 30);
+    let q = || chat(ask("Can I pay by card?"), "shop", true);
+    let cold = go(&e, in_session(q(), Some("a")));
+    assert_eq!(cold.2, 0);
+    assert_eq!(go(&e, in_session(q(), Some("b"))).2, 0, "session b must not see session a's state");
+    assert_eq!(go(&e, in_session(q(), None)).2, 0, "requests without a session must not see session a's state");
+    let warm = go(&e, in_session(q(), Some("a")));
+    assert!(warm.2 >= 256, "session a reuses its own state: {}", warm.2);
+    assert_eq!(warm.0, cold.0);
+    let other_ns = RequestOptions { cache_namespace: "other".into(), ..in_session(q(), Some("a")) };
+    assert_eq!(go(&e, other_ns).2, 0, "a session id does not cross namespaces");
+}
+
+/// A plain prompt (no chat boundary) of 256 tokens or more is snapshotted at
+/// `len - 1` once prefilled: an identical prompt hits all but its last token
+/// even when the first request never finished (no end-of-request snapshot).
+#[test]
+fn identical_prompts_hit_len_minus_one() {
+    let e = engine_with(None, 1 << 30);
+    let text = system() + "Summarise the facts.";
+    let plain = || {
+        let mut o = RequestOptions::new(Input::Prompt(text.clone()));
+        o.max_tokens = 64;
+        o.stop_at_eos = false;
+        o
+    };
+    let len = e.tokenize_input(&plain()).unwrap().len();
+    assert!(len > 256, "{len}");
+    // The first request is cancelled at its first token.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = e.submit(plain(), Box::new(move |ev: &Event| tx.send(ev.clone()).unwrap())).unwrap();
+    let mut first = vec![];
+    loop {
+        let ev = rx.recv_timeout(std::time::Duration::from_secs(300)).unwrap();
+        if matches!(ev, Event::Delta { .. }) {
+            handle.cancel();
+        }
+        let end = ev.is_terminal();
+        first.push(ev);
+        if end {
+            break;
+        }
+    }
+    assert!(matches!(first.last(), Some(Event::Done { finish: mlxrt::engine::FinishReason::Cancelled, .. })), "{first:?}");
+    let again = go(&e, RequestOptions { max_tokens: TOKENS, ..plain() });
+    assert_eq!(again.2 as usize, len - 1, "an identical prompt reuses all but its last token");
+    let cold = go(&e, RequestOptions { max_tokens: TOKENS, prompt_cache: false, ..plain() });
+    assert_eq!(again.0, cold.0, "a len - 1 hit gives the cold tokens");
+}

@@ -7,10 +7,12 @@
 use super::logprobs::StepLogprobs;
 use super::row::Row;
 use super::row_set::{Offer, RowSet};
+use super::trace::{SpanKind, Tracer};
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::load::TextAssets;
 use crate::model::{LanguageModel, Output};
+use std::time::Instant;
 
 /// The tokens drawn for every row in one step (`[B]`, lazy) and, when some
 /// row asked for them, their log-probabilities.
@@ -57,7 +59,9 @@ pub(crate) struct DecodeBatch {
 /// Draws one token per row from `logits` (`[B, vocab]`). `unread` holds the
 /// tokens just fed (`[B]`, lazy) for the repetition-penalty window; None when
 /// they are already in each row's history (the first draw after a prefill).
-/// The result is scheduled for evaluation.
+/// The result is scheduled for evaluation. A row whose draw fails ends
+/// with the error (its slot gets token 0, which `collect` skips); the other
+/// rows go on.
 pub(crate) fn sample_rows(rows: &mut [Row], logits: &Array, unread: Option<&Array>) -> Result<Drawn> {
     let want_lp = rows.iter().any(|r| r.logprobs.is_some());
     let (tokens, lp) = if rows.iter().all(|r| r.sampler.is_greedy() && !r.sampler.needs_history()) {
@@ -71,10 +75,19 @@ pub(crate) fn sample_rows(rows: &mut [Row], logits: &Array, unread: Option<&Arra
             let i = i as i32;
             let row_logits = logits.slice_axis(0, i, i + 1)?;
             let last = unread.map(|u| u.slice_axis(0, i, i + 1)).transpose()?;
-            let window = r.history_window(last.as_ref())?;
-            let d = r.sampler.draw(&row_logits, window.as_ref())?;
-            tokens.push(d.token);
-            lps.push(d.logprobs);
+            let drawn = r.history_window(last.as_ref()).and_then(|w| r.sampler.draw(&row_logits, w.as_ref()));
+            match drawn {
+                Ok(d) => {
+                    tokens.push(d.token);
+                    lps.push(d.logprobs);
+                }
+                Err(e) => {
+                    r.fail(e);
+                    // Draws are uint32 (argmax, categorical).
+                    tokens.push(Array::from_i32(&[0], &[1])?.astype(crate::mlx::Dtype::U32)?);
+                    lps.push(row_logits.astype(crate::mlx::Dtype::F32)?);
+                }
+            }
         }
         let cat = |v: &[Array]| Array::concatenate(&v.iter().collect::<Vec<_>>(), 0);
         (cat(&tokens)?, want_lp.then(|| cat(&lps)).transpose()?)
@@ -119,24 +132,33 @@ impl DecodeBatch {
     }
 
     /// Builds and starts the step that consumes the pending tokens.
-    pub fn schedule(&mut self, model: &dyn LanguageModel) -> Result<()> {
+    pub fn schedule(&mut self, model: &dyn LanguageModel, tracer: &Tracer) -> Result<()> {
         let Some(drawn) = self.pending.take() else { return Ok(()) };
         let b = self.set.len() as i32;
+        let t = Instant::now();
         let x = drawn.tokens.reshape(&[b, 1])?;
+        tracer.model_call();
         let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
         let logits = logits.reshape(&[b, -1])?;
+        tracer.record(SpanKind::Forward, b as usize, b as usize, t);
+        let t = Instant::now();
         let next = sample_rows(&mut self.set.rows, &logits, Some(&drawn.tokens))?;
+        tracer.record(SpanKind::Sample, b as usize, b as usize, t);
         self.current = Some(drawn);
         self.pending = Some(next);
         Ok(())
     }
 
     /// Reads the current tokens and hands them to their rows. Rows that
-    /// ended (or were cancelled) stay until `retire`; the rows that
-    /// completed offer their whole history to the prompt cache.
-    pub fn collect(&mut self, text: &TextAssets, ctx_len: usize) -> Result<Vec<Offer>> {
+    /// ended (or were cancelled, or failed on their own) stay until
+    /// `retire`; the rows that completed offer their whole history to the
+    /// prompt cache.
+    pub fn collect(&mut self, text: &TextAssets, ctx_len: usize, tracer: &Tracer) -> Result<Vec<Offer>> {
         let Some(current) = self.current.take() else { return Ok(vec![]) };
+        let t = Instant::now();
         let tokens: Vec<u32> = current.tokens.to_vec_i32()?.iter().map(|&t| t as u32).collect();
+        tracer.record(SpanKind::Evaluate, tokens.len(), tokens.len(), t);
+        let t = Instant::now();
         let held: Vec<usize> = (0..self.set.len()).map(|i| self.set.row_len(i) as usize).collect();
         let rows = &mut self.set.rows;
         let mut lps: Vec<Option<_>> = match &current.logprobs {
@@ -153,9 +175,21 @@ impl DecodeBatch {
                 row.finish(super::FinishReason::Cancelled, None);
                 continue;
             }
-            if !row.accept(tok, lps[i].take(), text, ctx_len)? {
-                keep.push(i);
-                continue;
+            if row.is_ended() {
+                continue; // failed on its own (see `sample_rows`)
+            }
+            match row.accept(tok, lps[i].take(), text, ctx_len) {
+                Ok(false) => {
+                    keep.push(i);
+                    continue;
+                }
+                Ok(true) => {}
+                // This row's token cannot be handed over (e.g. an id the
+                // tokenizer does not know): it ends, the others go on.
+                Err(e) => {
+                    row.fail(e);
+                    continue;
+                }
             }
             // The step just scheduled fed this token: the row's KV covers its
             // whole history, which the next turn of a chat starts with.
@@ -166,6 +200,7 @@ impl DecodeBatch {
                 }
             }
         }
+        tracer.record(SpanKind::Deliver, tokens.len(), tokens.len(), t);
         self.keep = Some(keep);
         Ok(offers)
     }

@@ -9,12 +9,14 @@ use super::batch::{sample_rows, Drawn};
 use super::prompt_cache::Capture;
 use super::row::Row;
 use super::row_set::{keep_rows, RowSet};
+use super::trace::{SpanKind, Tracer};
 use super::FinishReason;
 use crate::cache::scheme::KvScheme;
 use crate::cache::{KvCache, LayerCache};
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::{LanguageModel, Output};
+use std::time::Instant;
 
 /// A row entering a cohort, with the prompt length at which the prompt
 /// cache wants a snapshot of it (if any).
@@ -34,8 +36,9 @@ pub(crate) struct Cohort {
 pub(crate) struct Progress {
     /// The first tokens, once prefill is over.
     pub first: Option<Drawn>,
-    /// Snapshots for the prompt cache taken on the way.
-    pub captures: Vec<Capture>,
+    /// Snapshots for the prompt cache taken on the way (or why one could
+    /// not be: only a lost cache entry).
+    pub captures: Vec<Result<Capture>>,
 }
 
 impl Cohort {
@@ -141,7 +144,7 @@ impl Cohort {
     /// caches that cannot be cut back, chunks also end at every row's
     /// snapshot mark, where its snapshot is taken; other caches are
     /// snapshotted once prefill is over.
-    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32) -> Result<Progress> {
+    pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32, tracer: &Tracer) -> Result<Progress> {
         let body_end = self.total - 1;
         let mut captures = vec![];
         if self.done < body_end {
@@ -154,34 +157,48 @@ impl Cohort {
             if let Some(at) = self.conversions().filter(|&at| at > self.done).min() {
                 to = to.min(at);
             }
+            let (rows, tokens) = (self.len(), self.len() * (to - self.done) as usize);
+            let t = Instant::now();
             let x = self.tokens(self.done, to)?;
+            tracer.model_call();
             model.forward(&x, self.set.cache_mut(), Output::CacheOnly)?;
+            tracer.record(SpanKind::Forward, rows, tokens, t);
+            let t = Instant::now();
             let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).collect();
             mlx::eval(&state)?;
+            tracer.record(SpanKind::Evaluate, rows, tokens, t);
             self.done = to;
             for (_, i) in stops.into_iter().filter(|&(at, _)| at == to) {
-                captures.push(self.capture(i)?);
+                captures.push(self.capture(i, tracer));
             }
             return Ok(Progress { first: None, captures });
         }
+        let rows = self.len();
+        let t = Instant::now();
         let x = self.tokens(body_end, self.total)?;
+        tracer.model_call();
         let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
-        let logits = logits.reshape(&[self.len() as i32, -1])?;
+        let logits = logits.reshape(&[rows as i32, -1])?;
+        tracer.record(SpanKind::Forward, rows, rows, t);
+        let t = Instant::now();
         let first = sample_rows(&mut self.set.rows, &logits, None)?;
+        tracer.record(SpanKind::Sample, rows, rows, t);
         self.done = self.total;
         if self.trimmable() {
             for i in (0..self.len()).filter(|&i| self.marks[i].is_some()) {
-                captures.push(self.capture(i)?);
+                captures.push(self.capture(i, tracer));
             }
         }
         Ok(Progress { first: Some(first), captures })
     }
 
     /// Row `i`'s prompt up to its mark.
-    fn capture(&self, i: usize) -> Result<Capture> {
+    fn capture(&self, i: usize, tracer: &Tracer) -> Result<Capture> {
         let r = &self.set.rows[i];
         let b = self.marks[i].expect("a capture is at a mark");
+        let t = Instant::now();
         let snapshot = self.set.snapshot(i, b)?;
+        tracer.record(SpanKind::Snapshot, 1, b, t);
         Ok(Capture { namespace: r.namespace.clone(), tokens: r.prompt[..b].to_vec(), snapshot })
     }
 

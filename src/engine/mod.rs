@@ -19,11 +19,13 @@ pub mod request;
 mod row;
 mod row_set;
 mod scheduler;
+mod trace;
 
 pub use crate::model::Kernels;
 pub use log::{LogLevel, Logger};
 pub use logprobs::TokenLogprob;
 pub use request::{Channel, Event, EventSink, FinishReason, Input, RequestOptions, Usage};
+pub use trace::{Span, SpanKind, SpanStats, TraceFn, SPAN_KINDS};
 
 use crate::cache::scheme::KvQuant;
 use crate::error::{Error, ErrorKind, Result};
@@ -86,6 +88,10 @@ pub struct EngineConfig {
     /// `quantized_kv_start` (0: quantized from the first token). Checked
     /// against the model at creation.
     pub kv: KvQuant,
+    /// Receives the scheduler's spans (see `Span`) on the scheduler thread;
+    /// it must be quick and must not call into the engine. None = spans are
+    /// only summarised in the stats.
+    pub trace: Option<TraceFn>,
 }
 
 impl EngineConfig {
@@ -107,6 +113,7 @@ impl EngineConfig {
             prompt_cache_min_tokens: 256,
             progress: None,
             kv: KvQuant::default(),
+            trace: None,
         }
     }
 
@@ -143,7 +150,7 @@ pub(crate) struct StatsCell {
     pub cache_memory: AtomicUsize,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineStats {
     /// Requests waiting for admission.
     pub queued: usize,
@@ -169,6 +176,12 @@ pub struct EngineStats {
     pub active_memory: usize,
     pub peak_memory: usize,
     pub cache_memory: usize,
+    /// Scheduler iterations run (rounds of admission, decode and prefill),
+    /// and model forward calls made (prefill chunks and decode steps).
+    pub iterations: u64,
+    pub model_calls: u64,
+    /// The scheduler's spans so far, per kind (indexed by `SpanKind as usize`).
+    pub spans: [SpanStats; SPAN_KINDS],
 }
 
 /// State shared between the handle and the scheduler.
@@ -179,6 +192,7 @@ pub(crate) struct Shared {
     pub completed: AtomicU64,
     pub stats: StatsCell,
     pub cache: prompt_cache::CacheStats,
+    pub trace: Arc<trace::TraceStats>,
 }
 
 pub struct Engine {
@@ -315,6 +329,9 @@ impl Engine {
             active_memory: s.active_memory.load(Ordering::Relaxed),
             peak_memory: s.peak_memory.load(Ordering::Relaxed),
             cache_memory: s.cache_memory.load(Ordering::Relaxed),
+            iterations: self.shared.trace.iterations.load(Ordering::Relaxed),
+            model_calls: self.shared.trace.model_calls.load(Ordering::Relaxed),
+            spans: self.shared.trace.spans(),
         }
     }
 
@@ -352,6 +369,8 @@ impl Engine {
                 self.kv_budget
             )));
         }
+        let own_start = self.kv.scheme.is_quantized() && kv_start != self.kv.start;
+        let namespace = cache_scope(&options, own_start.then_some(kv_start));
         let spec = RequestSpec {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             cancelled: AtomicBool::new(false),
@@ -363,14 +382,7 @@ impl Engine {
             prefill_chunk: options.prefill_chunk,
             kv_need,
             kv_start,
-            // Prompt-cache entries hold KV quantized from their row's start;
-            // the engine's start is in the cache's compatibility key, and a
-            // request with another start keeps its entries apart.
-            namespace: if self.kv.scheme.is_quantized() && kv_start != self.kv.start {
-                format!("{}\0qs={kv_start}", options.cache_namespace)
-            } else {
-                options.cache_namespace
-            },
+            namespace,
             use_cache: options.prompt_cache,
             boundary,
             logprobs: (options.logprobs || options.top_logprobs > 0).then_some(options.top_logprobs),
@@ -496,6 +508,23 @@ impl Engine {
         self.tx.send(make(tx)).map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine has stopped"))?;
         rx.recv().map_err(|_| Error::new(ErrorKind::EnginePoisoned, "the engine stopped before answering"))?
     }
+}
+
+/// The prompt-cache scope of a request: its namespace, then its session
+/// (requests of other sessions, or without one, never see its entries),
+/// then its own `quantized_kv_start` if it has one (prompt-cache entries
+/// hold KV quantized from their row's start; the engine's start is in the
+/// cache's compatibility key, and a request with another start keeps its
+/// entries apart).
+fn cache_scope(options: &RequestOptions, own_start: Option<i32>) -> String {
+    let mut scope = options.cache_namespace.clone();
+    if let Some(session) = &options.cache_session_id {
+        scope += &format!("\0session={session}");
+    }
+    if let Some(start) = own_start {
+        scope += &format!("\0qs={start}");
+    }
+    scope
 }
 
 /// A request's input as the model sees it.

@@ -3,8 +3,10 @@
 //! directory (`cache::store`) through the file thread (`cache_io`).
 //!
 //! Snapshots are taken at a stable prompt boundary (the conversation before
-//! its last message) once prefill is done, and of the whole sequence when a
-//! request ends, so the next turn of a conversation reuses the reply too.
+//! its last message; for other prompts, all but the last token, which an
+//! identical prompt reuses) once prefill is done, and of the whole sequence
+//! when a request ends, so the next turn of a conversation reuses the reply
+//! too.
 //! Memory entries go to disk when evicted, when the engine has been idle for
 //! a moment, on flush, and at shutdown.
 

@@ -43,6 +43,10 @@ pub struct RequestOptions {
     /// Prompt-cache namespace: requests only share cached state with
     /// requests of the same namespace (e.g. one per user or tenant).
     pub cache_namespace: String,
+    /// Prompt-cache session within the namespace (e.g. one conversation):
+    /// a request with a session shares cached state only with requests of
+    /// the same namespace and session; None = the namespace's shared state.
+    pub cache_session_id: Option<String>,
     /// Whether this request may use and fill the prompt cache (default true).
     pub prompt_cache: bool,
     /// Report each generated token's log-probability ...
@@ -71,6 +75,7 @@ impl RequestOptions {
             stop_at_eos: true,
             prefill_chunk: None,
             cache_namespace: String::new(),
+            cache_session_id: None,
             prompt_cache: true,
             logprobs: false,
             top_logprobs: 0,
@@ -83,7 +88,7 @@ impl RequestOptions {
     /// `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`,
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
-    /// `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
+    /// `cache_session_id`, `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
     /// `quantized_kv_start`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
@@ -134,6 +139,13 @@ impl RequestOptions {
                     self.cache_namespace =
                         v.as_str().ok_or_else(|| Error::invalid("option `cache_namespace` must be a string"))?.to_owned()
                 }
+                "cache_session_id" => {
+                    self.cache_session_id = match &v {
+                        Value::Null => None,
+                        Value::String(s) => Some(s.clone()),
+                        _ => return Err(Error::invalid("option `cache_session_id` must be a string or null")),
+                    }
+                }
                 "prompt_cache" => {
                     self.prompt_cache = v.as_bool().ok_or_else(|| Error::invalid("option `prompt_cache` must be a boolean"))?
                 }
@@ -160,7 +172,7 @@ impl RequestOptions {
                     return Err(Error::invalid(format!(
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
-                         prefill_chunk, cache_namespace, prompt_cache, logprobs, top_logprobs, thinking, \
+                         prefill_chunk, cache_namespace, cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, \
                          quantized_kv_start)"
                     )))
                 }

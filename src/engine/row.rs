@@ -86,6 +86,11 @@ impl Row {
         self.spec.is_cancelled()
     }
 
+    /// Whether its terminal event was sent (it finished or failed).
+    pub fn is_ended(&self) -> bool {
+        self.out.is_ended()
+    }
+
     /// Prompt and generated ids so far.
     pub fn history(&self) -> Vec<u32> {
         self.history.iter().map(|&t| t as u32).collect()

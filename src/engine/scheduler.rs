@@ -7,7 +7,8 @@
 //!   4. run one prefill chunk of the cohort (bounded by the step budget and
 //!      the pacing cap while rows decode); a finished cohort joins the
 //!      decode batch.
-//! Commands (submit, cancel, shutdown) are taken between iterations.
+//! Commands (submit, cancel, shutdown) are taken between iterations. The
+//! work is timed in trace spans (`trace`), summarised in the stats.
 
 use super::batch::DecodeBatch;
 use super::cohort::{Cohort, Entrant};
@@ -18,6 +19,7 @@ use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
+use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::mlx;
@@ -120,6 +122,7 @@ struct Scheduler<'a> {
     seed_counter: u64,
     pacer: Pacer,
     pcache: Option<PromptCache>,
+    tracer: Tracer,
 }
 
 fn main(
@@ -179,6 +182,7 @@ fn main(
         seed_counter: config.seed,
         pacer: Pacer::new(config.step_token_budget),
         pcache,
+        tracer: Tracer::new(config.trace.clone(), shared.trace.clone()),
         config,
     };
     s.run(rx);
@@ -226,11 +230,12 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
 }
 
 /// What the prompt cache holds for a job's prompt.
-fn probe(pcache: &mut Option<PromptCache>, job: &Job) -> Found {
-    match pcache {
-        Some(c) if job.spec.use_cache => c.lookup(&job.spec.namespace, &job.spec.prompt),
-        _ => Found::Miss,
-    }
+fn probe(pcache: &mut Option<PromptCache>, tracer: &Tracer, job: &Job) -> Found {
+    let Some(c) = pcache.as_mut().filter(|_| job.spec.use_cache) else { return Found::Miss };
+    let t = Instant::now();
+    let found = c.lookup(&job.spec.namespace, &job.spec.prompt);
+    tracer.record(SpanKind::LookupRestore, 1, if let Found::Hit(n) = found { n } else { 0 }, t);
+    found
 }
 
 /// Says what runs the model, and warns about a slow setup.
@@ -296,7 +301,7 @@ impl Scheduler<'_> {
             for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match cmd {
                     Command::Submit(job) => {
-                        let found = probe(&mut self.pcache, &job);
+                        let found = probe(&mut self.pcache, &self.tracer, &job);
                         self.queue.push_back(Queued { job, found });
                     }
                     Command::Cancel(id) => self.cancel_queued(id),
@@ -349,13 +354,14 @@ impl Scheduler<'_> {
     /// read, or failed to be).
     fn reprobe_loading(&mut self) {
         for q in self.queue.iter_mut().filter(|q| q.found == Found::Loading) {
-            q.found = probe(&mut self.pcache, &q.job);
+            q.found = probe(&mut self.pcache, &self.tracer, &q.job);
         }
     }
 
     /// One round of admission, decode and prefill; returns whether anything
     /// ran.
     fn iterate(&mut self) -> bool {
+        self.tracer.next_iteration();
         let plan = self.plan();
         if let Err(e) = self.admit(plan.admit) {
             self.fail_cohort(e);
@@ -416,19 +422,29 @@ impl Scheduler<'_> {
             Admit::Join(n) => {
                 let entrants = self.open_missed(n);
                 let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
-                entrants.into_iter().try_for_each(|e| cohort.join(e))
+                for e in entrants {
+                    let (t, tokens) = (Instant::now(), e.0.prompt.len());
+                    cohort.join(e)?;
+                    self.tracer.record(SpanKind::BatchSetup, 1, tokens, t);
+                }
+                Ok(())
             }
             Admit::NewCohort(n) => {
                 let entrants = self.open_missed(n);
                 if !entrants.is_empty() {
+                    let (t, rows) = (Instant::now(), entrants.len());
+                    let tokens = entrants.iter().map(|e| e.0.prompt.len()).sum();
                     self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?);
+                    self.tracer.record(SpanKind::BatchSetup, rows, tokens, t);
                 }
                 Ok(())
             }
             Admit::FromCache(tokens) => {
                 let Some(mut row) = self.open(1).pop() else { return Ok(()) };
                 let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
+                let t = Instant::now();
                 let claimed = pc.claim(&row.namespace, &row.prompt, tokens);
+                self.tracer.record(SpanKind::LookupRestore, 1, tokens, t);
                 match claimed {
                     Err(e) => {
                         row.fail(e);
@@ -482,11 +498,16 @@ impl Scheduler<'_> {
     }
 
     /// A row with the prompt length at which the prompt cache wants a
-    /// snapshot of it: its boundary, if it uses the cache, the boundary lies
-    /// past what came from the cache, and it is long enough to keep.
+    /// snapshot of it: its boundary (a chat's conversation before its last
+    /// message), else all of the prompt but its last token (what an identical
+    /// prompt can reuse: the last token is always forwarded, and a recurrent
+    /// state cannot be cut back to it from the end-of-request snapshot), if
+    /// it uses the cache, that length lies past what came from the cache,
+    /// and it is long enough to keep.
     fn entrant(&self, row: Row) -> Entrant {
         let pc = self.pcache.as_ref();
-        let mark = row.boundary.filter(|&b| row.use_cache && b > row.cached && pc.is_some_and(|pc| pc.wants_len(b)));
+        let at = row.boundary.unwrap_or(row.prompt.len().saturating_sub(1));
+        let mark = Some(at).filter(|&b| row.use_cache && b > row.cached && pc.is_some_and(|pc| pc.wants_len(b)));
         (row, mark)
     }
 
@@ -494,24 +515,37 @@ impl Scheduler<'_> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        self.batch.schedule(self.model.as_ref())?;
-        let offers = self.batch.collect(&self.text, self.ctx_len)?;
+        self.batch.schedule(self.model.as_ref(), &self.tracer)?;
+        let offers = self.batch.collect(&self.text, self.ctx_len, &self.tracer)?;
         if let Some(pc) = &mut self.pcache {
             for o in offers {
                 if pc.wants(&o.namespace, &o.tokens) {
-                    let snapshot = self.batch.snapshot(&o)?;
-                    pc.capture(Capture { namespace: o.namespace, tokens: o.tokens, snapshot });
+                    let (t, n) = (Instant::now(), o.tokens.len());
+                    // A snapshot that cannot be taken is only a lost cache entry.
+                    match self.batch.snapshot(&o) {
+                        Ok(snapshot) => pc.capture(Capture { namespace: o.namespace, tokens: o.tokens, snapshot }),
+                        Err(e) => self.config.logger.log(LogLevel::Warn, format!("prompt cache: snapshot skipped: {e}")),
+                    }
+                    self.tracer.record(SpanKind::Snapshot, 1, n, t);
                 }
             }
         }
+        let t = Instant::now();
         let (n, freed) = self.batch.retire()?;
+        if n > 0 {
+            self.tracer.record(SpanKind::KvMaintenance, n, 0, t);
+        }
         self.rows_ended(n, freed);
         Ok(())
     }
 
     fn prefill(&mut self, chunk: usize) -> Result<()> {
         let Some(c) = self.cohort.as_mut() else { return Ok(()) };
+        let t = Instant::now();
         let (n, freed) = c.drop_cancelled()?;
+        if n > 0 {
+            self.tracer.record(SpanKind::KvMaintenance, n, 0, t);
+        }
         let empty = c.len() == 0;
         self.rows_ended(n, freed);
         if empty {
@@ -519,13 +553,20 @@ impl Scheduler<'_> {
             return Ok(());
         }
         let c = self.cohort.as_mut().expect("checked above");
-        let progress = c.advance(self.model.as_ref(), chunk as i32)?;
+        let progress = c.advance(self.model.as_ref(), chunk as i32, &self.tracer)?;
         if let Some(pc) = &mut self.pcache {
-            progress.captures.into_iter().for_each(|c| pc.capture(c));
+            for c in progress.captures {
+                match c {
+                    Ok(c) => pc.capture(c),
+                    Err(e) => self.config.logger.log(LogLevel::Warn, format!("prompt cache: snapshot skipped: {e}")),
+                }
+            }
         }
         if let Some(first) = progress.first {
             let rows = self.cohort.take().expect("checked above").into_set();
+            let (t, n) = (Instant::now(), rows.len());
             self.batch.join(rows, first)?;
+            self.tracer.record(SpanKind::BatchSetup, n, 0, t);
         }
         Ok(())
     }

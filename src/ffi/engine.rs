@@ -4,7 +4,7 @@ use super::args::{opt_str, req_str, versioned};
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
 use super::out::{free_box, put, put_box, required, write_versioned};
 use crate::cache::scheme::{KvQuant, KvScheme};
-use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger};
+use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger, Span, SpanStats};
 use crate::error::Error;
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
@@ -59,6 +59,60 @@ pub type mlxrt_log_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, leve
 /// call). Called on the engine's thread while create waits. Return false to
 /// abort the load: create then returns `MLXRT_STATUS_ABORTED`.
 pub type mlxrt_progress_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, fraction: f32, phase: *const c_char) -> bool>;
+
+/// `mlxrt_trace_span.kind` and the index into `mlxrt_engine_stats.spans`:
+/// looking a prompt up in the prompt cache, or restoring a hit's state.
+pub const MLXRT_SPAN_LOOKUP_RESTORE: i32 = 0;
+/// Setting up a prefill cohort's caches, a request joining it, or a finished
+/// cohort joining the decoding batch.
+pub const MLXRT_SPAN_BATCH_SETUP: i32 = 1;
+/// One model call (a prefill chunk or a decode step). MLX is lazy: this
+/// times building the computation; computing it lands in SAMPLE (which
+/// starts a decode step, and on the CPU may run most of it) and EVALUATE.
+pub const MLXRT_SPAN_FORWARD: i32 = 2;
+/// Waiting for a forward's results (prefill cache state, decoded tokens).
+pub const MLXRT_SPAN_EVALUATE: i32 = 3;
+/// Dropping ended or cancelled requests from the batch's caches.
+pub const MLXRT_SPAN_KV_MAINTENANCE: i32 = 4;
+/// Taking a prompt-cache snapshot of one request's state.
+pub const MLXRT_SPAN_SNAPSHOT: i32 = 5;
+/// Drawing tokens from the logits, and starting the step's computation.
+pub const MLXRT_SPAN_SAMPLE: i32 = 6;
+/// Handing tokens to their requests (detokenizing, stop strings, events).
+pub const MLXRT_SPAN_DELIVER: i32 = 7;
+/// How many span kinds there are (the length of `mlxrt_engine_stats.spans`).
+/// Kinds added later get new fields, so this never changes.
+pub const MLXRT_SPAN_KINDS: usize = 8;
+
+/// One timed piece of the engine's work, passed to the trace callback.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct mlxrt_trace_span {
+    /// `sizeof(mlxrt_trace_span)` of the library that made it.
+    pub struct_size: usize,
+    /// One of `MLXRT_SPAN_*`.
+    pub kind: i32,
+    /// Requests the work was for.
+    pub rows: u32,
+    /// Tokens it processed: positions forwarded (rows × chunk, padding
+    /// included), tokens drawn or delivered, prompt tokens looked up,
+    /// restored or snapshotted.
+    pub tokens: u64,
+    /// The scheduler iteration it belongs to, counting from 1; lookups of
+    /// arriving requests, between iterations, carry the last one's (0
+    /// before the first).
+    pub iteration: u64,
+    /// When it began, in milliseconds since the engine was created, and how
+    /// long it took.
+    pub start_ms: f64,
+    pub duration_ms: f64,
+}
+
+/// Receives the engine's trace spans as they end, on the engine's scheduler
+/// thread, one call at a time, until `mlxrt_engine_destroy` returns. The
+/// model waits while it runs: it must be quick (copy the span and return),
+/// and must not call any mlxrt function on this engine.
+pub type mlxrt_trace_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, span: *const mlxrt_trace_span)>;
 
 /// Engine settings. Fill with `mlxrt_engine_config_init`, then set fields.
 /// Fields are only ever appended; `struct_size` tells the library which ones
@@ -129,6 +183,10 @@ pub struct mlxrt_engine_config {
     /// token. A request may set its own (`quantized_kv_start` in
     /// `options_json`).
     pub quantized_kv_start: i32,
+    /// Receives the scheduler's trace spans (see `mlxrt_trace_fn`); NULL =
+    /// none (the spans are still summarised in `mlxrt_engine_stats`).
+    pub trace_callback: mlxrt_trace_fn,
+    pub trace_user_data: *mut c_void,
 }
 
 /// The first published layout: every field up to `progress_user_data`.
@@ -162,6 +220,8 @@ fn default_config() -> mlxrt_engine_config {
         kv_key_bits: 8,
         kv_value_bits: 3,
         quantized_kv_start: d.kv.start,
+        trace_callback: None,
+        trace_user_data: std::ptr::null_mut(),
     }
 }
 
@@ -263,6 +323,23 @@ pub extern "C" fn mlxrt_engine_create(
             other => return Err(Error::invalid(format!("config.kv_scheme {other} is not a MLXRT_KV_SCHEME_* value"))),
         };
         cfg.kv = KvQuant { scheme, start: c.quantized_kv_start };
+        if let Some(f) = c.trace_callback {
+            let ud = UserData(c.trace_user_data);
+            cfg.trace = Some(Arc::new(move |s: &Span| {
+                let span = mlxrt_trace_span {
+                    struct_size: size_of::<mlxrt_trace_span>(),
+                    kind: s.kind as i32,
+                    rows: s.rows as u32,
+                    tokens: s.tokens as u64,
+                    iteration: s.iteration,
+                    start_ms: s.start.as_secs_f64() * 1e3,
+                    duration_ms: s.duration.as_secs_f64() * 1e3,
+                };
+                // SAFETY: the caller's callback, with its user data, on the
+                // scheduler thread (one call at a time).
+                unsafe { f(ud.get(), &span) }
+            }));
+        }
         let engine = Engine::new(cfg)?;
         let info = super::info::InfoStore::new(&engine);
         put_box(out_engine, mlxrt_engine { engine, info });
@@ -315,6 +392,30 @@ pub struct mlxrt_engine_stats {
     /// stored quantized; they add up to `kv_bytes`.
     pub kv_bytes_dense: u64,
     pub kv_bytes_quantized: u64,
+    /// Scheduler iterations run (rounds of admission, decode and prefill).
+    pub iterations: u64,
+    /// Model forward calls made (prefill chunks and decode steps).
+    pub model_calls: u64,
+    /// The scheduler's trace spans since the engine started, per kind
+    /// (indexed by `MLXRT_SPAN_*`), whether or not a trace callback is set.
+    pub spans: [mlxrt_span_stats; MLXRT_SPAN_KINDS],
+}
+
+/// The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct mlxrt_span_stats {
+    pub count: u64,
+    /// Their total duration, in milliseconds.
+    pub total_ms: f64,
+    /// The 95th percentile of their durations, in milliseconds (within 5%).
+    pub p95_ms: f64,
+}
+
+impl From<SpanStats> for mlxrt_span_stats {
+    fn from(s: SpanStats) -> Self {
+        mlxrt_span_stats { count: s.count, total_ms: s.total_ms, p95_ms: s.p95_ms }
+    }
 }
 
 /// Writes the engine's current counters to `*out` (the first
@@ -347,6 +448,9 @@ pub extern "C" fn mlxrt_engine_get_stats(
             prompt_cache_disk_bytes: s.prompt_cache_disk_bytes,
             kv_bytes_dense: s.kv_bytes_dense as u64,
             kv_bytes_quantized: s.kv_bytes_quantized as u64,
+            iterations: s.iterations,
+            model_calls: s.model_calls,
+            spans: s.spans.map(Into::into),
         };
         write_versioned(out, stats, "out")
     })

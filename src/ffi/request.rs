@@ -62,7 +62,7 @@ pub struct mlxrt_request_params {
     /// above: max_tokens, temperature, top_p, top_k, min_p,
     /// repetition_penalty, repetition_context_size, seed, stop, tools,
     /// chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
-    /// prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
+    /// cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
     /// (see `mlxrt_engine_config.quantized_kv_start`). Unknown fields are an
     /// error. Tool definitions (`tools`, an array of JSON schemas as in
     /// OpenAI's API) are given to the chat template; tool calls the model
@@ -83,9 +83,14 @@ pub struct mlxrt_request_params {
     /// chat template as `enable_thinking`), -1 = the template's default.
     /// Reasoning text comes in DELTA events of `MLXRT_CHANNEL_REASONING`.
     pub thinking: i32,
+    /// Prompt-cache session within `cache_namespace` (UTF-8, e.g. one
+    /// conversation; NULL = none): cached state is only shared between
+    /// requests of the same namespace and session.
+    pub cache_session_id: *const c_char,
 }
 
-pub(crate) const PARAMS_V1_SIZE: usize = size_of::<mlxrt_request_params>();
+/// The first published layout: every field up to `thinking`.
+pub(crate) const PARAMS_V1_SIZE: usize = std::mem::offset_of!(mlxrt_request_params, cache_session_id);
 
 pub(crate) fn default_params() -> mlxrt_request_params {
     let s = SamplingParams::default();
@@ -113,6 +118,7 @@ pub(crate) fn default_params() -> mlxrt_request_params {
         logprobs: 0,
         top_logprobs: 0,
         thinking: -1,
+        cache_session_id: std::ptr::null(),
     }
 }
 
@@ -152,6 +158,7 @@ pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOpt
     };
     o.prefill_chunk = (p.prefill_chunk > 0).then_some(p.prefill_chunk as usize);
     o.cache_namespace = opt_str(p.cache_namespace, "params.cache_namespace")?.unwrap_or_default().to_owned();
+    o.cache_session_id = opt_str(p.cache_session_id, "params.cache_session_id")?.map(str::to_owned);
     o.prompt_cache = p.no_prompt_cache == 0;
     o.logprobs = p.logprobs != 0;
     o.top_logprobs = p.top_logprobs as usize;

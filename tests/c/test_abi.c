@@ -689,6 +689,18 @@ static void test_prompt_cache(const char *model, const char *scratch) {
   rec_wait(&r);
   CHECK(r.cached_tokens == 0, "other namespace cached %u", r.cached_tokens);
   p.cache_namespace = NULL;
+  /* a session sees only its own entries (none yet), then its own */
+  p.cache_session_id = "conversation-1";
+  for (int i = 0; i < 2; i++) {
+    rec_init(&r);
+    submit(e, &p, &r, NULL, NULL);
+    rec_wait(&r);
+    CHECK(i ? r.cached_tokens >= 256 : r.cached_tokens == 0, "session request %d cached %u", i, r.cached_tokens);
+  }
+  char bad_session[] = {'s', (char)0xfe, 0};
+  p.cache_session_id = bad_session;
+  expect_error(submit(e, &p, &r, NULL, &err), &err, MLXRT_STATUS_INVALID_UTF8, "invalid UTF-8 session id");
+  p.cache_session_id = NULL;
   p.no_prompt_cache = 1;
   rec_init(&r);
   submit(e, &p, &r, NULL, NULL);
@@ -703,6 +715,14 @@ static void test_prompt_cache(const char *model, const char *scratch) {
   memset(&st, 0, sizeof st);
   st.struct_size = sizeof st;
   mlxrt_engine_get_stats(e, &st, NULL);
+  /* every model call is a FORWARD span; lookups and snapshots are spans too */
+  const mlxrt_span_stats *fw = &st.spans[MLXRT_SPAN_FORWARD];
+  CHECK(st.iterations > 0 && st.model_calls > 0 && fw->count == st.model_calls && fw->total_ms > 0 &&
+            fw->p95_ms > 0 && st.spans[MLXRT_SPAN_LOOKUP_RESTORE].count >= 5 &&
+            st.spans[MLXRT_SPAN_SNAPSHOT].count >= 1,
+        "iterations %llu model calls %llu forward spans %llu (%.3f ms, p95 %.3f ms)",
+        (unsigned long long)st.iterations, (unsigned long long)st.model_calls, (unsigned long long)fw->count,
+        fw->total_ms, fw->p95_ms);
   CHECK(st.prompt_cache_hits >= 1 && st.prompt_cache_hit_tokens >= 256 && st.prompt_cache_memory_bytes > 0,
         "cache stats hits %llu tokens %llu bytes %llu", (unsigned long long)st.prompt_cache_hits,
         (unsigned long long)st.prompt_cache_hit_tokens, (unsigned long long)st.prompt_cache_memory_bytes);
@@ -868,6 +888,25 @@ static bool on_progress(void *ud, float fraction, const char *phase) {
   return !(c->abort_at && c->progress_calls >= c->abort_at);
 }
 
+struct trace_counts {
+  uint64_t spans, bad, per_kind[MLXRT_SPAN_KINDS], last_iteration;
+  double total_ms[MLXRT_SPAN_KINDS];
+};
+
+/* Runs on the engine's scheduler thread: only copies what it needs. */
+static void on_span(void *ud, const mlxrt_trace_span *s) {
+  struct trace_counts *t = ud;
+  t->spans++;
+  if (s->struct_size < sizeof *s || s->kind < 0 || s->kind >= (int32_t)MLXRT_SPAN_KINDS || s->duration_ms < 0 ||
+      s->start_ms < 0 || s->iteration < t->last_iteration) {
+    t->bad++;
+    return;
+  }
+  t->last_iteration = s->iteration;
+  t->per_kind[s->kind]++;
+  t->total_ms[s->kind] += s->duration_ms;
+}
+
 static void test_callbacks(const char *model) {
   struct counts c = {0};
   mlxrt_engine_config cfg;
@@ -884,6 +923,36 @@ static void test_callbacks(const char *model) {
   CHECK(c.progress_calls >= 5 && c.last_fraction > 0.999f, "progress %d calls, last %f", c.progress_calls,
         c.last_fraction);
   mlxrt_engine_destroy(e);
+
+  /* trace spans: to the callback and summarised in the stats */
+  struct trace_counts t;
+  memset(&t, 0, sizeof t);
+  mlxrt_engine_config tc;
+  mlxrt_engine_config_init(&tc);
+  CHECK(tc.trace_callback == NULL && tc.trace_user_data == NULL, "no trace callback by default");
+  tc.model_path = model;
+  tc.trace_callback = on_span;
+  tc.trace_user_data = &t;
+  e = NULL;
+  CHECK(mlxrt_engine_create(&tc, &e, NULL) == MLXRT_STATUS_OK, "create with a trace callback");
+  if (e) {
+    mlxrt_request_params tp;
+    mlxrt_request_params_init(&tp);
+    tp.messages_json = CHAT;
+    tp.max_tokens = 5;
+    struct rec tr;
+    rec_init(&tr);
+    CHECK(submit(e, &tp, &tr, NULL, NULL) == MLXRT_STATUS_OK, "traced request");
+    rec_wait(&tr);
+    mlxrt_engine_destroy(e); /* after destroy no span can still come */
+    CHECK(t.spans > 0 && t.bad == 0, "%llu spans, %llu malformed", (unsigned long long)t.spans,
+          (unsigned long long)t.bad);
+    CHECK(t.per_kind[MLXRT_SPAN_FORWARD] >= tr.completion_tokens && t.per_kind[MLXRT_SPAN_SAMPLE] >= 1 &&
+              t.per_kind[MLXRT_SPAN_EVALUATE] >= 1 && t.per_kind[MLXRT_SPAN_DELIVER] >= 1 &&
+              t.per_kind[MLXRT_SPAN_BATCH_SETUP] >= 1,
+          "forward %llu spans for %u tokens", (unsigned long long)t.per_kind[MLXRT_SPAN_FORWARD],
+          tr.completion_tokens);
+  }
 
   struct counts quiet = {0};
   cfg.log_user_data = &quiet;

@@ -1,0 +1,118 @@
+//! Scheduler behaviours on tiny random-weight models (tests/oracle/make_tiny.py):
+//! `len - 1` prompt snapshots on a hybrid (recurrent-state) model, and one
+//! row's failure leaving the rest of its batch untouched.
+
+mod common;
+
+use common::*;
+use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
+use mlxrt::mlx::io::TensorFile;
+use mlxrt::mlx::{Array, Dtype};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The tiny model of `family` (f32), built once per change of make_tiny.py
+/// under target/oracle/scheduler.
+fn tiny(family: &str) -> PathBuf {
+    let folder = repo_root().join(format!("target/oracle/scheduler/tiny-{family}"));
+    let script = repo_root().join("tests/oracle/make_tiny.py");
+    if !newer_than(&folder.join("model.safetensors"), &[script]) {
+        let _ = std::fs::remove_dir_all(&folder);
+        make_tiny(family, &folder, &[]);
+    }
+    folder
+}
+
+/// A token prompt of `n` ids (all inside the tokenizer's vocabulary).
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| 100 + (i * 7919 + salt * 104_729) % 40_000).collect()
+}
+
+#[test]
+fn hybrid_identical_prompt_hits_len_minus_one() {
+    let folder = tiny("qwen3_5");
+    let e = Engine::new(EngineConfig::new(&folder)).unwrap();
+    let p = prompt(300, 1);
+    let first = tokens_and_cached(&e, token_request(&p, 16, None));
+    assert_eq!(first.1, 0);
+    let again = tokens_and_cached(&e, token_request(&p, 16, None));
+    assert_eq!(again.1 as usize, p.len() - 1, "an identical prompt reuses the len - 1 snapshot of the recurrent state");
+    let cold = tokens_and_cached(&e, RequestOptions { prompt_cache: false, ..token_request(&p, 16, None) });
+    assert_eq!((&again.0, &first.0), (&cold.0, &cold.0), "snapshots and hits keep the cold tokens");
+    // Shorter prompts than the cache's minimum are not snapshotted.
+    let short = prompt(100, 2);
+    tokens_and_cached(&e, token_request(&short, 4, None));
+    assert_eq!(tokens_and_cached(&e, token_request(&short, 4, None)).1, 0);
+}
+
+/// A copy of the tiny qwen3 model whose vocabulary is padded with `pad` ids
+/// the tokenizer does not know (as real checkpoints pad theirs, e.g. Qwen2.5:
+/// 151,936 rows for 151,665 tokens). Their output rows are zero, so greedy
+/// decoding never picks them but sampling at a high temperature soon does.
+fn padded_vocab(pad: i32) -> PathBuf {
+    let src = tiny("qwen3");
+    let dir = repo_root().join("target/oracle/scheduler/tiny-qwen3-padded");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let vocab = config["vocab_size"].as_i64().unwrap() as i32;
+    config["vocab_size"] = (vocab + pad).into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut f = TensorFile::load_safetensors(src.join("model.safetensors").to_str().unwrap()).unwrap();
+    let mut out = TensorFile::new().unwrap();
+    for name in f.names().unwrap() {
+        let mut a = f.take(&name).unwrap();
+        if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+            let zeros = Array::zeros(&[pad, a.dim(1)], Dtype::F32).unwrap();
+            a = Array::concatenate(&[&a, &zeros], 0).unwrap();
+        }
+        out.insert(&name, &a).unwrap();
+    }
+    out.save_safetensors(dir.join("model.safetensors").to_str().unwrap()).unwrap();
+    dir
+}
+
+/// One row's failure (it samples an id the tokenizer cannot turn into text)
+/// ends that row with an error while the rows batched with it go on, with
+/// the tokens they get alone.
+#[test]
+fn one_rows_failure_leaves_its_batch_untouched() {
+    let folder = padded_vocab(49_152);
+    let e = Engine::new(EngineConfig::new(&folder)).unwrap();
+    let greedy = |salt| token_request(&prompt(40, salt), 64, None);
+    let alone: Vec<Vec<u32>> = (0..2).map(|s| tokens_and_cached(&e, greedy(s)).0).collect();
+    let mut hot = token_request(&prompt(40, 9), 64, None);
+    hot.sampling.temperature = 50.0;
+    hot.sampling.seed = Some(1);
+
+    // All three together; events in arrival order, tagged by request.
+    let (tx, rx) = mpsc::channel::<(usize, Event)>();
+    for (i, o) in [greedy(0), greedy(1), hot].into_iter().enumerate() {
+        let tx = tx.clone();
+        e.submit(o, Box::new(move |ev: &Event| tx.send((i, ev.clone())).unwrap())).unwrap();
+    }
+    drop(tx);
+    let mut events: Vec<Vec<Event>> = vec![vec![]; 3];
+    let mut ended = vec![];
+    while ended.len() < 3 {
+        let (i, ev) = rx.recv_timeout(Duration::from_secs(300)).expect("events within 300 s");
+        if ev.is_terminal() {
+            ended.push(i);
+        }
+        events[i].push(ev);
+    }
+    let Some(Event::Error(err)) = events[2].last() else { panic!("the sampling row did not fail: {:?}", events[2].last()) };
+    assert!(err.message.contains("token"), "{err}");
+    assert_eq!(ended[0], 2, "the failing row ended first, while the others were still generating");
+    for i in 0..2 {
+        assert!(matches!(events[i].last(), Some(Event::Done { .. })), "row {i}: {:?}", events[i].last());
+        assert_eq!(tokens_of(&events[i]), alone[i], "row {i}: tokens differ from running alone");
+    }
+    let s = wait_idle(&e);
+    assert_eq!((s.active, s.in_flight, s.kv_reserved), (0, 0, 0), "{s:?}");
+    let _ = std::fs::remove_dir_all(&folder);
+}
