@@ -386,7 +386,12 @@ Q8X prepare_q8(const XView& x, int M, int K, int bits, int group, AlignedFloats&
       int8_t* dst = q.xq + static_cast<size_t>(m) * K + b * kQ8Block;
       int32_t sum = 0;
       for (int i = 0; i < kQ8Block; ++i) {
-        const int v = static_cast<int>(std::round(xb[i * step] * id));
+        // round(), half away from zero, without a libm call: truncate, then
+        // step by the exact remainder.
+        const float f = xb[i * step] * id;
+        int v = static_cast<int>(f);
+        const float rest = f - static_cast<float>(v);
+        v += rest >= 0.5f ? 1 : rest <= -0.5f ? -1 : 0;
         sum += v;
         // 4-bit weights: [even k, odd k] inside the block (nibble order).
         const int pos = bits == 4 ? (i % 2) * (kQ8Block / 2) + i / 2 : i;

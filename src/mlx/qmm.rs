@@ -71,12 +71,15 @@ pub fn fast_quantized_matmul_isa(
     fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, isa, false)
 }
 
-/// [`fast_quantized_matmul`] with int8 activations: on the CPU, `x` is
-/// quantized per block of 32 values (`d = max|x| / 127`, `xq = round(x / d)`)
-/// and each weight group contributes `s * sum_blocks(d * sum(q * xq)) +
-/// b * sum_blocks(d * sum(xq))`, the integer sums exact (VNNI `vpdpbusd` on
-/// AVX-512, `vpmaddubsw` on AVX2). Results differ from the f32 kernel by the
-/// rounding of x (~1e-3 relative); see docs/cpu-kernels.md.
+/// [`fast_quantized_matmul`] with int8 activations where they are faster:
+/// on the CPU, `x` is quantized per block of 32 values (`d = max|x| / 127`,
+/// `xq = round(x / d)`) and each weight group contributes
+/// `s * sum_blocks(d * sum(q * xq)) + b * sum_blocks(d * sum(xq))`, the
+/// integer sums exact (VNNI `vpdpbusd` on AVX-512, `vpmaddubsw` on AVX2).
+/// Results differ from the f32 kernel by the rounding of x (~1e-3 of
+/// `sum |x| |w|`); see docs/cpu-kernels.md. 4-bit weights with more than
+/// [`INT8_MAX_ROWS_4BIT`] rows of x run the f32 kernel (its dequantized
+/// panels beat this kernel there).
 pub fn fast_quantized_matmul_int8(
     x: &Array,
     w: &Array,
@@ -85,8 +88,14 @@ pub fn fast_quantized_matmul_int8(
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
-    fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, QmmIsa::Auto, true)
+    let k = x.shape().last().copied().unwrap_or(0).max(1) as usize;
+    let int8 = bits != 4 || x.size() / k <= INT8_MAX_ROWS_4BIT;
+    fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, QmmIsa::Auto, int8)
 }
+
+/// Rows of x up to which [`fast_quantized_matmul_int8`] uses int8
+/// activations with 4-bit weights (measured on Zen 4, bench/cpu_kernels.rs).
+pub const INT8_MAX_ROWS_4BIT: usize = 32;
 
 /// The general form: kernel variant and activation type (`int8_x`). With
 /// int8 activations, `Avx512` on a CPU without VNNI runs the AVX2 kernel.

@@ -37,6 +37,11 @@ struct V {
   QMM_FN static inline T set1(float s) { return _mm256_set1_ps(s); }
   QMM_FN static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   QMM_FN static inline T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  // The first n (< W) floats at p, the other lanes 0 (nothing read past n).
+  QMM_FN static inline T load_n(const float* p, int n) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+  }
   QMM_FN static inline float hsum(T v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

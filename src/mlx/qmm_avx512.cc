@@ -38,6 +38,10 @@ struct V {
   QMM_FN static inline T set1(float s) { return _mm512_set1_ps(s); }
   QMM_FN static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   QMM_FN static inline T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  // The first n (< W) floats at p, the other lanes 0 (nothing read past n).
+  QMM_FN static inline T load_n(const float* p, int n) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+  }
   // (GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized.)
   QMM_FN static inline float hsum(T v) {
     __m512 h = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -86,8 +90,8 @@ struct V {
   // Int8 activations: a chunk is two blocks of 32, one zmm of bytes; lanes
   // 0-7 hold block 0, 8-15 block 1.
   static constexpr int Q8_BLOCKS = 2;
-  // 4 x 4 accumulators; the rest hold weights, scales and products.
-  static constexpr int Q8_MR = 4;
+  // 6 x 4 accumulators; the rest hold weights, scales and products.
+  static constexpr int Q8_MR = 6;
   // 4-bit: 2 x 16 packed bytes -> [lo b0 | hi b0 | lo b1 | hi b1] (each
   // block's even k then its odd k, the order x is permuted to).
   template <int BITS, bool HALF>

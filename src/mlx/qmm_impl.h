@@ -329,37 +329,13 @@ QMM_FN void run(const Problem& p, int n0, int n1, float* panel) {
 //   q8_dot<BITS>(w, xq, xqsum)    the per-lane integer dot products as f32
 //   q8_wscale<GROUP, HALF>(s, g)  weight scales per lane for the chunk at
 //                                 group g (lanes of block i: s[g + i])
-//   mul(a, b)
+//   mul(a, b), load_n(p, n)    (load_n: the first n < W floats, others 0)
 // and the lanes of block i of a chunk are lanes [8i, 8i + 8): d8 (each d
 // repeated 8 times) lines up with them.
 
-// Weight rows of a tile for k-block [k0, k1): as TileRows, plus the biases
-// always copied, zero-padded to whole vectors for the bias dot product.
+// Weight rows of a tile for k-block [k0, k1), as TileRows.
 template <class QF, ScaleType ST>
-struct Q8Rows {
-  const uint8_t* w[NR];
-  const float* s[NR];
-  size_t row_bytes;
-  alignas(64) float sbuf[NR][kMaxGroups];
-  alignas(64) float bbuf[NR][kMaxGroups];
-
-  QMM_Q8_FN Q8Rows(const Problem& p, int n0, int k0, int k1) {
-    row_bytes = static_cast<size_t>(p.K) * QF::BITS / 8;
-    const size_t groups = static_cast<size_t>(p.K / QF::GROUP);
-    const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
-    const int padded = (ng + W - 1) / W * W;
-    QMM_UNROLL
-    for (int j = 0; j < NR; ++j) {
-      const size_t row = static_cast<size_t>(min_i(n0 + j, p.N - 1));
-      w[j] = p.w + row * row_bytes + static_cast<size_t>(k0) * QF::BITS / 8;
-      s[j] = scales_f32<ST>(p.scales, row * groups + g0, ng, sbuf[j]);
-      const float* b = scales_f32<ST>(p.biases, row * groups + g0, ng, bbuf[j]);
-      if (b != bbuf[j])
-        for (int i = 0; i < ng; ++i) bbuf[j][i] = b[i];
-      for (int i = ng; i < padded; ++i) bbuf[j][i] = 0.0f;
-    }
-  }
-};
+using Q8Rows = TileRows<QF, ST>;
 
 // One chunk (blocks [b, b + Q8_BLOCKS), or only block b if HALF) of an MR x
 // NR tile.
@@ -408,13 +384,13 @@ QMM_Q8_FN void tile_q8(const Problem& p, const Q8Rows<QF, ST>& rows, int m0, int
     if (b < nb) q8_chunk<QF, ST, MR, true>(rows, acc, b, xq, xd, xsum, ldx, ldb);
   }
 
-  // Bias term: sum over groups of b_w * xs (both zero-padded past the
-  // k-block's groups on the bias side).
+  // Bias term: sum over groups of b_w * xs (the biases' last vector loaded
+  // partially, the rest zero).
   const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
   for (int g = 0; g < ng; g += W) {
     QMM_UNROLL
     for (int j = 0; j < NR; ++j) {
-      const T bw = V::load(rows.bbuf[j] + g);
+      const T bw = g + W <= ng ? V::load(rows.b[j] + g) : V::load_n(rows.b[j] + g, ng - g);
       QMM_UNROLL
       for (int m = 0; m < MR; ++m)
         acc[m][j] = V::fma(V::load(p.xs + static_cast<size_t>(m0 + m) * p.xs_stride + g0 + g),

@@ -55,6 +55,11 @@ struct V {
   static inline T set1(float s) { return T{s, s, s, s}; }
   static inline T fma(T a, T b, T c) { return a * b + c; }
   static inline T mul(T a, T b) { return a * b; }
+  static inline T load_n(const float* p, int n) {
+    T v = zero();
+    for (int i = 0; i < n; ++i) v[i] = p[i];
+    return v;
+  }
   static inline float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
   struct Tab4 {
     T s, b;

@@ -386,3 +386,14 @@ fn int8_tolerance_catches_a_wrong_weight() {
     };
     assert!(q8_error(&run_q8(&x, &bad, group, bits, QmmIsa::best()), &want) > 100.0 * Q8_TOL);
 }
+
+#[test]
+fn int8_entry_point_keeps_the_f32_kernel_where_it_is_faster() {
+    let x = |m: i32| randn(&[m, 64], 71);
+    for (bits, m, int8) in [(4, 1, true), (4, INT8_MAX_ROWS_4BIT as i32, true), (4, 33, false), (8, 33, true)] {
+        let q = quantized(8, 64, 32, bits, Dtype::F32, 72);
+        let out = fast_quantized_matmul_int8(&x(m), &q.w, &q.scales, &q.biases, 32, bits).unwrap();
+        assert!(fast_qmm_isa_of(&out).is_some());
+        assert_eq!(fast_qmm_is_int8(&out), int8, "bits={bits} M={m}");
+    }
+}
