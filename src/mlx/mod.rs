@@ -39,6 +39,7 @@ pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantiz
 pub use qmm::{
     blas_info, fast_qmm_is_int8, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_int8,
     fast_quantized_matmul_isa, fast_quantized_matmul_with, qmm_threads, BlasInfo, QmmIsa, INT8_MAX_ROWS_4BIT,
+    INT8_MIN_ROWS_8BIT,
 };
 pub use qsdpa::{qsdpa_isa_of, quantized_sdpa, quantized_sdpa_isa, quantized_sdpa_ops};
 pub use tqsdpa::{tqsdpa_isa_of, turbo_sdpa_rotated};

@@ -77,9 +77,11 @@ pub fn fast_quantized_matmul_isa(
 /// `s * sum_blocks(d * sum(q * xq)) + b * sum_blocks(d * sum(xq))`, the
 /// integer sums exact (VNNI `vpdpbusd` on AVX-512, `vpmaddubsw` on AVX2).
 /// Results differ from the f32 kernel by the rounding of x (~1e-3 of
-/// `sum |x| |w|`); see docs/cpu-kernels.md. 4-bit weights with more than
-/// [`INT8_MAX_ROWS_4BIT`] rows of x run the f32 kernel (its dequantized
-/// panels beat this kernel there).
+/// `sum |x| |w|`); see docs/cpu-kernels.md. Where the f32 kernel measured
+/// faster it runs instead: 4-bit weights with more than
+/// [`INT8_MAX_ROWS_4BIT`] rows of x (its dequantized panels), 8-bit weights
+/// with fewer than [`INT8_MIN_ROWS_8BIT`] (a single row of x streaming a
+/// large 8-bit matrix, e.g. the LM head at decode).
 pub fn fast_quantized_matmul_int8(
     x: &Array,
     w: &Array,
@@ -89,13 +91,16 @@ pub fn fast_quantized_matmul_int8(
     bits: i32,
 ) -> Result<Array> {
     let k = x.shape().last().copied().unwrap_or(0).max(1) as usize;
-    let int8 = bits != 4 || x.size() / k <= INT8_MAX_ROWS_4BIT;
+    let m = x.size() / k;
+    let int8 = if bits == 4 { m <= INT8_MAX_ROWS_4BIT } else { m >= INT8_MIN_ROWS_8BIT };
     fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, QmmIsa::Auto, int8)
 }
 
 /// Rows of x up to which [`fast_quantized_matmul_int8`] uses int8
 /// activations with 4-bit weights (measured on Zen 4, bench/cpu_kernels.rs).
 pub const INT8_MAX_ROWS_4BIT: usize = 32;
+/// Rows of x from which it uses them with 8-bit weights.
+pub const INT8_MIN_ROWS_8BIT: usize = 2;
 
 /// The general form: kernel variant and activation type (`int8_x`). With
 /// int8 activations, `Avx512` on a CPU without VNNI runs the AVX2 kernel.
