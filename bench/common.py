@@ -70,13 +70,14 @@ def machine_info():
     }
 
 
-KERNELS = ("auto", "stock")
+KERNELS = ("auto", "stock", "int8")
 
 
 def add_kernels_arg(ap):
     ap.add_argument("--kernels", choices=KERNELS, default="auto",
                     help="mlxrt's quantized matmul and SwiGLU: auto = mlxrt's own on the CPU (the "
-                         "engine's default), stock = MLX's, as mlx-lm uses (exported to the mlxrt "
+                         "engine's default), stock = MLX's, as mlx-lm uses, int8 = auto with int8 "
+                         "activations in the quantized matmul (exported to the mlxrt "
                          "side as MLXRT_BENCH_KERNELS)")
 
 

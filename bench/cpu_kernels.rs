@@ -1,4 +1,5 @@
-//! CPU kernel microbenchmark: mlxrt's quantized matmul vs MLX's stock
+//! CPU kernel microbenchmark: mlxrt's quantized matmul (f32 activations, and
+//! int8 activations with f32 scales) vs MLX's stock
 //! `quantized_matmul` (f16 and f32 scales), and MLX's dense f32 matmul with
 //! OpenBLAS vs the wheel's reference BLAS, on SmolLM2-135M's linear shapes.
 //!
@@ -13,8 +14,8 @@
 //! bench/results/cpu_kernels.json); ratios are stock time / mlxrt time.
 
 use mlxrt::mlx::{
-    blas_info, eval, fast_quantized_matmul_isa, qmm_threads, quantize, quantized_matmul, Array,
-    Dtype, QmmIsa,
+    blas_info, eval, fast_quantized_matmul_isa, fast_quantized_matmul_with, qmm_threads, quantize,
+    quantized_matmul, Array, Dtype, QmmIsa,
 };
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -289,6 +290,15 @@ fn main() {
                     linear_in_m: false,
                 },
                 Variant {
+                    name: "mlxrt_int8_f32",
+                    op: Box::new(|| {
+                        fast_quantized_matmul_with(&x, &wt.w, &wt.s32, &wt.b32, GROUP, bits, isa, true)
+                            .unwrap()
+                    }),
+                    bytes: qbytes(4.0),
+                    linear_in_m: false,
+                },
+                Variant {
                     name: "stock_f32",
                     op: Box::new(|| {
                         quantized_matmul(&x, &wt.w, &wt.s32, &wt.b32, true, GROUP, bits).unwrap()
@@ -329,7 +339,8 @@ fn main() {
         "command": format!("cargo bench --bench cpu_kernels -- --reps {reps} --rows {}", rows_arg(&rows)),
         "notes": "times are medians in ms of alternating runs (x f32; group 32); \
                   gbps = weight bytes read (packed weights + scales + biases, or f32 dense \
-                  weights) / time; *_time_ratio = stock time / mlxrt time (> 1: mlxrt faster); \
+                  weights) / time; *_time_ratio = stock time / mlxrt time (> 1: mlxrt faster), \
+                  int8_vs_f32_activations_time_ratio = mlxrt_f32 time / mlxrt_int8_f32 time; \
                   dense_reference is MLX's matmul on the wheel's bundled reference BLAS, \
                   measured in a child process; a missing entry was skipped as too slow",
         "results": results,
@@ -387,7 +398,7 @@ fn point(
     };
     eprintln!(
         "  M={m:<4} {}",
-        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "stock_f32", "dense_openblas", "dense_reference"]
+        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "mlxrt_int8_f32", "stock_f32", "dense_openblas", "dense_reference"]
             .iter()
             .filter_map(|k| line(k))
             .collect::<Vec<_>>()
@@ -400,6 +411,7 @@ fn point(
             "qmm_f16_time_ratio": ratio("stock_f16", "mlxrt_f16"),
             "qmm_f32_time_ratio": ratio("stock_f32", "mlxrt_f32"),
             "qmm_f16_vs_stock_f32_time_ratio": ratio("stock_f32", "mlxrt_f16"),
+            "int8_vs_f32_activations_time_ratio": ratio("mlxrt_f32", "mlxrt_int8_f32"),
             "dense_openblas_time_ratio": ratio("dense_reference", "dense_openblas"),
         },
     })

@@ -6,13 +6,14 @@ use mlxrt::engine::Kernels;
 use serde_json::{json, Value};
 
 /// The kernels the driver asked for in `MLXRT_BENCH_KERNELS`: "auto" (the
-/// engine's default, also when unset) or "stock".
+/// engine's default, also when unset), "stock" or "int8".
 pub fn kernels() -> Kernels {
     match std::env::var("MLXRT_BENCH_KERNELS").as_deref() {
         Err(_) | Ok("") | Ok("auto") => Kernels::Auto,
         Ok("stock") => Kernels::Stock,
+        Ok("int8") => Kernels::Int8,
         Ok(other) => {
-            eprintln!("MLXRT_BENCH_KERNELS={other:?}: expected auto or stock");
+            eprintln!("MLXRT_BENCH_KERNELS={other:?}: expected auto, stock or int8");
             std::process::exit(2);
         }
     }
@@ -21,13 +22,17 @@ pub fn kernels() -> Kernels {
 /// The provenance object of this side.
 pub fn json(kernels: Kernels) -> Value {
     let gpu = mlxrt::mlx::device::default_is_gpu();
-    // mlxrt's own qmm/SwiGLU run only with `Kernels::Auto` on the CPU device.
-    let own = kernels == Kernels::Auto && !gpu;
+    // mlxrt's own qmm/SwiGLU run only with `Kernels::Auto`/`Int8` on the CPU device.
+    let own = kernels != Kernels::Stock && !gpu;
     let blas = mlxrt::mlx::blas_info();
     json!({
         "side": "mlxrt",
-        "kernels": match kernels { Kernels::Auto => "auto", Kernels::Stock => "stock" },
-        "qmm": if own { format!("mlxrt ({:?})", mlxrt::mlx::QmmIsa::best()) } else { "MLX quantized_matmul".into() },
+        "kernels": match kernels { Kernels::Auto => "auto", Kernels::Stock => "stock", Kernels::Int8 => "int8" },
+        "qmm": match (own, kernels) {
+            (false, _) => "MLX quantized_matmul".into(),
+            (true, Kernels::Int8) => format!("mlxrt ({:?}, int8 activations)", mlxrt::mlx::QmmIsa::best()),
+            (true, _) => format!("mlxrt ({:?})", mlxrt::mlx::QmmIsa::best()),
+        },
         "swiglu": if own { "mlxrt" } else { "MLX silu * mul" },
         "device": if gpu { "gpu" } else { "cpu" },
         // The engine casts quantization scales/biases to f32 at load on the

@@ -11,8 +11,9 @@
 #   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
 #     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
 #      --build-only: just build llama.cpp's tools, cached, and exit)
-# All but cpu_kernels take --kernels auto|stock (mlxrt's own CPU kernels, the
-# default, or MLX's stock ones as mlx-lm uses); single_stream, batching,
+# All but cpu_kernels take --kernels auto|stock|int8 (mlxrt's own CPU kernels, the
+# default, MLX's stock ones as mlx-lm uses, or auto with int8 activations in the
+# quantized matmul); single_stream, batching,
 # prompt_cache and vs_llama_cpp take --name NAME (-> NAME.json).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

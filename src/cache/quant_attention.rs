@@ -29,7 +29,7 @@ pub fn quantized_attention(
 ) -> Result<Array> {
     let (k, v) = (keys.each_ref(), values.each_ref());
     let run = match kernels {
-        Kernels::Auto => quantized_sdpa,
+        Kernels::Auto | Kernels::Int8 => quantized_sdpa,
         Kernels::Stock => quantized_sdpa_ops,
     };
     Ok(run(queries, k, v, scale, mask.as_mask(), group_size, bits)?)

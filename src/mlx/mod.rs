@@ -37,8 +37,9 @@ pub use fattn::{fattn_isa_of, fused_sdpa, fused_sdpa_isa, sdpa_stock};
 pub use fused::{fused_rms_norm, fused_rope, fused_rope_at, is_fused_node, rope_inv_freqs, rope_inv_freqs_of};
 pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
-    blas_info, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_isa, qmm_threads,
-    BlasInfo, QmmIsa,
+    blas_info, fast_qmm_is_int8, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_int8,
+    fast_quantized_matmul_isa, fast_quantized_matmul_with, qmm_threads, BlasInfo, QmmIsa, INT8_MAX_ROWS_4BIT,
+    INT8_MIN_ROWS_8BIT,
 };
 pub use qsdpa::{qsdpa_isa_of, quantized_sdpa, quantized_sdpa_isa, quantized_sdpa_ops};
 pub use tqsdpa::{tqsdpa_isa_of, turbo_sdpa_rotated};

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -223,6 +224,15 @@ const Kernels* best_kernels() {
   return best;
 }
 
+// The int8-activation kernel to run for variant `k`: its own, or for AVX-512
+// without VNNI the AVX2 one.
+const Kernels* q8_kernels(const Kernels* k) {
+#if defined(__x86_64__)
+  if (k->isa == Isa::Avx512 && !__builtin_cpu_supports("avx512vnni")) return usable(Isa::Avx2);
+#endif
+  return k;
+}
+
 const Kernels* select_kernels(uint8_t code) {
   if (code > static_cast<uint8_t>(Isa::Avx512))
     throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
@@ -262,21 +272,28 @@ float* thread_scratch() {
   return p;
 }
 
-void run_problem(const Kernels& k, const Problem& p) {
+void run_problem(const Kernels& k, const Problem& p, bool q8) {
   Pool& pool = Pool::get();
   const int tiles = (p.N + k.tile_n - 1) / k.tile_n;
   const double macs = static_cast<double>(p.M) * p.N * p.K;
   // A few chunks per thread balance uneven progress (other load, SMT).
   int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
+  auto range = [&](int n0, int n1) {
+    if (q8) {
+      k.run_q8(p, n0, n1);
+    } else {
+      k.run(p, n0, n1, thread_scratch());
+    }
+  };
   if (chunks <= 1) {
-    k.run(p, 0, p.N, thread_scratch());
+    range(0, p.N);
     return;
   }
   const int per = (tiles + chunks - 1) / chunks;
   chunks = (tiles + per - 1) / per;
   auto body = [&](int c) {
     const int n0 = c * per * k.tile_n;
-    k.run(p, n0, std::min(p.N, n0 + per * k.tile_n), thread_scratch());
+    range(n0, std::min(p.N, n0 + per * k.tile_n));
   };
   pool.parallel_for(chunks, body);
 }
@@ -325,6 +342,68 @@ const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, Aligne
     }
   }
   return out;
+}
+
+// x quantized to int8 for Kernels::run_q8, in one cache-aligned buffer:
+// per row, per block of 32 values (llama.cpp's Q8_0 rounding): d =
+// max|x| / 127, xq = round(x / d) (half away from zero), the block sum of
+// xq, and per weight group xs = sum of d * sum(xq) (the bias term uses the
+// quantized x: then the result is exactly dequant(w) . dequant(x), whose
+// error cancels better than with the exact sum of x, since b ~ -8 s).
+struct Q8X {
+  int8_t* xq;
+  float* xd8;
+  int32_t* xqsum;
+  float* xs;
+  int xs_stride;
+};
+
+Q8X prepare_q8(const XView& x, int M, int K, int bits, int group, AlignedFloats& buf) {
+  const int nb = K / kQ8Block, xs_stride = (K / group + 15) / 16 * 16;
+  // Sizes in floats, each part a multiple of 16 floats (a cache line).
+  auto line = [](size_t n) { return (n + 15) / 16 * 16; };
+  const size_t n_xq = line((static_cast<size_t>(M) * K + kQ8Pad + 3) / 4);
+  const size_t n_d8 = line(static_cast<size_t>(M) * nb * 8 + kQ8Pad);
+  const size_t n_sum = line(static_cast<size_t>(M) * nb);
+  const size_t n_xs = static_cast<size_t>(M) * xs_stride;
+  float* base = buf.get(n_xq + n_d8 + n_sum + n_xs);
+  Q8X q{reinterpret_cast<int8_t*>(base), base + n_xq,
+        reinterpret_cast<int32_t*>(base + n_xq + n_d8), base + n_xq + n_d8 + n_sum, xs_stride};
+  // The padding is read by whole-chunk loads at the last block; zeros keep
+  // what it meets finite (it is multiplied by zero weights).
+  std::memset(q.xq + static_cast<size_t>(M) * K, 0, kQ8Pad);
+  std::memset(q.xd8 + static_cast<size_t>(M) * nb * 8, 0, sizeof(float) * kQ8Pad);
+  std::memset(q.xs, 0, sizeof(float) * n_xs);
+  const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
+  for (int m = 0; m < M; ++m) {
+    const float* src = x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
+    const int64_t step = x.dense ? 1 : sk;
+    for (int b = 0; b < nb; ++b) {
+      const float* xb = src + static_cast<int64_t>(b) * kQ8Block * step;
+      float amax = 0.0f;
+      for (int i = 0; i < kQ8Block; ++i) amax = std::max(amax, std::fabs(xb[i * step]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      int8_t* dst = q.xq + static_cast<size_t>(m) * K + b * kQ8Block;
+      int32_t sum = 0;
+      for (int i = 0; i < kQ8Block; ++i) {
+        // round(), half away from zero, without a libm call: truncate, then
+        // step by the exact remainder.
+        const float f = xb[i * step] * id;
+        int v = static_cast<int>(f);
+        const float rest = f - static_cast<float>(v);
+        v += rest >= 0.5f ? 1 : rest <= -0.5f ? -1 : 0;
+        sum += v;
+        // 4-bit weights: [even k, odd k] inside the block (nibble order).
+        const int pos = bits == 4 ? (i % 2) * (kQ8Block / 2) + i / 2 : i;
+        dst[pos] = static_cast<int8_t>(v);
+      }
+      const size_t bi = static_cast<size_t>(m) * nb + b;
+      for (int i = 0; i < 8; ++i) q.xd8[bi * 8 + i] = d;
+      q.xqsum[bi] = sum;
+      q.xs[static_cast<size_t>(m) * xs_stride + b * kQ8Block / group] += d * static_cast<float>(sum);
+    }
+  }
+  return q;
 }
 
 ScaleType scale_type(mx::Dtype d) {
@@ -388,11 +467,18 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
   enc.dispatch([xv = XView{x.data<float>(), x.shape(), x.strides(), x.flags().row_contiguous},
                 w = w.data<uint8_t>(), sp = s.data<void>(), bp = b.data<void>(),
                 st = scale_type(s.dtype()), o = out.data<float>(), M, N, K,
-                group = group_, bits = bits_, k = kernels_]() {
+                group = group_, bits = bits_, k = kernels_, q8 = q8_]() {
     thread_local AlignedFloats xbuf;
+    if (q8) {
+      const Q8X xq = prepare_q8(xv, M, K, bits, group, xbuf);
+      Problem p{nullptr, w,        sp,       bp,    o,     M,           N, K, group, bits, st,
+                xq.xq,   xq.xd8, xq.xqsum, xq.xs, xq.xs_stride};
+      run_problem(*k, p, true);
+      return;
+    }
     const float* xp = prepare_x(xv, M, K, bits, k->lanes, xbuf);
-    Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st};
-    run_problem(*k, p);
+    Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st, nullptr, nullptr, nullptr, nullptr, 0};
+    run_problem(*k, p, false);
   });
 }
 
@@ -402,7 +488,8 @@ void FastQuantizedMatmul::eval_gpu(const std::vector<array>&, array&) {
 
 bool FastQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   auto* o = dynamic_cast<const FastQuantizedMatmul*>(&other);
-  return o && o->group_ == group_ && o->bits_ == bits_ && o->kernels_ == kernels_;
+  return o && o->group_ == group_ && o->bits_ == bits_ && o->kernels_ == kernels_ &&
+         o->q8_ == q8_;
 }
 
 std::vector<mx::Shape> FastQuantizedMatmul::output_shapes(const std::vector<array>& inputs) {
@@ -416,16 +503,18 @@ std::vector<mx::Shape> FastQuantizedMatmul::output_shapes(const std::vector<arra
 
 std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
                                              const array& scales, const array& biases,
-                                             int32_t group_size, int32_t bits, uint8_t isa) {
+                                             int32_t group_size, int32_t bits, uint8_t isa,
+                                             bool int8_x) {
   // MLX's op validates everything and gives the output shape and dtype; the
   // node is dropped unevaluated when the fast path applies.
   array ref = mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine");
   const Kernels* k = select_kernels(isa);
-  if (mx::default_device() != mx::Device::cpu ||
+  if (int8_x) k = q8_kernels(k);
+  if (mx::default_device() != mx::Device::cpu || !k ||
       !supported(x, w, scales, biases, group_size, bits, *k))
     return std::make_unique<array>(std::move(ref));
   auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
-                                                    group_size, bits, k);
+                                                    group_size, bits, k, int8_x);
   array out(ref.shape(), mx::float32, std::move(prim),
             {mx::astype(x, mx::float32), dense(w), dense(scales), dense(biases)});
   if (ref.dtype() != mx::float32) out = mx::astype(out, ref.dtype());
@@ -443,7 +532,7 @@ bool isa_available(uint8_t isa) {
 uint8_t fast_node_isa(const array& a) {
   if (!a.has_primitive()) return 0;
   auto* p = dynamic_cast<FastQuantizedMatmul*>(&a.primitive());
-  return p ? static_cast<uint8_t>(p->isa()) : 0;
+  return p ? static_cast<uint8_t>(p->isa()) | (p->int8_x() ? kInt8Flag : 0) : 0;
 }
 
 size_t pool_threads() { return static_cast<size_t>(Pool::get().size()); }

@@ -20,8 +20,9 @@ using mlx::core::array;
 // builds this primitive for another device.
 class FastQuantizedMatmul : public mlx::core::UnaryPrimitive {
  public:
-  FastQuantizedMatmul(mlx::core::Stream s, int group, int bits, const Kernels* k)
-      : UnaryPrimitive(s), group_(group), bits_(bits), kernels_(k) {}
+  // `q8`: quantize x to int8 per block of 32 and run `Kernels::run_q8`.
+  FastQuantizedMatmul(mlx::core::Stream s, int group, int bits, const Kernels* k, bool q8)
+      : UnaryPrimitive(s), group_(group), bits_(bits), kernels_(k), q8_(q8) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override;
   void eval_gpu(const std::vector<array>& inputs, array& out) override;
@@ -30,10 +31,12 @@ class FastQuantizedMatmul : public mlx::core::UnaryPrimitive {
   std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
 
   Isa isa() const { return kernels_->isa; }
+  bool int8_x() const { return q8_; }
 
  private:
   int group_, bits_;
   const Kernels* kernels_;
+  bool q8_;
 };
 
 // ---- bridged to Rust (qmm_sys.rs) ----
@@ -41,15 +44,20 @@ class FastQuantizedMatmul : public mlx::core::UnaryPrimitive {
 // `quantized_matmul(x, w, scales, biases, transpose=true, group, bits)`: the
 // primitive above when the default device is the CPU and the case is
 // supported, MLX's own op otherwise. `isa` is an `Isa` code; Auto picks the
-// best the CPU has; naming one the CPU lacks is an error.
+// best the CPU has; naming one the CPU lacks is an error. `int8_x`: int8
+// activations (x quantized per block of 32, integer dot products; AVX-512
+// without VNNI runs AVX2's kernel).
 std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
                                              const array& scales, const array& biases,
-                                             int32_t group_size, int32_t bits, uint8_t isa);
+                                             int32_t group_size, int32_t bits, uint8_t isa,
+                                             bool int8_x);
 // The best instruction set this CPU runs (an `Isa` code, never Auto).
 uint8_t best_isa();
 bool isa_available(uint8_t isa);
-// The `Isa` code of the kernel that computes `a`, or 0 if `a` is not the
-// output of a FastQuantizedMatmul.
+// Set in fast_node_isa's answer for an int8-activation node.
+constexpr uint8_t kInt8Flag = 0x80;
+// The `Isa` code of the kernel that computes `a` (| kInt8Flag with int8
+// activations), or 0 if `a` is not the output of a FastQuantizedMatmul.
 uint8_t fast_node_isa(const array& a);
 // Threads the kernel's pool uses (including the calling thread).
 size_t pool_threads();

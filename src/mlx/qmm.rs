@@ -68,6 +68,53 @@ pub fn fast_quantized_matmul_isa(
     bits: i32,
     isa: QmmIsa,
 ) -> Result<Array> {
+    fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, isa, false)
+}
+
+/// [`fast_quantized_matmul`] with int8 activations where they are faster:
+/// on the CPU, `x` is quantized per block of 32 values (`d = max|x| / 127`,
+/// `xq = round(x / d)`) and each weight group contributes
+/// `s * sum_blocks(d * sum(q * xq)) + b * sum_blocks(d * sum(xq))`, the
+/// integer sums exact (VNNI `vpdpbusd` on AVX-512, `vpmaddubsw` on AVX2).
+/// Results differ from the f32 kernel by the rounding of x (~1e-3 of
+/// `sum |x| |w|`); see docs/cpu-kernels.md. Where the f32 kernel measured
+/// faster it runs instead: 4-bit weights with more than
+/// [`INT8_MAX_ROWS_4BIT`] rows of x (its dequantized panels), 8-bit weights
+/// with fewer than [`INT8_MIN_ROWS_8BIT`] (a single row of x streaming a
+/// large 8-bit matrix, e.g. the LM head at decode).
+pub fn fast_quantized_matmul_int8(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    let k = x.shape().last().copied().unwrap_or(0).max(1) as usize;
+    let m = x.size() / k;
+    let int8 = if bits == 4 { m <= INT8_MAX_ROWS_4BIT } else { m >= INT8_MIN_ROWS_8BIT };
+    fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, QmmIsa::Auto, int8)
+}
+
+/// Rows of x up to which [`fast_quantized_matmul_int8`] uses int8
+/// activations with 4-bit weights (measured on Zen 4, bench/cpu_kernels.rs).
+pub const INT8_MAX_ROWS_4BIT: usize = 32;
+/// Rows of x from which it uses them with 8-bit weights.
+pub const INT8_MIN_ROWS_8BIT: usize = 2;
+
+/// The general form: kernel variant and activation type (`int8_x`). With
+/// int8 activations, `Avx512` on a CPU without VNNI runs the AVX2 kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn fast_quantized_matmul_with(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+    isa: QmmIsa,
+    int8_x: bool,
+) -> Result<Array> {
     wrap(ffi::fast_quantized_matmul(
         x.raw(),
         w.raw(),
@@ -76,16 +123,26 @@ pub fn fast_quantized_matmul_isa(
         group_size,
         bits,
         isa as u8,
+        int8_x,
     ))
 }
+
+/// Flag in `fast_node_isa`'s answer for int8 activations (qmm.h).
+const INT8_FLAG: u8 = 0x80;
 
 /// The kernel variant that computes `a`, or `None` when `a` is not the
 /// output of mlxrt's quantized matmul (e.g. the stock op was used).
 pub fn fast_qmm_isa_of(a: &Array) -> Option<QmmIsa> {
     match ffi::fast_node_isa(a.raw()) {
         0 => None,
-        c => QmmIsa::from_code(c),
+        c => QmmIsa::from_code(c & !INT8_FLAG),
     }
+}
+
+/// Whether `a` is the output of mlxrt's quantized matmul with int8
+/// activations.
+pub fn fast_qmm_is_int8(a: &Array) -> bool {
+    ffi::fast_node_isa(a.raw()) & INT8_FLAG != 0
 }
 
 /// Threads the quantized-matmul kernel uses (the calling MLX stream thread

@@ -7,6 +7,7 @@
 #include <immintrin.h>
 
 #define QMM_FN __attribute__((target("avx2,fma,f16c")))
+#define QMM_Q8_FN QMM_FN
 #define QMM_NS avx2
 #define QMM_ISA Isa::Avx2
 
@@ -35,6 +36,12 @@ struct V {
   QMM_FN static inline void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   QMM_FN static inline T set1(float s) { return _mm256_set1_ps(s); }
   QMM_FN static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  QMM_FN static inline T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  // The first n (< W) floats at p, the other lanes 0 (nothing read past n).
+  QMM_FN static inline T load_n(const float* p, int n) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+  }
   QMM_FN static inline float hsum(T v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -66,6 +73,47 @@ struct V {
     }
     for (; i < n; ++i) dst[i] = bf16 ? bf16_to_float(src[i]) : _cvtsh_ss(src[i]);
   }
+
+  // Int8 activations: a chunk is one block of 32 bytes, all 8 lanes.
+  // vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd by 1.
+  // 4-bit: a pair is at most 2 * 15 * 127, no saturation. 8-bit: q up to 255
+  // could saturate (2 * 255 * 127), so the weights are taken as q - 128
+  // (|q - 128| <= 128 unsigned, the sign moved onto xq: pairs at most
+  // 2 * 128 * 127 < 32767) and 128 * sum(xq) is added back.
+  static constexpr int Q8_BLOCKS = 1;
+  static constexpr int Q8_MR = 2;
+  struct W8 {
+    __m256i a;  // unsigned bytes: q (4-bit) or |q - 128| (8-bit)
+    __m256i s;  // 8-bit: q - 128 as signed bytes (its sign goes onto xq)
+  };
+  template <int BITS, bool>
+  QMM_FN static inline W8 q8_load(const uint8_t* p) {
+    if constexpr (BITS == 4) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+      const __m128i m = _mm_set1_epi8(0x0f);
+      const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
+      return {_mm256_set_m128i(hi, lo), _mm256_setzero_si256()};
+    } else {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+      const __m256i s = _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
+      return {_mm256_abs_epi8(s), s};
+    }
+  }
+  template <int BITS>
+  QMM_FN static inline T q8_dot(const W8& w, const int8_t* x, const int32_t* xqsum) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i ones = _mm256_set1_epi16(1);
+    if constexpr (BITS == 4) {
+      return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w.a, xv), ones));
+    } else {
+      const __m256i p = _mm256_maddubs_epi16(w.a, _mm256_sign_epi8(xv, w.s));
+      // 128 * sum(xq) over the block, spread over the 8 lanes.
+      const __m256i fix = _mm256_set1_epi32(16 * *xqsum);
+      return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(p, ones), fix));
+    }
+  }
+  template <int, bool>
+  QMM_FN static inline T q8_wscale(const float* s, int g) { return _mm256_set1_ps(s[g]); }
 };
 
 }  // namespace

@@ -10,6 +10,10 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #define QMM_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+// VNNI (vpdpbusd) only in the int8-activation kernel; qmm.cc calls it only
+// when the CPU has it.
+#define QMM_Q8_FN \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 #define QMM_NS avx512
 #define QMM_ISA Isa::Avx512
 
@@ -33,6 +37,11 @@ struct V {
   QMM_FN static inline void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   QMM_FN static inline T set1(float s) { return _mm512_set1_ps(s); }
   QMM_FN static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  QMM_FN static inline T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  // The first n (< W) floats at p, the other lanes 0 (nothing read past n).
+  QMM_FN static inline T load_n(const float* p, int n) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);
+  }
   // (GCC 12's _mm512_reduce_add_ps trips -Wmaybe-uninitialized.)
   QMM_FN static inline float hsum(T v) {
     __m512 h = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, _MM_SHUFFLE(1, 0, 3, 2)));
@@ -75,6 +84,49 @@ struct V {
     if (i < n) {  // a masked load never reads past the array; `dst` has room
       const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1);
       _mm512_storeu_ps(dst + i, from_halves(_mm256_maskz_loadu_epi16(mask, src + i), bf16));
+    }
+  }
+
+  // Int8 activations: a chunk is two blocks of 32, one zmm of bytes; lanes
+  // 0-7 hold block 0, 8-15 block 1.
+  static constexpr int Q8_BLOCKS = 2;
+  // 6 x 4 accumulators; the rest hold weights, scales and products.
+  static constexpr int Q8_MR = 6;
+  // 4-bit: 2 x 16 packed bytes -> [lo b0 | hi b0 | lo b1 | hi b1] (each
+  // block's even k then its odd k, the order x is permuted to).
+  template <int BITS, bool HALF>
+  QMM_Q8_FN static inline __m512i q8_load(const uint8_t* p) {
+    if constexpr (BITS == 4) {
+      const __m512i idx = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+      const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
+      __m512i z;
+      if constexpr (HALF) {
+        z = _mm512_maskz_permutexvar_epi64(
+            0x0f, idx,
+            _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+      } else {
+        z = _mm512_permutexvar_epi64(
+            idx,
+            _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+      }
+      return _mm512_and_si512(_mm512_srlv_epi64(z, shift), _mm512_set1_epi8(0x0f));
+    } else if constexpr (HALF) {
+      return _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    } else {
+      return _mm512_loadu_si512(p);
+    }
+  }
+  // u8 x s8 -> s32 with no intermediate saturation.
+  template <int BITS>
+  QMM_Q8_FN static inline T q8_dot(__m512i w, const int8_t* x, const int32_t*) {
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x)));
+  }
+  template <int GROUP, bool HALF>
+  QMM_Q8_FN static inline T q8_wscale(const float* s, int g) {
+    if constexpr (GROUP == 32 && !HALF) {
+      return _mm512_insertf32x8(_mm512_set1_ps(s[g]), _mm256_set1_ps(s[g + 1]), 1);
+    } else {
+      return _mm512_set1_ps(s[g]);
     }
   }
 };

@@ -4,6 +4,7 @@
 //   QMM_NS   the namespace of this variant (avx512, avx2, portable)
 //   QMM_FN   attributes of every kernel function (its `target`)
 //   QMM_ISA  the `Isa` value of this variant
+//   QMM_Q8_FN  attributes of the int8-activation kernel (may add VNNI)
 // and, inside mlxrt::qmm::QMM_NS, a struct `V` with:
 //   T                         the vector type, W f32 lanes
 //   MR_DIRECT, MR_PANEL       rows of x per register tile (see below)
@@ -15,6 +16,7 @@
 //   unpack8(p)                W bytes of 8-bit data as floats
 //   convert_halves(src, n, bf16, dst)  n f16 (or bfloat16) values to f32
 //                             (may write up to 16 floats past dst + n)
+//   Q8_BLOCKS, Q8_MR, q8_*    the int8-activation path (see run_q8 below)
 //
 // Shape of the computation. Each output is a dot product along k. A register
 // tile holds MR rows of x times NR = kPanelRows rows of w as MR*NR vector
@@ -49,6 +51,8 @@ constexpr int W = V::W;
 constexpr int NR = kPanelRows;
 
 QMM_FN inline int min_i(int a, int b) { return a < b ? a : b; }
+
+
 
 // A weight format: bits per value and group size, fixed at compile time so
 // the per-group loops unroll. A block is the W bytes one vector load of
@@ -313,7 +317,150 @@ QMM_FN void run(const Problem& p, int n0, int n1, float* panel) {
   }
 }
 
-const Kernels kKernels{QMM_ISA, V::W, &run, NR};
+// ---------------------------------------------------------------------------
+// Int8 activations (Kernels::run_q8). x arrives quantized per block of 32
+// (xq, d; see Problem). Per block and output, the variant's q8_dot gives the
+// exact integer sum(q * xq) spread over vector lanes, converted to f32; it is
+// scaled by s_w * d and accumulated in f32. The bias term b_w * sum(d * xq)
+// per weight group is one more f32 dot product per output (xs, biases).
+// A chunk is V::Q8_BLOCKS blocks: the variant's V provides
+//   q8_load<BITS, HALF>(p)        a chunk of packed weights as unsigned bytes
+//                                 (HALF: only its first block, the rest 0)
+//   q8_dot<BITS>(w, xq, xqsum)    the per-lane integer dot products as f32
+//   q8_wscale<GROUP, HALF>(s, g)  weight scales per lane for the chunk at
+//                                 group g (lanes of block i: s[g + i])
+//   mul(a, b), load_n(p, n)    (load_n: the first n < W floats, others 0)
+// and the lanes of block i of a chunk are lanes [8i, 8i + 8): d8 (each d
+// repeated 8 times) lines up with them.
+
+// Weight rows of a tile for k-block [k0, k1), as TileRows.
+template <class QF, ScaleType ST>
+using Q8Rows = TileRows<QF, ST>;
+
+// One chunk (blocks [b, b + Q8_BLOCKS), or only block b if HALF) of an MR x
+// NR tile.
+template <class QF, ScaleType ST, int MR, bool HALF>
+QMM_Q8_FN __attribute__((always_inline)) inline void q8_chunk(
+    const Q8Rows<QF, ST>& rows, T (&acc)[MR][NR], int b, const int8_t* xq, const float* xd,
+    const int32_t* xsum, size_t ldx, size_t ldb) {
+  constexpr int BB = kQ8Block * QF::BITS / 8;  // weight bytes per block
+  QMM_UNROLL
+  for (int j = 0; j < NR; ++j) {
+    const uint8_t* wp = rows.w[j] + b * BB;
+    __builtin_prefetch(wp + kPrefetchRows * rows.row_bytes);
+    const auto wv = V::template q8_load<QF::BITS, HALF>(wp);
+    const T sc = V::template q8_wscale<QF::GROUP, HALF>(rows.s[j], b * kQ8Block / QF::GROUP);
+    QMM_UNROLL
+    for (int m = 0; m < MR; ++m) {
+      const T f = V::template q8_dot<QF::BITS>(wv, xq + m * ldx + b * kQ8Block,
+                                               xsum + m * ldb + b);
+      acc[m][j] = V::fma(f, V::mul(sc, V::load(xd + (m * ldb + b) * 8)), acc[m][j]);
+    }
+  }
+}
+
+// MR rows of x (quantized) from m0 against the NR weight rows in `rows`,
+// k in [k0, k1).
+template <class QF, ScaleType ST, int MR>
+QMM_Q8_FN void tile_q8(const Problem& p, const Q8Rows<QF, ST>& rows, int m0, int n0, int k0,
+                       int k1, bool accumulate) {
+  constexpr int CB = V::Q8_BLOCKS;
+  const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
+  const int nb = (k1 - k0) / kQ8Block;
+  const int8_t* xq = p.xq + m0 * ldx + k0;
+  const size_t b0 = m0 * ldb + k0 / kQ8Block;
+  const float* xd = p.xd8 + b0 * 8;
+  const int32_t* xsum = p.xqsum + b0;
+  T acc[MR][NR];
+  QMM_UNROLL
+  for (int m = 0; m < MR; ++m)
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+
+  int b = 0;
+  for (; b + CB <= nb; b += CB)
+    q8_chunk<QF, ST, MR, false>(rows, acc, b, xq, xd, xsum, ldx, ldb);
+  if constexpr (CB > 1) {
+    if (b < nb) q8_chunk<QF, ST, MR, true>(rows, acc, b, xq, xd, xsum, ldx, ldb);
+  }
+
+  // Bias term: sum over groups of b_w * xs (the biases' last vector loaded
+  // partially, the rest zero).
+  const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
+  for (int g = 0; g < ng; g += W) {
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) {
+      const T bw = g + W <= ng ? V::load(rows.b[j] + g) : V::load_n(rows.b[j] + g, ng - g);
+      QMM_UNROLL
+      for (int m = 0; m < MR; ++m)
+        acc[m][j] = V::fma(V::load(p.xs + static_cast<size_t>(m0 + m) * p.xs_stride + g0 + g),
+                           bw, acc[m][j]);
+    }
+  }
+  store_tile<MR>(p, m0, n0, accumulate, acc);
+}
+
+template <class QF, ScaleType ST, int MR = V::Q8_MR>
+QMM_Q8_FN void q8_rows(const Problem& p, const Q8Rows<QF, ST>& rows, int count, int m, int n,
+                       int k0, int k1, bool accumulate) {
+  if constexpr (MR > 1) {
+    if (count < MR) return q8_rows<QF, ST, MR - 1>(p, rows, count, m, n, k0, k1, accumulate);
+  }
+  tile_q8<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
+}
+
+// Rows of x in blocks of kBlockM, each split into near-equal groups of at
+// most Q8_MR rows that run one after the other on the same weight tile
+// (unpacked again per group, from L1).
+template <class QF, ScaleType ST>
+QMM_Q8_FN void run_q8_typed(const Problem& p, int n0, int n1) {
+  for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
+    const int k1 = min_i(p.K, k0 + kBlockK);
+    const bool accumulate = k0 > 0;
+    for (int mc = 0; mc < p.M; mc += kBlockM) {
+      const int rows_m = min_i(p.M, mc + kBlockM) - mc;
+      const int groups = (rows_m + V::Q8_MR - 1) / V::Q8_MR;
+      const int base = rows_m / groups, extra = rows_m % groups;
+      for (int n = n0; n < n1; n += NR) {
+        const Q8Rows<QF, ST> rows(p, n, k0, k1);
+        for (int gi = 0, m = mc; gi < groups; ++gi) {
+          const int count = base + (gi < extra ? 1 : 0);
+          q8_rows<QF, ST>(p, rows, count, m, n, k0, k1, accumulate);
+          m += count;
+        }
+      }
+    }
+  }
+}
+
+template <int BITS, int GROUP>
+QMM_Q8_FN void run_q8_format(const Problem& p, int n0, int n1) {
+  using QF = Q<BITS, GROUP>;
+  switch (p.stype) {
+    case ScaleType::F32: return run_q8_typed<QF, ScaleType::F32>(p, n0, n1);
+    case ScaleType::F16: return run_q8_typed<QF, ScaleType::F16>(p, n0, n1);
+    case ScaleType::BF16: return run_q8_typed<QF, ScaleType::BF16>(p, n0, n1);
+  }
+}
+
+template <int BITS>
+QMM_Q8_FN void run_q8_bits(const Problem& p, int n0, int n1) {
+  switch (p.group) {
+    case 32: return run_q8_format<BITS, 32>(p, n0, n1);
+    case 64: return run_q8_format<BITS, 64>(p, n0, n1);
+    default: return run_q8_format<BITS, 128>(p, n0, n1);
+  }
+}
+
+QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
+  if (p.bits == 4) {
+    run_q8_bits<4>(p, n0, n1);
+  } else {
+    run_q8_bits<8>(p, n0, n1);
+  }
+}
+
+const Kernels kKernels{QMM_ISA, V::W, &run, NR, &run_q8};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

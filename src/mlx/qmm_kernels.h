@@ -34,7 +34,21 @@ struct Problem {
   int M, N, K;
   int group, bits;
   ScaleType stype;
+  // Int8 activations (`run_q8` only; see `Q8Layout`): x quantized per block
+  // of 32 values, xq = round(x / d) with d = max|x| / 127, permuted inside
+  // each block like x above ([16 even k, 16 odd k]) for 4-bit weights.
+  const int8_t* xq;       // M x K (+ kQ8Pad bytes)
+  const float* xd8;       // M x K/32 blocks, each d repeated 8 times
+  const int32_t* xqsum;   // M x K/32: sum of xq per block
+  const float* xs;        // M x xs_stride: sum of d * xq per weight group
+  int xs_stride;          // K / group rounded up to a multiple of 16
 };
+
+// Blocks of x that share one int8 scale.
+constexpr int kQ8Block = 32;
+// Bytes (and floats) of zeroed padding past the q8 buffers, so that a
+// vector load of a whole chunk at the last block stays inside them.
+constexpr int kQ8Pad = 64;
 
 // What one instruction-set variant provides.
 struct Kernels {
@@ -45,6 +59,10 @@ struct Kernels {
   // calling thread.
   void (*run)(const Problem& p, int n0, int n1, float* scratch);
   int tile_n;  // weight rows per register tile
+  // The same with int8 activations (the q8 fields of `p`): per block of 32,
+  // s_w * d_x * sum(q * xq) in exact integers, plus b_w * sum(d_x * xq).
+  // Null when this variant has none (AVX-512 without VNNI uses AVX2's).
+  void (*run_q8)(const Problem& p, int n0, int n1);
 };
 
 // Floats of per-thread scratch that `run` needs for a given K.

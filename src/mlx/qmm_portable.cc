@@ -4,6 +4,7 @@
 #include "mlxrt/src/mlx/qmm_kernels.h"
 
 #define QMM_FN
+#define QMM_Q8_FN
 #define QMM_NS portable
 #define QMM_ISA Isa::Portable
 
@@ -53,6 +54,12 @@ struct V {
   static inline void store(float* p, T v) { __builtin_memcpy(p, &v, sizeof(v)); }
   static inline T set1(float s) { return T{s, s, s, s}; }
   static inline T fma(T a, T b, T c) { return a * b + c; }
+  static inline T mul(T a, T b) { return a * b; }
+  static inline T load_n(const float* p, int n) {
+    T v = zero();
+    for (int i = 0; i < n; ++i) v[i] = p[i];
+    return v;
+  }
   static inline float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
   struct Tab4 {
     T s, b;
@@ -78,6 +85,35 @@ struct V {
       }
     }
   }
+
+  // Int8 activations: a chunk is one block, its integer dot product in
+  // lane 0 (the other lanes 0).
+  static constexpr int Q8_BLOCKS = 1;
+  static constexpr int Q8_MR = 2;
+  struct W8 {
+    uint8_t q[32];
+  };
+  template <int BITS, bool>
+  static inline W8 q8_load(const uint8_t* p) {
+    W8 w;
+    if constexpr (BITS == 4) {
+      for (int i = 0; i < 16; ++i) {
+        w.q[i] = p[i] & 15;
+        w.q[16 + i] = p[i] >> 4;
+      }
+    } else {
+      __builtin_memcpy(w.q, p, 32);
+    }
+    return w;
+  }
+  template <int BITS>
+  static inline T q8_dot(const W8& w, const int8_t* x, const int32_t*) {
+    int32_t s = 0;
+    for (int i = 0; i < 32; ++i) s += static_cast<int32_t>(w.q[i]) * x[i];
+    return T{static_cast<float>(s), 0, 0, 0};
+  }
+  template <int, bool>
+  static inline T q8_wscale(const float* s, int g) { return set1(s[g]); }
 };
 
 }  // namespace

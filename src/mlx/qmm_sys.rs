@@ -17,6 +17,7 @@ pub(crate) mod ffi {
             group_size: i32,
             bits: i32,
             isa: u8,
+            int8_x: bool,
         ) -> Result<UniquePtr<array>>;
         fn best_isa() -> u8;
         fn isa_available(isa: u8) -> bool;

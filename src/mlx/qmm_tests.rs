@@ -191,3 +191,210 @@ fn reports_isa_threads_and_blas() {
         assert!(blas.is_openblas(), "linked OpenBLAS but cblas_sgemm is {blas}");
     }
 }
+
+// ---- int8 activations ----
+//
+// The int8 path is checked two ways. Exactly: against a scalar reference of
+// the same arithmetic (same quantization of x, integer block sums, f64
+// accumulation), within Q8_TOL of the sum of the absolute terms, for every
+// instruction-set variant; the integer sums are exact, so only the f32
+// scaling and accumulation differ (a wrong nibble, lane or block scale is off
+// by ~1e-2 of that sum). Loosely: against MLX's f32 `quantized_matmul`,
+// within the rounding of x (|x - d xq| <= d / 2 per value).
+
+const Q8_TOL: f64 = 1e-6;
+
+/// x quantized as the kernel does: per block of 32, d = max|x| / 127,
+/// xq = round(x / d) (half away from zero).
+fn quantize_x(x: &[f32]) -> (Vec<i32>, Vec<f32>) {
+    let mut xq = Vec::with_capacity(x.len());
+    let mut d = Vec::with_capacity(x.len() / 32);
+    for block in x.chunks(32) {
+        let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let db = amax / 127.0;
+        let id = if db != 0.0 { 1.0 / db } else { 0.0 };
+        xq.extend(block.iter().map(|v| (v * id).round() as i32));
+        d.push(db);
+    }
+    (xq, d)
+}
+
+/// Unsigned weight values q[n][k] from MLX's packed layout.
+fn weight_values(w: &Array, n: usize, k: usize, bits: i32) -> Vec<i32> {
+    let bytes = w.to_bytes().unwrap();
+    let row = k * bits as usize / 8;
+    (0..n * k)
+        .map(|i| {
+            let (r, c) = (i / k, i % k);
+            let b = bytes[r * row + c * bits as usize / 8] as i32;
+            if bits == 8 { b } else if c % 2 == 0 { b & 15 } else { b >> 4 }
+        })
+        .collect()
+}
+
+/// The int8 arithmetic in f64 over exact integer sums: (result, sum of the
+/// absolute values of its terms).
+fn q8_reference(x: &Array, q: &Quantized, group: i32, bits: i32) -> (Vec<f64>, Vec<f64>) {
+    let (n, k) = (q.w.dim(0) as usize, x.dim(-1) as usize);
+    let xv = x.astype(Dtype::F32).unwrap().to_vec_f32().unwrap();
+    let m = xv.len() / k;
+    let wq = weight_values(&q.w, n, k, bits);
+    let s = q.scales.astype(Dtype::F32).unwrap().to_vec_f32().unwrap();
+    let b = q.biases.astype(Dtype::F32).unwrap().to_vec_f32().unwrap();
+    let (g, nb) = (group as usize, k / 32);
+    let (mut out, mut mag) = (vec![0f64; m * n], vec![0f64; m * n]);
+    for mi in 0..m {
+        let (xq, d) = quantize_x(&xv[mi * k..(mi + 1) * k]);
+        for ni in 0..n {
+            let (mut acc, mut abs) = (0f64, 0f64);
+            for bi in 0..nb {
+                let (mut dot, mut dot_abs, mut sum) = (0i64, 0i64, 0i64);
+                for i in bi * 32..(bi + 1) * 32 {
+                    let p = (wq[ni * k + i] * xq[i]) as i64;
+                    dot += p;
+                    dot_abs += p.abs();
+                    sum += xq[i] as i64;
+                }
+                let gi = ni * (k / g) + bi * 32 / g;
+                let (sw, bw, db) = (s[gi] as f64, b[gi] as f64, d[bi] as f64);
+                acc += sw * db * dot as f64 + bw * db * sum as f64;
+                abs += (sw * db).abs() * dot_abs as f64 + (bw * db * sum as f64).abs();
+            }
+            out[mi * n + ni] = acc;
+            mag[mi * n + ni] = abs;
+        }
+    }
+    (out, mag)
+}
+
+fn run_q8(x: &Array, q: &Quantized, group: i32, bits: i32, isa: QmmIsa) -> Array {
+    let out = fast_quantized_matmul_with(x, &q.w, &q.scales, &q.biases, group, bits, isa, true).unwrap();
+    assert!(fast_qmm_is_int8(&out), "int8 path not taken");
+    out
+}
+
+/// Worst |got - reference| / sum of |terms| over all outputs.
+fn q8_error(got: &Array, want: &(Vec<f64>, Vec<f64>)) -> f64 {
+    let g = got.astype(Dtype::F32).unwrap().to_vec_f32().unwrap();
+    assert_eq!(g.len(), want.0.len());
+    g.iter()
+        .zip(want.0.iter().zip(&want.1))
+        .map(|(g, (w, a))| if g.is_finite() { (*g as f64 - w).abs() / a.max(1e-30) } else { f64::INFINITY })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn int8_matches_exact_reference_across_shapes_bits_groups_and_isas() {
+    let scale_types = [Dtype::F32, Dtype::F16, Dtype::BF16];
+    let (mut cases, mut worst) = (0, 0f64);
+    for isa in isas() {
+        for bits in [4, 8] {
+            for group in [32, 64, 128] {
+                // K = 3 groups of 32 leaves a single-block tail on AVX-512.
+                for (i, n) in [1, 7, 130].into_iter().enumerate() {
+                    let st = scale_types[i];
+                    let k = group * (3 + i as i32);
+                    let q = quantized(n, k, group, bits, st, (bits * 1000 + group + n + 7) as u64);
+                    for m in [1, 2, 3, 4, 5, 8, 9, 17, 70] {
+                        let x = randn(&[m, k], (m * 17 + i as i32) as u64);
+                        let err = q8_error(&run_q8(&x, &q, group, bits, isa), &q8_reference(&x, &q, group, bits));
+                        worst = worst.max(err);
+                        assert!(err <= Q8_TOL, "{isa:?} bits={bits} group={group} M={m} N={n} K={k} scales={st:?}: {err:e}");
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases >= 2 * 3 * 3 * 9);
+    eprintln!("int8: worst error / sum|terms| over {cases} cases: {worst:e}");
+}
+
+#[test]
+fn int8_matches_exact_reference_on_blocked_threaded_and_strided_shapes() {
+    for isa in isas() {
+        for bits in [4, 8] {
+            // K = 2304 > kBlockK (k-blocks), M = 70 > kBlockM (m-blocks),
+            // N = 1030 (threads, a partial tile).
+            for (m, n, k, group) in [(70, 130, 2304, 64), (1, 1030, 2304, 128), (11, 1030, 576, 32)] {
+                let q = quantized(n, k, group, bits, Dtype::F32, (m + n + k) as u64);
+                let x = randn(&[m, k], 9);
+                let err = q8_error(&run_q8(&x, &q, group, bits, isa), &q8_reference(&x, &q, group, bits));
+                assert!(err <= Q8_TOL, "{isa:?} bits={bits} M={m} N={n} K={k}: {err:e}");
+            }
+        }
+    }
+    // A transposed x and batch dimensions give the same bits as dense rows.
+    let (group, bits, k, n) = (32, 4, 96, 37);
+    let q = quantized(n, k, group, bits, Dtype::F32, 41);
+    let xt = randn(&[k, 5], 42).transpose(&[1, 0]).unwrap();
+    let dense = xt.contiguous().unwrap();
+    let a = run_q8(&xt, &q, group, bits, QmmIsa::best()).to_vec_f32().unwrap();
+    let b = run_q8(&dense, &q, group, bits, QmmIsa::best()).to_vec_f32().unwrap();
+    assert_eq!(a, b);
+    let x3 = randn(&[2, 3, k], 43);
+    let out = run_q8(&x3, &q, group, bits, QmmIsa::best());
+    assert_eq!(out.shape(), vec![2, 3, n]);
+    let flat = run_q8(&x3.reshape(&[6, k]).unwrap(), &q, group, bits, QmmIsa::best());
+    assert_eq!(out.to_vec_f32().unwrap(), flat.to_vec_f32().unwrap());
+}
+
+#[test]
+fn int8_is_within_the_rounding_of_x_of_mlx() {
+    // |int8 - f32| <= sum_k |w_nk| * d(k) / 2 (each x moves by at most half a
+    // step) plus f32 rounding; report how much of that bound is used.
+    let (mut worst_bound, mut worst_rel) = (0f64, 0f64);
+    for bits in [4, 8] {
+        let (m, n, k, group) = (9, 130, 576, 32);
+        let q = quantized(n, k, group, bits, Dtype::F32, 51 + bits as u64);
+        let x = randn(&[m, k], 52);
+        let got = fast_quantized_matmul_int8(&x, &q.w, &q.scales, &q.biases, group, bits).unwrap();
+        assert!(fast_qmm_is_int8(&got));
+        let want = quantized_matmul(&x, &q.w, &q.scales, &q.biases, true, group, bits).unwrap();
+        let (g, w) = (got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
+        let xv = x.to_vec_f32().unwrap();
+        let dense = q.dense.to_vec_f32().unwrap();
+        for mi in 0..m as usize {
+            let (_, d) = quantize_x(&xv[mi * k as usize..(mi + 1) * k as usize]);
+            for ni in 0..n as usize {
+                let row = &dense[ni * k as usize..(ni + 1) * k as usize];
+                let bound: f64 = row.iter().enumerate().map(|(i, w)| w.abs() as f64 * d[i / 32] as f64 / 2.0).sum();
+                let abs: f64 = row.iter().zip(&xv[mi * k as usize..]).map(|(w, x)| (w * x).abs() as f64).sum();
+                let err = (g[mi * n as usize + ni] - w[mi * n as usize + ni]).abs() as f64;
+                assert!(err <= bound + 1e-5 * abs, "bits={bits} m={mi} n={ni}: {err} > {bound}");
+                worst_bound = worst_bound.max(err / bound);
+                worst_rel = worst_rel.max(err / abs);
+            }
+        }
+    }
+    eprintln!("int8 vs MLX f32: worst error / rounding bound {worst_bound:.3}, / sum|x||w| {worst_rel:e}");
+}
+
+#[test]
+fn int8_tolerance_catches_a_wrong_weight() {
+    let (group, bits, k, n) = (32, 4, 128, 16);
+    let q = quantized(n, k, group, bits, Dtype::F32, 61);
+    let x = randn(&[3, k], 62);
+    let want = q8_reference(&x, &q, group, bits);
+    let mut s = q.scales.to_vec_f32().unwrap();
+    s[5] *= 1.01;
+    let bad = Quantized {
+        w: q.w.share(),
+        scales: Array::from_f32(&s, &q.scales.shape()).unwrap(),
+        biases: q.biases.share(),
+        dense: q.dense.share(),
+    };
+    assert!(q8_error(&run_q8(&x, &bad, group, bits, QmmIsa::best()), &want) > 100.0 * Q8_TOL);
+}
+
+#[test]
+fn int8_entry_point_keeps_the_f32_kernel_where_it_is_faster() {
+    let x = |m: i32| randn(&[m, 64], 71);
+    let (max4, min8) = (INT8_MAX_ROWS_4BIT as i32, INT8_MIN_ROWS_8BIT as i32);
+    for (bits, m, int8) in [(4, 1, true), (4, max4, true), (4, max4 + 1, false), (8, min8 - 1, false), (8, min8, true), (8, 70, true)] {
+        let q = quantized(8, 64, 32, bits, Dtype::F32, 72);
+        let out = fast_quantized_matmul_int8(&x(m), &q.w, &q.scales, &q.biases, 32, bits).unwrap();
+        assert!(fast_qmm_isa_of(&out).is_some());
+        assert_eq!(fast_qmm_is_int8(&out), int8, "bits={bits} M={m}");
+    }
+}

@@ -5,7 +5,7 @@
 use crate::cache::Positions;
 use crate::error::{Error, Result};
 use crate::mlx::{
-    dequantize, fast, fast_quantized_matmul, fast_swiglu, fast_swiglu_packed, fused_rms_norm, fused_rope, fused_rope_at,
+    dequantize, fast, fast_quantized_matmul, fast_quantized_matmul_int8, fast_swiglu, fast_swiglu_packed, fused_rms_norm, fused_rope, fused_rope_at,
     quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, Array,
 };
 use serde_json::Value;
@@ -27,12 +27,29 @@ pub enum Kernels {
     /// mlx-lm computes, bit for bit (for exact comparisons with it). RMSNorm
     /// and RoPE keep mlxrt's one-node primitives, which give MLX's bits.
     Stock,
+    /// `Auto` with int8 activations in the quantized matmuls on the CPU
+    /// (x quantized per block of 32, integer dot products; see
+    /// docs/cpu-kernels.md). Opt-in: x's rounding moves logits by ~1e-2 and
+    /// can change greedy tokens against mlx-lm.
+    Int8,
+}
+
+impl Kernels {
+    /// The setting for everything but the quantized matmuls (`Int8` is
+    /// `Auto` there).
+    pub fn except_qmm(self) -> Kernels {
+        match self {
+            Kernels::Int8 => Kernels::Auto,
+            k => k,
+        }
+    }
 }
 
 /// `x @ dequantize(w).T` with the chosen kernels.
 fn qmm(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec, kernels: Kernels) -> Result<Array> {
     Ok(match kernels {
         Kernels::Auto => fast_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits)?,
+        Kernels::Int8 => fast_quantized_matmul_int8(x, w, scales, biases, spec.group_size, spec.bits)?,
         Kernels::Stock => quantized_matmul(x, w, scales, biases, true, spec.group_size, spec.bits)?,
     })
 }
@@ -40,16 +57,16 @@ fn qmm(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec, ke
 /// `silu(gate) * up` with the chosen kernels: mlxrt's one-node SwiGLU on the
 /// CPU (bit-identical to MLX's ops there), MLX's three ops otherwise.
 pub fn swiglu(gate: &Array, up: &Array, kernels: Kernels) -> Result<Array> {
-    Ok(match kernels {
-        Kernels::Auto => fast_swiglu(gate, up)?,
+    Ok(match kernels.except_qmm() {
         Kernels::Stock => gate.silu()?.multiply(up)?,
+        _ => fast_swiglu(gate, up)?,
     })
 }
 
 /// [`swiglu`] of gate/up projections that share an input: one SwiGLU node on
 /// the stacked output when they are fused, with no slicing nodes.
 pub fn gated_mlp_hidden(gate_up: &LinearGroup, x: &Array, kernels: Kernels) -> Result<Array> {
-    if let (LinearGroup::Fused(f), Kernels::Auto) = (gate_up, kernels) {
+    if let (LinearGroup::Fused(f), Kernels::Auto) = (gate_up, kernels.except_qmm()) {
         if let [g, u] = f.sizes[..] {
             if g == u {
                 return Ok(fast_swiglu_packed(&f.lin.forward(x)?)?);
@@ -128,8 +145,8 @@ impl Linear {
             // a stack gives the parts' exact results; a BLAS `sgemm` (OpenBLAS)
             // may round a stacked product differently for some shapes, so
             // stock kernels keep dense parts apart, as mlx-lm runs them.
-            (Linear::Dense { kernels: Kernels::Auto, .. }, Linear::Dense { kernels: Kernels::Auto, .. }) => {
-                same_bias && same_dtype
+            (Linear::Dense { kernels: ka, .. }, Linear::Dense { kernels: kb, .. }) => {
+                ka.except_qmm() == Kernels::Auto && kb.except_qmm() == Kernels::Auto && same_bias && same_dtype
             }
             (
                 Linear::Quantized { spec: a, kernels: ka, scales: sa, .. },

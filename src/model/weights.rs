@@ -36,9 +36,10 @@ impl Weights {
         Weights { tensors, quant, scale_dtype, kernels }
     }
 
-    /// The kernels the model's layers use.
+    /// The kernels the model's layers use (other than its quantized
+    /// matmuls, which see `Kernels::Int8` as given).
     pub fn kernels(&self) -> Kernels {
-        self.kernels
+        self.kernels.except_qmm()
     }
 
     /// Renames every tensor (and quantization override) under `prefix` to
