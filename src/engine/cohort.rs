@@ -181,7 +181,7 @@ impl Cohort {
     fn capture(&self, i: usize) -> Result<Capture> {
         let r = &self.set.rows[i];
         let b = self.marks[i].expect("a capture is at a mark");
-        let snapshot = self.set.snapshot(i, b)?;
+        let snapshot = self.set.snapshot(i, b, false)?;
         Ok(Capture { namespace: r.namespace.clone(), tokens: r.prompt[..b].to_vec(), snapshot })
     }
 
