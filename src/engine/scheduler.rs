@@ -129,13 +129,6 @@ fn main(
     commands: Sender<Command>,
     ready: &Sender<Ready>,
 ) {
-    // Freed activation and KV buffers go back to the OS (see the function);
-    // an explicit glibc setting in the environment wins.
-    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_none()
-        && !std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("mmap_threshold"))
-    {
-        mlx::memory::set_mmap_threshold(128 << 10);
-    }
     let loaded = (|| -> Result<_> {
         match config.device {
             Device::Cpu => mlx::device::set_default(false)?,

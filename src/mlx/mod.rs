@@ -87,15 +87,6 @@ pub mod memory {
     pub fn set_cache_limit(bytes: usize) -> usize {
         ffi::set_cache_limit(bytes).unwrap_or(0)
     }
-    /// Makes glibc's malloc serve blocks of `bytes` and more by `mmap`,
-    /// process-wide, so freeing one unmaps it. glibc's default threshold
-    /// starts at 128 KiB but rises to the size of each mmapped block freed
-    /// (up to 32 MiB): MLX's activation buffers then come from heap arenas
-    /// that keep their pages after the buffers are freed, and the process's
-    /// peak RSS grows well past MLX's own peak. A no-op off glibc.
-    pub fn set_mmap_threshold(bytes: usize) {
-        let _ = ffi::set_mmap_threshold(bytes);
-    }
 }
 
 #[cfg(test)]

@@ -2,10 +2,6 @@
 
 #include <stdexcept>
 
-#ifdef __GLIBC__
-#include <malloc.h>
-#endif
-
 namespace mx = mlx::core;
 
 namespace mlxrt {
@@ -414,13 +410,6 @@ size_t cache_memory() { return mx::get_cache_memory(); }
 void reset_peak_memory() { mx::reset_peak_memory(); }
 void clear_cache() { mx::clear_cache(); }
 size_t set_cache_limit(size_t limit) { return mx::set_cache_limit(limit); }
-void set_mmap_threshold(size_t bytes) {
-#ifdef __GLIBC__
-  mallopt(M_MMAP_THRESHOLD, static_cast<int>(bytes));
-#else
-  (void)bytes;
-#endif
-}
 rust::String mlx_version() { return rust::String(mx::version()); }
 
 }  // namespace mlxrt

@@ -173,7 +173,6 @@ size_t cache_memory();
 void reset_peak_memory();
 void clear_cache();
 size_t set_cache_limit(size_t limit);
-void set_mmap_threshold(size_t bytes);
 rust::String mlx_version();
 
 }  // namespace mlxrt

@@ -191,7 +191,6 @@ pub(crate) mod ffi {
         fn reset_peak_memory() -> Result<()>;
         fn clear_cache() -> Result<()>;
         fn set_cache_limit(limit: usize) -> Result<usize>;
-        fn set_mmap_threshold(bytes: usize) -> Result<()>;
         fn mlx_version() -> Result<String>;
     }
 }
