@@ -437,7 +437,7 @@ typedef struct mlxrt_engine_config {
   uint32_t max_in_flight;
   /**
    * Prompt positions per prefill forward pass when nothing else is
-   * generating (default 2048).
+   * generating (default 1024).
    */
   uint32_t prefill_chunk;
   /**

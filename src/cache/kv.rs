@@ -316,12 +316,24 @@ impl KvCache {
         if self.quant.is_some() {
             return Err(Error::internal("row_slice of a quantized KV cache (use row_quant)"));
         }
-        let mut p = self.cut_row(self.dense.as_ref(), row, from, to)?.into_iter();
+        let mut p = self.cut_row(self.dense.as_ref(), row, from, to, true)?.into_iter();
         Ok((p.next().expect("keys"), p.next().expect("values")))
     }
 
-    /// Contiguous copies of `planes`' positions `from..to` of `row`.
-    fn cut_row(&self, planes: Option<&Planes>, row: usize, from: i32, to: i32) -> Result<Vec<Array>> {
+    /// `row_slice` without the copy: views that share (and keep) the
+    /// cache's buffers, for a cache about to be dropped. While the cache
+    /// lives on, its next write copies its buffers instead of updating them
+    /// in place.
+    pub fn row_view(&self, row: usize, from: i32, to: i32) -> Result<(Array, Array)> {
+        if self.quant.is_some() {
+            return Err(Error::internal("row_view of a quantized KV cache (use row_quant)"));
+        }
+        let mut p = self.cut_row(self.dense.as_ref(), row, from, to, false)?.into_iter();
+        Ok((p.next().expect("keys"), p.next().expect("values")))
+    }
+
+    /// `planes`' positions `from..to` of `row`: contiguous copies, or views.
+    fn cut_row(&self, planes: Option<&Planes>, row: usize, from: i32, to: i32, copy: bool) -> Result<Vec<Array>> {
         let planes = planes.and_then(|d| d.contents(self.t.len()).transpose());
         let planes = planes.ok_or_else(|| Error::internal("slicing an empty cache"))??;
         let (p, r) = (self.t.pads()[row], row as i32);
@@ -330,7 +342,8 @@ impl KvCache {
         }
         let cut = |a: &Array| -> Result<Array> {
             let s = a.shape();
-            Ok(a.slice(&[r, 0, p + from, 0], &[r + 1, s[1], p + to, s[3]], &[1, 1, 1, 1])?.contiguous()?)
+            let v = a.slice(&[r, 0, p + from, 0], &[r + 1, s[1], p + to, s[3]], &[1, 1, 1, 1])?;
+            Ok(if copy { v.contiguous()? } else { v })
         };
         planes.iter().map(cut).collect()
     }
@@ -346,12 +359,12 @@ impl KvCache {
             if self.dense.is_none() {
                 return Err(Error::internal(format!("the float KV of a row below its start ({len} < {start}) was dropped")));
             }
-            let mut d = self.cut_row(self.dense.as_ref(), row, 0, len)?.into_iter();
+            let mut d = self.cut_row(self.dense.as_ref(), row, 0, len, true)?.into_iter();
             Some((d.next().expect("keys"), d.next().expect("values")))
         } else {
             None
         };
-        Ok(QuantRow { planes: self.cut_row(Some(&q.planes), row, 0, len)?, float, scheme: q.scheme, start })
+        Ok(QuantRow { planes: self.cut_row(Some(&q.planes), row, 0, len, true)?, float, scheme: q.scheme, start })
     }
 
     /// A one-row quantized cache holding `r` (its planes are not written

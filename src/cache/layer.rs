@@ -165,10 +165,12 @@ impl LayerCache {
         }
     }
 
-    /// Row `row`'s first `len` positions as a snapshot (contiguous copies).
+    /// Row `row`'s first `len` positions as a snapshot (contiguous copies;
+    /// with `shared`, a dense KV cache about to be dropped gives views of
+    /// its buffers instead: no second copy of the KV at the peak).
     /// A recurrent state can only be taken at the row's current length, a
     /// ring at a length whose window it still holds.
-    pub fn snapshot_row(&self, row: usize, len: i32) -> Result<LayerSnapshot> {
+    pub fn snapshot_row(&self, row: usize, len: i32, shared: bool) -> Result<LayerSnapshot> {
         Ok(match self {
             LayerCache::Kv(c) if c.is_quantized() => {
                 let QuantRow { planes, float, scheme, start } = c.row_quant(row, len)?;
@@ -181,7 +183,7 @@ impl LayerCache {
                 LayerSnapshot::Quant { planes, float, meta }
             }
             LayerCache::Kv(c) => {
-                let (keys, values) = c.row_slice(row, 0, len)?;
+                let (keys, values) = if shared { c.row_view(row, 0, len)? } else { c.row_slice(row, 0, len)? };
                 LayerSnapshot::Kv { keys, values }
             }
             LayerCache::Ring(c) => {
@@ -397,7 +399,7 @@ mod tests {
                 let mut c = LayerCache::Kv(KvCache::with_scheme(1, scheme).unwrap());
                 c.set_starts(&[start]);
                 c.kv_mut().unwrap().update(&kv(1, len), &kv(2, len)).unwrap();
-                let snap = c.snapshot_row(0, len).unwrap();
+                let snap = c.snapshot_row(0, len, false).unwrap();
                 assert!(matches!(&snap, LayerSnapshot::Quant { float, .. } if float.is_some() == (len < start)));
                 let stored: Vec<(String, Array)> = snap
                     .tensors()

@@ -116,8 +116,11 @@ impl DecodeBatch {
     }
 
     /// Row `row`'s first `len` positions, for an offer `collect` made.
+    /// When every row ended in that `collect`, the caches are dropped next
+    /// (`retire`): the snapshot takes views of their buffers, not copies.
     pub fn snapshot(&self, offer: &Offer) -> Result<super::prompt_cache::Snapshot> {
-        self.set.snapshot(offer.row, offer.tokens.len())
+        let all_end = self.keep.as_ref().is_some_and(Vec::is_empty);
+        self.set.snapshot(offer.row, offer.tokens.len(), all_end)
     }
 
     /// Adds prefilled rows with their caches and first tokens.

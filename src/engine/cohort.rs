@@ -197,7 +197,7 @@ impl Cohort {
         let r = &self.set.rows[i];
         let b = self.marks[i].expect("a capture is at a mark");
         let t = Instant::now();
-        let snapshot = self.set.snapshot(i, b)?;
+        let snapshot = self.set.snapshot(i, b, false)?;
         tracer.record(SpanKind::Snapshot, 1, b, t);
         Ok(Capture { namespace: r.namespace.clone(), tokens: r.prompt[..b].to_vec(), snapshot })
     }

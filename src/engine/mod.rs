@@ -65,6 +65,8 @@ pub struct EngineConfig {
     /// now waits.
     pub kv_budget: usize,
     /// Prompt positions per prefill forward pass when nothing is decoding.
+    /// The activations of a pass scale with it: with 1024 a 4,096-token
+    /// prefill peaks at 519 MiB RSS against 2048's 732 (SmolLM2-135M Q4_1).
     pub prefill_chunk: usize,
     /// Prompt tokens one scheduler iteration may prefill while rows are
     /// decoding (bounds their inter-token latency).
@@ -102,7 +104,7 @@ impl EngineConfig {
             max_in_flight: 256,
             max_rows: 32,
             kv_budget: 4 << 30,
-            prefill_chunk: 2048,
+            prefill_chunk: 1024,
             step_token_budget: 256,
             seed: 0,
             kernels: Kernels::Auto,

@@ -39,9 +39,10 @@ impl prefix::Sized for Snapshot {
 }
 
 impl Snapshot {
-    /// Row `row`'s positions `0..len` of a batch's per-layer caches.
-    pub fn of_row(cache: &[LayerCache], row: usize, len: i32) -> Result<Snapshot> {
-        let layers = cache.iter().map(|c| c.snapshot_row(row, len)).collect::<Result<Vec<_>>>()?;
+    /// Row `row`'s positions `0..len` of a batch's per-layer caches
+    /// (`shared`: of caches about to be dropped, see `snapshot_row`).
+    pub fn of_row(cache: &[LayerCache], row: usize, len: i32, shared: bool) -> Result<Snapshot> {
+        let layers = cache.iter().map(|c| c.snapshot_row(row, len, shared)).collect::<Result<Vec<_>>>()?;
         let arrays: Vec<&Array> = layers.iter().flat_map(|l| l.tensors().into_iter().map(|(_, a)| a)).collect();
         mlx::async_eval(&arrays)?;
         let bytes = layers.iter().map(LayerSnapshot::nbytes).sum();

@@ -107,8 +107,8 @@ impl RowSet {
     }
 
     /// Row `row`'s first `len` positions (see `Snapshot::of_row`).
-    pub fn snapshot(&self, row: usize, len: usize) -> Result<Snapshot> {
-        Snapshot::of_row(&self.cache, row, len as i32)
+    pub fn snapshot(&self, row: usize, len: usize, shared: bool) -> Result<Snapshot> {
+        Snapshot::of_row(&self.cache, row, len as i32, shared)
     }
 }
 
