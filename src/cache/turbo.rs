@@ -62,7 +62,7 @@
 
 use crate::error::{Error, Result};
 use crate::mlx::fast::Mask;
-use crate::mlx::{turbo_sdpa_rotated, Array, Dtype, QmmIsa};
+use crate::mlx::{turbo_encode, turbo_sdpa_rotated, turbo_unrotate, Array, Dtype, QmmIsa, TurboTables};
 use crate::model::Kernels;
 use std::rc::Rc;
 use std::sync::OnceLock;
@@ -142,6 +142,9 @@ pub struct TurboCodec {
     v_dim: i32,
     signs: Array,
     boundaries: Array,
+    /// The same sign table and boundaries as host values (the fused encoder's).
+    sign_table: Vec<f32>,
+    bounds: Vec<f32>,
     /// Centroids of every index chunk (see `chunk_bits`): `[2^c, c/bits]`.
     lut: Array,
     /// The `2^value_bits` centroids (the fused kernel's codebook).
@@ -168,6 +171,8 @@ impl TurboCodec {
             v_dim,
             signs: Array::from_f32(&signs, &[v_dim])?,
             boundaries: Array::from_f32(&boundaries, &[boundaries.len() as i32])?,
+            sign_table: signs,
+            bounds: boundaries,
             lut: Array::from_f32(&lut, &[1 << cb, per as i32])?,
             book: c.iter().map(|&x| x as f32).collect(),
         })
@@ -185,10 +190,33 @@ impl TurboCodec {
     }
 
     /// Encodes keys and values `[B, H, L, D]` into the cache's five planes:
-    /// key indices, scales, zeros, value indices, scales.
-    pub fn encode(&self, k: &Array, v: &Array) -> Result<Vec<Array>> {
+    /// key indices, scales, zeros, value indices, scales. `Kernels::Auto`:
+    /// mlxrt's fused CPU encoder (src/mlx/tqenc.rs, one graph node, the
+    /// same bits) where it applies; else, and under `Kernels::Stock`,
+    /// [`TurboCodec::encode_ops`].
+    pub fn encode(&self, k: &Array, v: &Array, kernels: Kernels) -> Result<Vec<Array>> {
+        if kernels == Kernels::Auto {
+            if let Some(planes) = turbo_encode(k, v, &self.tables())? {
+                return Ok(planes);
+            }
+        }
+        self.encode_ops(k, v)
+    }
+
+    /// `encode` as MLX ops (about 60 per call).
+    pub fn encode_ops(&self, k: &Array, v: &Array) -> Result<Vec<Array>> {
         let (k, v) = (self.encode_keys(k)?, self.encode_values(v)?);
         Ok(vec![k.idx, k.scale, k.zero, v.idx, v.scale])
+    }
+
+    fn tables(&self) -> TurboTables<'_> {
+        TurboTables {
+            key_bits: self.key_bits,
+            value_bits: self.value_bits,
+            norm: self.norm(),
+            signs: &self.sign_table,
+            boundaries: &self.bounds,
+        }
     }
 
     /// Encodes keys `[.., D]` (any float dtype).
@@ -228,6 +256,17 @@ impl TurboCodec {
     /// `R⁻¹(y)`.
     pub fn unrotate(&self, y: &Array) -> Result<Array> {
         Ok(y.hadamard_transform(self.norm())?.multiply(&self.signs)?)
+    }
+
+    /// `unrotate`; under `Kernels::Auto` by mlxrt's fused CPU primitive
+    /// (one node instead of two, the same bits) where it applies.
+    pub fn unrotate_with(&self, y: &Array, kernels: Kernels) -> Result<Array> {
+        if kernels == Kernels::Auto {
+            if let Some(x) = turbo_unrotate(y, self.norm(), &self.sign_table)? {
+                return Ok(x);
+            }
+        }
+        self.unrotate(y)
     }
 
     fn norm(&self) -> f32 {
@@ -280,7 +319,7 @@ impl TurboCodec {
     /// `[B, Hkv, T, ..]`: values attended in the rotated domain
     /// (`attend_rotated`) and the output un-rotated once.
     pub fn attend(&self, q: &Array, k: &Keys, v: &Values, scale: f32, mask: Mask, kernels: Kernels) -> Result<Array> {
-        Ok(self.unrotate(&self.attend_rotated(q, k, v, scale, mask, kernels)?)?.astype(q.dtype())?)
+        Ok(self.unrotate_with(&self.attend_rotated(q, k, v, scale, mask, kernels)?, kernels)?.astype(q.dtype())?)
     }
 
     /// `attend` before the un-rotation (f32). `Kernels::Auto`: mlxrt's
@@ -761,7 +800,7 @@ mod tests {
         let c = Rc::new(TurboCodec::new(8, 3, d, d).unwrap());
         let k = randn(&[1, 2, t, d], 4);
         let q = randn(&[1, 4, 1, d], 6);
-        let kv = TurboKv::from_planes(c.encode(&k, &k).unwrap(), c.clone()).unwrap();
+        let kv = TurboKv::from_planes(c.encode(&k, &k, Kernels::Auto).unwrap(), c.clone()).unwrap();
         assert_eq!(kv.keys.idx.shape(), vec![1, 2, t, d]);
         assert_eq!(kv.values.idx.shape(), vec![1, 2, t, d * 3 / 8]);
         let (a, b) = (kv.attend(&q, 0.1, Mask::None, Kernels::Auto).unwrap(), kv.share().attend(&q, 0.1, Mask::None, Kernels::Auto).unwrap());
