@@ -1,8 +1,9 @@
 //! TurboQuant KV codec (`kv_scheme: "turboquant"`, e.g. k8v3): keys and
 //! values of one attention layer stored in a few bits per coordinate. The
-//! codec is written with MLX ops so it runs wherever MLX does; attention
-//! runs mlxrt's fused CPU kernel (src/mlx/tqsdpa.rs) where it applies and
-//! the same math as MLX ops elsewhere (`TurboCodec::attend`).
+//! codec is written with MLX ops so it runs wherever MLX does; on the CPU
+//! mlxrt's fused primitives encode new tokens (src/mlx/tqenc.rs, the same
+//! bits as the ops) and attend (src/mlx/tqsdpa.rs), the same math as MLX ops
+//! elsewhere (`TurboCodec::encode`, `TurboCodec::attend`).
 //!
 //! # Algorithm (all arithmetic in f32; groups of 32 coordinates along head_dim)
 //!
@@ -36,11 +37,14 @@
 //! heads, 9 query heads, one query: the fused kernel attends in ~0.5 ms
 //! (un-rotation included), the MLX ops in ~7 ms (they decode the whole cache
 //! every step), MLX's SDPA on the f32 cache in ~1.2 ms and the fused affine
-//! 8-bit kernel in ~0.2 ms. Encoding the step's token with MLX ops costs
-//! ~0.2 ms per layer (about 60 small ops; affine's `quantize` is one), the
-//! main reason TurboQuant decodes slower than the affine schemes: SmolLM2 at
-//! 4k context decodes at 33.6 tokens/s against 55.7 dense f32 (fused float
-//! attention; 0.60x) and 62.6 affine 8-bit (`scripts/bench.sh kv_memory`).
+//! 8-bit kernel in ~0.2 ms. Encoding the step's token with MLX ops cost
+//! ~0.2 ms per layer (about 60 small ops; affine's `quantize` is one), which
+//! held TurboQuant at 0.60x the dense f32 cache's decode at 4k (33.6 vs 55.7
+//! tokens/s); the fused encoder (src/mlx/tqenc.rs, one node, the same bits)
+//! takes it out of the profile (~0.2% of decode samples). What remains is
+//! attention: the fused kernel's key scores (int8 decoded per key) cost
+//! about twice the float kernel's, ~0.8x dense on a loaded machine
+//! (`scripts/bench.sh kv_memory` gives the quiet-machine figure).
 //!
 //! # Sources and where we differ
 //! - Zandieh et al., "TurboQuant: Online Vector Quantization with Near-optimal
