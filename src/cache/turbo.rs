@@ -43,7 +43,7 @@
 //! tokens/s); the fused encoder (src/mlx/tqenc.rs, one node, the same bits)
 //! takes it out of the profile (~0.2% of decode samples). What remains is
 //! attention: the fused kernel's key scores (int8 decoded per key) cost
-//! about twice the float kernel's, ~0.8x dense on a loaded machine
+//! about twice the float kernel's: ~0.85x dense on a loaded machine
 //! (`scripts/bench.sh kv_memory` gives the quiet-machine figure).
 //!
 //! # Sources and where we differ
