@@ -41,10 +41,11 @@
 //! ~0.2 ms per layer (about 60 small ops; affine's `quantize` is one), which
 //! held TurboQuant at 0.60x the dense f32 cache's decode at 4k (33.6 vs 55.7
 //! tokens/s); the fused encoder (src/mlx/tqenc.rs, one node, the same bits)
-//! takes it out of the profile (~0.2% of decode samples). What remains is
-//! attention: the fused kernel's key scores (int8 decoded per key) cost
-//! about twice the float kernel's: ~0.85x dense on a loaded machine
-//! (`scripts/bench.sh kv_memory` gives the quiet-machine figure).
+//! takes it out of the profile (~0.2% of decode samples). The attention
+//! kernel's int8 keys had been converted by 16 scalar sign extensions per
+//! vector; with a vector unpack TurboQuant decodes at ~1.06x dense at 4k
+//! (means of 4 runs each, loaded shared machine; `scripts/bench.sh
+//! kv_memory` gives the quiet-machine figure).
 //!
 //! # Sources and where we differ
 //! - Zandieh et al., "TurboQuant: Online Vector Quantization with Near-optimal
