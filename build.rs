@@ -48,10 +48,10 @@ fn find_mlx(root: &Path) -> PathBuf {
 }
 
 /// mlxrt's CPU primitives (quantized matmul, SwiGLU, quantized-KV and float
-/// attention, RMSNorm and RoPE) and their per-instruction-set kernels. The kernels pick
+/// attention, RMSNorm and RoPE, the TurboQuant encoder) and their per-instruction-set kernels. The kernels pick
 /// their instruction set per function (`target` attributes), so all files
 /// share the crate's compiler flags.
-const KERNEL_FILES: [&str; 25] = [
+const KERNEL_FILES: [&str; 27] = [
     "src/mlx/qmm.h",
     "src/mlx/qmm.cc",
     "src/mlx/qmm_kernels.h",
@@ -77,10 +77,12 @@ const KERNEL_FILES: [&str; 25] = [
     "src/mlx/fattn_impl.h",
     "src/mlx/fused.h",
     "src/mlx/fused.cc",
+    "src/mlx/tqenc.h",
+    "src/mlx/tqenc.cc",
 ];
 
 /// The cxx bridges to MLX and to those primitives.
-const BRIDGES: [&str; 7] = [
+const BRIDGES: [&str; 8] = [
     "src/mlx/sys.rs",
     "src/mlx/qmm_sys.rs",
     "src/mlx/swiglu_sys.rs",
@@ -88,6 +90,7 @@ const BRIDGES: [&str; 7] = [
     "src/mlx/tqsdpa_sys.rs",
     "src/mlx/fattn_sys.rs",
     "src/mlx/fused_sys.rs",
+    "src/mlx/tqenc_sys.rs",
 ];
 
 /// Where Debian/Ubuntu (libopenblas0-pthread), Fedora and source installs put

@@ -149,8 +149,9 @@ impl Quant {
     }
 
     /// Encodes `k`, `v` into the planes at `prev..` and returns the view of
-    /// all positions (`KvView::Affine` or `KvView::Turbo`).
-    fn write(&mut self, k: &Array, v: &Array, prev: i32) -> Result<KvView> {
+    /// all positions (`KvView::Affine` or `KvView::Turbo`). `kernels`
+    /// picks TurboQuant's encoder (`TurboCodec::encode`).
+    fn write(&mut self, k: &Array, v: &Array, prev: i32, kernels: Kernels) -> Result<KvView> {
         match self.scheme {
             KvScheme::Affine { bits, group_size } => {
                 let (kw, ks, kb) = quantize(k, group_size, bits)?;
@@ -169,7 +170,7 @@ impl Quant {
                     self.turbo = Some(Rc::new(TurboCodec::new(key_bits, value_bits, k.dim(3), v.dim(3))?));
                 }
                 let codec = self.turbo.clone().expect("made above");
-                let planes = self.planes.write(&codec.encode(k, v)?, prev)?;
+                let planes = self.planes.write(&codec.encode(k, v, kernels)?, prev)?;
                 Ok(KvView::Turbo(TurboKv::from_planes(planes, codec)?))
             }
             KvScheme::Dense => Err(Error::internal("a dense scheme has no quantized planes")),
@@ -439,6 +440,12 @@ impl KvCache {
     /// returns what the layer attends to: all cached keys and values
     /// including them.
     pub fn update(&mut self, k: &Array, v: &Array) -> Result<KvView> {
+        self.update_with(k, v, Kernels::Auto)
+    }
+
+    /// `update`, encoding quantized KV with `kernels`' implementation
+    /// (mlxrt's fused CPU encoder or MLX ops; the same bits).
+    pub fn update_with(&mut self, k: &Array, v: &Array, kernels: Kernels) -> Result<KvView> {
         let b = k.dim(0);
         if b as usize != self.rows() {
             return Err(Error::internal(format!("cache has {} rows, update has {b}", self.rows())));
@@ -458,7 +465,7 @@ impl KvCache {
             let mut d = dense.expect("a dense cache keeps its planes").into_iter();
             return Ok(KvView::Dense { keys: d.next().expect("keys"), values: d.next().expect("values") });
         };
-        let quant = q.write(k, v, prev)?;
+        let quant = q.write(k, v, prev, kernels)?;
         let len = self.t.len();
         let needed = self.t.pads().iter().zip(&q.starts).any(|(&p, &s)| (len - p).max(0) < s);
         let any_float = use_float.iter().any(|&f| f);

@@ -1,8 +1,9 @@
 //! TurboQuant KV codec (`kv_scheme: "turboquant"`, e.g. k8v3): keys and
 //! values of one attention layer stored in a few bits per coordinate. The
-//! codec is written with MLX ops so it runs wherever MLX does; attention
-//! runs mlxrt's fused CPU kernel (src/mlx/tqsdpa.rs) where it applies and
-//! the same math as MLX ops elsewhere (`TurboCodec::attend`).
+//! codec is written with MLX ops so it runs wherever MLX does; on the CPU
+//! mlxrt's fused primitives encode new tokens (src/mlx/tqenc.rs, the same
+//! bits as the ops) and attend (src/mlx/tqsdpa.rs), the same math as MLX ops
+//! elsewhere (`TurboCodec::encode`, `TurboCodec::attend`).
 //!
 //! # Algorithm (all arithmetic in f32; groups of 32 coordinates along head_dim)
 //!
@@ -36,11 +37,15 @@
 //! heads, 9 query heads, one query: the fused kernel attends in ~0.5 ms
 //! (un-rotation included), the MLX ops in ~7 ms (they decode the whole cache
 //! every step), MLX's SDPA on the f32 cache in ~1.2 ms and the fused affine
-//! 8-bit kernel in ~0.2 ms. Encoding the step's token with MLX ops costs
-//! ~0.2 ms per layer (about 60 small ops; affine's `quantize` is one), the
-//! main reason TurboQuant decodes slower than the affine schemes: SmolLM2 at
-//! 4k context decodes at 33.6 tokens/s against 55.7 dense f32 (fused float
-//! attention; 0.60x) and 62.6 affine 8-bit (`scripts/bench.sh kv_memory`).
+//! 8-bit kernel in ~0.2 ms. Encoding the step's token with MLX ops cost
+//! ~0.2 ms per layer (about 60 small ops; affine's `quantize` is one), which
+//! held TurboQuant at 0.60x the dense f32 cache's decode at 4k (33.6 vs 55.7
+//! tokens/s); the fused encoder (src/mlx/tqenc.rs, one node, the same bits)
+//! takes it out of the profile (~0.2% of decode samples). The attention
+//! kernel's int8 keys had been converted by 16 scalar sign extensions per
+//! vector; with a vector unpack TurboQuant decodes at ~1.06x dense at 4k
+//! (means of 4 runs each, loaded shared machine; `scripts/bench.sh
+//! kv_memory` gives the quiet-machine figure).
 //!
 //! # Sources and where we differ
 //! - Zandieh et al., "TurboQuant: Online Vector Quantization with Near-optimal
@@ -62,7 +67,7 @@
 
 use crate::error::{Error, Result};
 use crate::mlx::fast::Mask;
-use crate::mlx::{turbo_sdpa_rotated, Array, Dtype, QmmIsa};
+use crate::mlx::{turbo_encode, turbo_sdpa_rotated, turbo_unrotate, Array, Dtype, QmmIsa, TurboTables};
 use crate::model::Kernels;
 use std::rc::Rc;
 use std::sync::OnceLock;
@@ -142,6 +147,9 @@ pub struct TurboCodec {
     v_dim: i32,
     signs: Array,
     boundaries: Array,
+    /// The same sign table and boundaries as host values (the fused encoder's).
+    sign_table: Vec<f32>,
+    bounds: Vec<f32>,
     /// Centroids of every index chunk (see `chunk_bits`): `[2^c, c/bits]`.
     lut: Array,
     /// The `2^value_bits` centroids (the fused kernel's codebook).
@@ -168,6 +176,8 @@ impl TurboCodec {
             v_dim,
             signs: Array::from_f32(&signs, &[v_dim])?,
             boundaries: Array::from_f32(&boundaries, &[boundaries.len() as i32])?,
+            sign_table: signs,
+            bounds: boundaries,
             lut: Array::from_f32(&lut, &[1 << cb, per as i32])?,
             book: c.iter().map(|&x| x as f32).collect(),
         })
@@ -185,10 +195,33 @@ impl TurboCodec {
     }
 
     /// Encodes keys and values `[B, H, L, D]` into the cache's five planes:
-    /// key indices, scales, zeros, value indices, scales.
-    pub fn encode(&self, k: &Array, v: &Array) -> Result<Vec<Array>> {
+    /// key indices, scales, zeros, value indices, scales. `Kernels::Auto`:
+    /// mlxrt's fused CPU encoder (src/mlx/tqenc.rs, one graph node, the
+    /// same bits) where it applies; else, and under `Kernels::Stock`,
+    /// [`TurboCodec::encode_ops`].
+    pub fn encode(&self, k: &Array, v: &Array, kernels: Kernels) -> Result<Vec<Array>> {
+        if kernels == Kernels::Auto {
+            if let Some(planes) = turbo_encode(k, v, &self.tables())? {
+                return Ok(planes);
+            }
+        }
+        self.encode_ops(k, v)
+    }
+
+    /// `encode` as MLX ops (about 60 per call).
+    pub fn encode_ops(&self, k: &Array, v: &Array) -> Result<Vec<Array>> {
         let (k, v) = (self.encode_keys(k)?, self.encode_values(v)?);
         Ok(vec![k.idx, k.scale, k.zero, v.idx, v.scale])
+    }
+
+    fn tables(&self) -> TurboTables<'_> {
+        TurboTables {
+            key_bits: self.key_bits,
+            value_bits: self.value_bits,
+            norm: self.norm(),
+            signs: &self.sign_table,
+            boundaries: &self.bounds,
+        }
     }
 
     /// Encodes keys `[.., D]` (any float dtype).
@@ -228,6 +261,17 @@ impl TurboCodec {
     /// `R⁻¹(y)`.
     pub fn unrotate(&self, y: &Array) -> Result<Array> {
         Ok(y.hadamard_transform(self.norm())?.multiply(&self.signs)?)
+    }
+
+    /// `unrotate`; under `Kernels::Auto` by mlxrt's fused CPU primitive
+    /// (one node instead of two, the same bits) where it applies.
+    pub fn unrotate_with(&self, y: &Array, kernels: Kernels) -> Result<Array> {
+        if kernels == Kernels::Auto {
+            if let Some(x) = turbo_unrotate(y, self.norm(), &self.sign_table)? {
+                return Ok(x);
+            }
+        }
+        self.unrotate(y)
     }
 
     fn norm(&self) -> f32 {
@@ -280,7 +324,7 @@ impl TurboCodec {
     /// `[B, Hkv, T, ..]`: values attended in the rotated domain
     /// (`attend_rotated`) and the output un-rotated once.
     pub fn attend(&self, q: &Array, k: &Keys, v: &Values, scale: f32, mask: Mask, kernels: Kernels) -> Result<Array> {
-        Ok(self.unrotate(&self.attend_rotated(q, k, v, scale, mask, kernels)?)?.astype(q.dtype())?)
+        Ok(self.unrotate_with(&self.attend_rotated(q, k, v, scale, mask, kernels)?, kernels)?.astype(q.dtype())?)
     }
 
     /// `attend` before the un-rotation (f32). `Kernels::Auto`: mlxrt's
@@ -761,7 +805,7 @@ mod tests {
         let c = Rc::new(TurboCodec::new(8, 3, d, d).unwrap());
         let k = randn(&[1, 2, t, d], 4);
         let q = randn(&[1, 4, 1, d], 6);
-        let kv = TurboKv::from_planes(c.encode(&k, &k).unwrap(), c.clone()).unwrap();
+        let kv = TurboKv::from_planes(c.encode(&k, &k, Kernels::Auto).unwrap(), c.clone()).unwrap();
         assert_eq!(kv.keys.idx.shape(), vec![1, 2, t, d]);
         assert_eq!(kv.values.idx.shape(), vec![1, 2, t, d * 3 / 8]);
         let (a, b) = (kv.attend(&q, 0.1, Mask::None, Kernels::Auto).unwrap(), kv.share().attend(&q, 0.1, Mask::None, Kernels::Auto).unwrap());

@@ -27,6 +27,10 @@ mod swiglu_tests;
 #[cfg(test)]
 pub(crate) mod test_data;
 mod sys;
+mod tqenc;
+mod tqenc_sys;
+#[cfg(test)]
+mod tqenc_tests;
 mod tqsdpa;
 mod tqsdpa_sys;
 #[cfg(test)]
@@ -42,6 +46,7 @@ pub use qmm::{
     INT8_MIN_ROWS_8BIT,
 };
 pub use qsdpa::{qsdpa_isa_of, quantized_sdpa, quantized_sdpa_isa, quantized_sdpa_ops};
+pub use tqenc::{is_tqenc_node, turbo_encode, turbo_unrotate, TurboTables};
 pub use tqsdpa::{tqsdpa_isa_of, turbo_sdpa_rotated};
 pub use swiglu::{fast_swiglu, fast_swiglu_isa, fast_swiglu_isa_of, fast_swiglu_packed, fast_swiglu_packed_isa};
 

@@ -23,7 +23,6 @@ namespace {
 
 typedef int32_t TI __attribute__((vector_size(sizeof(T))));
 typedef uint32_t TU __attribute__((vector_size(sizeof(T))));
-typedef int8_t TB __attribute__((vector_size(W)));
 typedef uint16_t TH __attribute__((vector_size(2 * W)));
 
 // f16 bits -> f32, exact for finite values: the magnitude's bits shifted
@@ -102,9 +101,11 @@ template <int KB>
 QS_FN inline T key(const uint8_t* row, int d, T z, T s) {
   T x;
   if constexpr (KB == 8) {
-    TB b;
-    __builtin_memcpy(&b, row + d, sizeof(b));
-    x = __builtin_convertvector(__builtin_convertvector(b, TI), T);
+    // int8 as the unsigned byte's value, minus 256 from 128 up (exact): GCC
+    // turned a conversion of an int8 vector into 16 scalar sign extensions.
+    const T u = V::unpack8(row + d);
+    const TI neg = u >= V::set1(128.0f);
+    x = u - (T)(neg & (TI)V::set1(256.0f));
   } else {
     x = __builtin_convertvector(indices<KB>(row, d), T);
   }

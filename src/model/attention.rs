@@ -161,7 +161,7 @@ impl Attention {
                     _ => KvView::Dense { keys, values }.attend(&q, self.scale, masks.window()?, self.kernels)?,
                 }
             }
-            (None, c) => c.kv_mut()?.update(&k, &v)?.attend(&q, self.scale, masks.full()?, self.kernels)?,
+            (None, c) => c.kv_mut()?.update_with(&k, &v, self.kernels)?.attend(&q, self.scale, masks.full()?, self.kernels)?,
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };
         let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;

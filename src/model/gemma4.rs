@@ -153,7 +153,7 @@ impl Attn {
                         let (keys, values) = c.update_and_fetch(&k, &v)?;
                         KvView::Dense { keys, values }
                     }
-                    (Some(c), false) => c.kv_mut()?.update(&k, &v)?,
+                    (Some(c), false) => c.kv_mut()?.update_with(&k, &v, self.kernels)?,
                     _ => return Err(Error::internal("a layer with keys got no cache of its kind")),
                 }
             }
