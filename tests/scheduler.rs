@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
+use mlxrt::engine::{Engine, EngineConfig, Event, RequestOptions};
 use mlxrt::mlx::io::TensorFile;
 use mlxrt::mlx::{Array, Dtype};
 use std::path::PathBuf;
