@@ -43,9 +43,9 @@
 //! tokens/s); the fused encoder (src/mlx/tqenc.rs, one node, the same bits)
 //! takes it out of the profile (~0.2% of decode samples). The attention
 //! kernel's int8 keys had been converted by 16 scalar sign extensions per
-//! vector; with a vector unpack TurboQuant decodes at ~1.06x dense at 4k
-//! (means of 4 runs each, loaded shared machine; `scripts/bench.sh
-//! kv_memory` gives the quiet-machine figure).
+//! vector; with a vector unpack TurboQuant decodes at 1.05x dense at 4k
+//! (65.8 vs 63.0 tokens/s, medians of 3 rounds on a quiet VM,
+//! `scripts/bench.sh kv_memory`).
 //!
 //! # Sources and where we differ
 //! - Zandieh et al., "TurboQuant: Online Vector Quantization with Near-optimal
