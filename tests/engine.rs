@@ -48,7 +48,9 @@ fn trace_spans_reach_the_callback_and_the_stats() {
         o.stop_at_eos = false;
         o
     };
-    let (a, b) = (submit(&e, req("shipping", 24)), submit(&e, req("billing", 6)));
+    // `a` decodes long enough that `b` (whose prefill may start after `a`'s)
+    // is certain to join its decode batch.
+    let (a, b) = (submit(&e, req("shipping", 160)), submit(&e, req("billing", 6)));
     collect(&a);
     collect(&b);
     // The same prompt again: a prompt-cache hit restored.
@@ -70,13 +72,13 @@ fn trace_spans_reach_the_callback_and_the_stats() {
     }
     assert_eq!(SPAN_KINDS, SpanKind::ALL.len());
     assert_eq!(stats.model_calls as usize, of(SpanKind::Forward).len(), "one forward span per model call");
-    // Prefill: 2 rows batched; decode: one step per token after the first.
-    assert!(stats.model_calls >= 23 + 3 + 2, "{}", stats.model_calls);
+    // At least one decode step per token after each request's first.
+    assert!(stats.model_calls >= 159 + 3 + 2, "{}", stats.model_calls);
     assert!(spans.iter().all(|s| s.iteration <= stats.iterations), "iterations {}", stats.iterations);
     assert!(spans.iter().all(|s| s.iteration >= 1 || s.kind == SpanKind::LookupRestore), "only lookups come before the first iteration");
     let forward_rows = of(SpanKind::Forward).iter().map(|s| s.rows).max().unwrap();
     assert_eq!(forward_rows, 2, "the two requests share forwards");
-    assert_eq!(of(SpanKind::Deliver).iter().map(|s| s.tokens).sum::<usize>(), 24 + 6 + 4, "each token delivered once");
+    assert_eq!(of(SpanKind::Deliver).iter().map(|s| s.tokens).sum::<usize>(), 160 + 6 + 4, "each token delivered once");
     assert!(of(SpanKind::Snapshot).iter().all(|s| s.rows == 1 && s.tokens >= 256));
     assert!(spans.windows(2).all(|w| w[0].start + w[0].duration <= w[1].start), "spans come in order, one at a time");
     drop(e);
