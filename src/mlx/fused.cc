@@ -32,17 +32,7 @@ namespace mlxrt::fused {
 
 namespace {
 
-// An empty asm that "modifies" v: the compiler must materialize the rounded
-// product, so it cannot fuse it with the next addition into an FMA.
-inline void opaque(float& v) {
-#if defined(__x86_64__) || defined(__i386__)
-  __asm__("" : "+x"(v));
-#elif defined(__aarch64__)
-  __asm__("" : "+w"(v));
-#else
-  __asm__("" : "+m"(v));
-#endif
-}
+using swiglu::opaque;
 
 // What a task needs to walk an input.
 struct View {

@@ -45,19 +45,6 @@ constexpr float kP4 = 2.402264791363012e-1f;
 constexpr float kP5 = 6.931472028550421e-1f;
 constexpr float kP6 = 1.000000000000000f;
 
-// An empty asm that "modifies" v: the compiler must materialize the rounded
-// value, so it cannot fuse the operation that produced v with the next one.
-template <class T>
-inline void opaque(T& v) {
-#if defined(__x86_64__) || defined(__i386__)
-  __asm__("" : "+x"(v));
-#elif defined(__aarch64__)
-  __asm__("" : "+w"(v));
-#else
-  __asm__("" : "+m"(v));
-#endif
-}
-
 // ---------------------------------------------------------------------------
 // Scalar: the portable variant, and reference for the vector tails.
 

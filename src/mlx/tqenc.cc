@@ -32,17 +32,7 @@ namespace mlxrt::tqenc {
 
 namespace {
 
-// An empty asm that "modifies" v: the rounded product must be materialized,
-// so it cannot fuse with the next addition into an FMA.
-inline void opaque(float& v) {
-#if defined(__x86_64__) || defined(__i386__)
-  __asm__("" : "+x"(v));
-#elif defined(__aarch64__)
-  __asm__("" : "+w"(v));
-#else
-  __asm__("" : "+m"(v));
-#endif
-}
+using swiglu::opaque;
 
 inline float f16_round(float x) { return static_cast<float>(static_cast<mx::float16_t>(x)); }
 
