@@ -192,9 +192,11 @@ fn sessions_scope_entries_within_a_namespace() {
     assert_eq!(go(&e, other_ns).2, 0, "a session id does not cross namespaces");
 }
 
-/// A plain prompt (no chat boundary) of 256 tokens or more is snapshotted at
-/// `len - 1` once prefilled: an identical prompt hits all but its last token
-/// even when the first request never finished (no end-of-request snapshot).
+/// A plain prompt (no chat boundary) of 256 tokens or more: an identical
+/// prompt hits all but its last token even when the first request was
+/// cancelled at its first token (SmolLM2's KV is trimmable: the cancelled
+/// row's snapshot is cut back; tests/scheduler.rs covers the `len - 1`
+/// snapshot of a recurrent model).
 #[test]
 fn identical_prompts_hit_len_minus_one() {
     let e = engine_with(None, 1 << 30);

@@ -154,8 +154,8 @@ impl DecodeBatch {
 
     /// Reads the current tokens and hands them to their rows. Rows that
     /// ended (or were cancelled, or failed on their own) stay until
-    /// `retire`; the rows that completed offer their whole history to the
-    /// prompt cache.
+    /// `retire`; the rows that completed or were cancelled offer their history
+    /// (what their KV holds of it) to the prompt cache.
     pub fn collect(&mut self, text: &TextAssets, ctx_len: usize, tracer: &Tracer) -> Result<Vec<Offer>> {
         let Some(current) = self.current.take() else { return Ok(vec![]) };
         let t = Instant::now();
@@ -176,6 +176,13 @@ impl DecodeBatch {
         for (i, (row, &tok)) in rows.iter_mut().zip(&tokens).enumerate() {
             if row.is_cancelled() {
                 row.finish(super::FinishReason::Cancelled, None);
+                // Its KV is as good as a finished row's: offer what it holds
+                // of its history (the token just fed was never accepted).
+                if row.use_cache {
+                    let mut history = row.history();
+                    history.truncate(held[i]);
+                    offers.push(Offer { row: i, namespace: row.namespace.clone(), tokens: history });
+                }
                 continue;
             }
             if row.is_ended() {

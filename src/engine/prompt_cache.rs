@@ -251,6 +251,12 @@ impl PromptCache {
         self.wants_len(tokens.len()) && !self.mem.contains(namespace, tokens)
     }
 
+    /// Whether a hit may cut an entry back to a shorter prefix (every layer
+    /// is trimmable): then any prefix of a held entry is served.
+    pub fn trims(&self) -> bool {
+        !self.whole_only
+    }
+
     /// Whether a snapshot of `n` tokens is long enough to keep.
     pub fn wants_len(&self, n: usize) -> bool {
         n >= self.min_tokens

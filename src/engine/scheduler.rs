@@ -499,15 +499,18 @@ impl Scheduler<'_> {
 
     /// A row with the prompt length at which the prompt cache wants a
     /// snapshot of it: its boundary (a chat's conversation before its last
-    /// message), else all of the prompt but its last token (what an identical
-    /// prompt can reuse: the last token is always forwarded, and a recurrent
-    /// state cannot be cut back to it from the end-of-request snapshot), if
-    /// it uses the cache, that length lies past what came from the cache,
+    /// message), else, for a model whose caches cannot be cut back (recurrent
+    /// state, quantized KV), all of the prompt but its last token (what an
+    /// identical prompt can reuse: the last token is always forwarded). A
+    /// trimmable model needs no such copy: the end-of-request (or cancel)
+    /// snapshot, cut back on a hit, serves the identical prompt. Only if the
+    /// row uses the cache, that length lies past what came from the cache,
     /// and it is long enough to keep.
     fn entrant(&self, row: Row) -> Entrant {
         let pc = self.pcache.as_ref();
-        let at = row.boundary.unwrap_or(row.prompt.len().saturating_sub(1));
-        let mark = Some(at).filter(|&b| row.use_cache && b > row.cached && pc.is_some_and(|pc| pc.wants_len(b)));
+        let len_minus_one = pc.is_some_and(|pc| !pc.trims()).then(|| row.prompt.len().saturating_sub(1));
+        let mark = row.boundary.or(len_minus_one);
+        let mark = mark.filter(|&b| row.use_cache && b > row.cached && pc.is_some_and(|pc| pc.wants_len(b)));
         (row, mark)
     }
 
