@@ -32,10 +32,16 @@ use std::rc::Rc;
 /// Buffer growth granularity in positions (as in mlx-lm).
 const STEP: i32 = 256;
 
+/// `n` rounded up to whole steps.
+fn round_up(n: i32) -> i32 {
+    (n + STEP - 1) / STEP * STEP
+}
+
 /// Buffers along the timeline (`[B, H, capacity, X]` each; none allocated
-/// yet when empty). All of the cache's bookkeeping is written once, here.
+/// yet when empty), and the capacity the first growth allocates at least
+/// (`KvCache::reserve`). All of the cache's bookkeeping is written once, here.
 #[derive(Default)]
-struct Planes(Vec<Array>);
+struct Planes(Vec<Array>, i32);
 
 impl Planes {
     fn capacity(&self) -> i32 {
@@ -49,7 +55,9 @@ impl Planes {
         let l = new[0].dim(2);
         let end = prev + l;
         if end > self.capacity() {
-            let n = (STEP + l - 1) / STEP * STEP;
+            // Growing copies the planes and frees the old ones: a prompt's
+            // chunks grow into one reserved allocation instead.
+            let n = round_up(l).max(round_up(self.1) - prev);
             let mut grown = Vec::with_capacity(new.len());
             for (i, x) in new.iter().enumerate() {
                 let zeros = zeros_like_positions(x, n)?;
@@ -294,7 +302,7 @@ impl KvCache {
     /// grows into a new buffer.
     pub fn from_prefix(keys: Array, values: Array) -> KvCache {
         let t = Timeline::single(keys.dim(2));
-        KvCache { t, dense: Some(Planes(vec![keys, values])), quant: None }
+        KvCache { t, dense: Some(Planes(vec![keys, values], 0)), quant: None }
     }
 
     /// Whether keys and values are stored quantized.
@@ -308,6 +316,14 @@ impl KvCache {
         if let Some(q) = &mut self.quant {
             debug_assert!(self.t.is_empty() && starts.len() == q.starts.len());
             q.starts = starts.to_vec();
+        }
+    }
+
+    /// Lets the planes grow to at least `positions` at once when they next
+    /// grow (a prefill's chunks then write into one allocation).
+    pub fn reserve(&mut self, positions: i32) {
+        for p in self.dense.iter_mut().chain(self.quant.as_mut().map(|q| &mut q.planes)) {
+            p.1 = positions;
         }
     }
 
@@ -378,11 +394,11 @@ impl KvCache {
         // While the row is below its start a cold run keeps the float copy
         // beside the packed planes; at or after it, only the packed planes.
         let dense = match r.float {
-            Some((k, v)) if len < r.start => Some(Planes(vec![k, v])),
+            Some((k, v)) if len < r.start => Some(Planes(vec![k, v], 0)),
             None if len >= r.start => None,
             _ => return Err(Error::internal(format!("a quantized KV row of {len} positions, start {}: float copy mismatch", r.start))),
         };
-        let quant = Quant { planes: Planes(r.planes), scheme: r.scheme, turbo: None, starts: vec![r.start] };
+        let quant = Quant { planes: Planes(r.planes, 0), scheme: r.scheme, turbo: None, starts: vec![r.start] };
         Ok(KvCache { t: Timeline::single(len), dense, quant: Some(quant) })
     }
 
@@ -630,6 +646,20 @@ mod tests {
         assert!(matches!(c.positions().unwrap(), Positions::Same(304)));
         assert!(matches!(c.mask(1).unwrap(), AttnMask::None));
         assert!(matches!(c.mask(4).unwrap(), AttnMask::Causal));
+    }
+
+    #[test]
+    fn a_reserve_sizes_the_first_growth() {
+        let mut c = KvCache::new(1);
+        c.reserve(600);
+        c.update_and_fetch(&kv(0.0, 100), &kv(0.0, 100)).unwrap();
+        let reserved = c.nbytes();
+        assert_eq!(reserved, 2 * 768 * 2 * 4, "600 positions round up to 768");
+        let (k, _) = c.update_and_fetch(&kv(100.0, 500), &kv(0.0, 500)).unwrap();
+        assert_eq!(c.nbytes(), reserved, "the prompt's chunks fit without growing");
+        assert!(k.to_vec_f32().unwrap().iter().step_by(2).enumerate().all(|(i, &x)| x == i as f32));
+        c.update_and_fetch(&kv(600.0, 200), &kv(0.0, 200)).unwrap();
+        assert_eq!(c.nbytes(), 2 * (600 + 256) * 2 * 4, "then growth goes on in steps");
     }
 
     #[test]

@@ -46,6 +46,13 @@ impl LayerCache {
         }
     }
 
+    /// Sizes a KV cache's next growth for `positions` (see `KvCache::reserve`).
+    pub fn reserve(&mut self, positions: i32) {
+        if let LayerCache::Kv(c) = self {
+            c.reserve(positions);
+        }
+    }
+
     pub fn set_padding(&mut self, pads: &[i32]) {
         match self {
             LayerCache::Kv(c) => c.set_padding(pads),

@@ -43,7 +43,8 @@ pub(crate) struct Progress {
 
 impl Cohort {
     /// A cohort of new rows whose full-attention layers store KV as
-    /// `scheme` says (each row from its own `quantized_kv_start`).
+    /// `scheme` says (each row from its own `quantized_kv_start`), with room
+    /// reserved for the prompt and the first decoded tokens.
     pub fn new(model: &dyn LanguageModel, scheme: KvScheme, entrants: Vec<Entrant>) -> Result<Cohort> {
         let (rows, marks): (Vec<Row>, Vec<_>) = entrants.into_iter().unzip();
         let total = rows.iter().map(|r| r.prompt.len() as i32).max().unwrap_or(0);
@@ -53,14 +54,16 @@ impl Cohort {
         for c in &mut cache {
             c.set_padding(&pads);
             c.set_starts(&starts);
+            c.reserve(total + 1);
         }
         Ok(Cohort { set: RowSet::new(rows, cache), marks, total, done: 0 })
     }
 
     /// A cohort for one row whose first `done` prompt positions are already in
     /// `cache` (from the prompt cache).
-    pub fn with_prefix((row, mark): Entrant, cache: Vec<LayerCache>, done: usize) -> Cohort {
+    pub fn with_prefix((row, mark): Entrant, mut cache: Vec<LayerCache>, done: usize) -> Cohort {
         let total = row.prompt.len() as i32;
+        cache.iter_mut().for_each(|c| c.reserve(total + 1));
         Cohort { set: RowSet::new(vec![row], cache), marks: vec![mark], total, done: done as i32 }
     }
 
