@@ -756,10 +756,23 @@ typedef struct mlxrt_request_params {
    * repetition_penalty, repetition_context_size, seed, stop, tools,
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
    * cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
-   * (see `mlxrt_engine_config.quantized_kv_start`). Unknown fields are an
+   * (see `mlxrt_engine_config.quantized_kv_start`), response_format (below). Unknown fields are an
    * error. Tool definitions (`tools`, an array of JSON schemas as in
    * OpenAI's API) are given to the chat template; tool calls the model
    * makes come back as TOOL_CALL events.
+   *
+   * Structured output: `response_format` makes the output a JSON document
+   * valid against a schema (`{"type": "json_schema", "json_schema":
+   * {"schema": {...}}}` or `{"type": "json_schema", "schema": {...}}`;
+   * compact, without whitespace between tokens unless the schema's
+   * `x-guidance` options say otherwise), any JSON object (`{"type":
+   * "json_object"}`), text matching a regex (`{"type": "regex",
+   * "pattern": "..."}`) or text of a Lark grammar (`{"type": "grammar",
+   * "lark": "..."}`, llguidance's dialect); `{"type": "text"}` = free
+   * text. A constraint that cannot be compiled fails the submit with
+   * MLXRT_STATUS_INVALID_ARGUMENT and the compiler's message. The stream
+   * ends with a complete document (STOP, even with ignore_eos) or LENGTH;
+   * a stop string may still cut it.
    */
   const char *options_json;
   /**

@@ -8,6 +8,8 @@
 #   scripts/bench.sh families [options]           -> families.json
 #   scripts/bench.sh kv_memory [options]          -> kv_memory.json
 #   scripts/bench.sh scheduler [options]          -> scheduler.json (mlxrt only)
+#   scripts/bench.sh structured [options]         -> structured.json (mlxrt only;
+#     --rounds N, --max-tokens N, --out FILE)
 #   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
 #     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
 #      --build-only: just build llama.cpp's tools, cached, and exit)
@@ -98,11 +100,15 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_scheduler --example mlxrt_batching
     "$VENV/bin/python" bench/scheduler.py --model "$MLXRT_MODEL" "$@"
     ;;
+  structured)
+    cargo build --release --quiet --example mlxrt_structured
+    target/release/examples/mlxrt_structured "$MLXRT_MODEL" "$@"
+    ;;
   vs_llama_cpp)
     build_llama_cpp
     [ "${1:-}" != --build-only ] || exit 0
     cargo build --release --quiet --example mlxrt_single_stream --example mlxrt_batching
     "$VENV/bin/python" bench/vs_llama_cpp.py --model "$MLXRT_MODEL" --llama-cpp "$LLAMA_CPP_DIR" "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, vs_llama_cpp)" >&2; exit 2 ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, structured, vs_llama_cpp)" >&2; exit 2 ;;
 esac

@@ -83,3 +83,13 @@ fn pull_stream_c() {
     let (stdout, _) = run(bin, &["Tell me a long story about a dragon.", "3"]);
     assert!(stdout.contains("[cancelled:"), "{stdout}");
 }
+
+#[test]
+fn json_output_c() {
+    let (stdout, _) = run(build("json_output.c", &cc(), "c11"), &["Describe Paris."]);
+    let doc = stdout.split("\n[").next().unwrap();
+    let v: serde_json::Value = serde_json::from_str(doc).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    assert!(v["city"].is_string() && v["landmarks"].is_array() && v["population_millions"].is_number(), "{v}");
+    assert!(stdout.contains("[complete document:"), "{stdout}");
+    assert!(stdout.contains("bad schema: invalid argument: response_format: "), "{stdout}");
+}

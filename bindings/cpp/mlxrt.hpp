@@ -131,6 +131,11 @@ class RequestParams {
   RequestParams &stop(std::string s) { stop_.push_back(std::move(s)); return *this; }
   /// OpenAI-style fields as a JSON object, applied after the fields above.
   RequestParams &options_json(std::string json) { options_ = std::move(json); return *this; }
+  /// Structured output: the shape the output must have, as the JSON of the
+  /// `response_format` option, e.g. {"type":"json_schema","json_schema":
+  /// {"schema":{...}}}, {"type":"json_object"}, {"type":"regex","pattern":
+  /// "..."} or {"type":"grammar","lark":"..."}. Merged into options_json.
+  RequestParams &response_format(std::string json) { response_format_ = std::move(json); return *this; }
   RequestParams &cache_namespace(std::string ns) { namespace_ = std::move(ns); return *this; }
   RequestParams &prompt_cache(bool on) { c_.no_prompt_cache = on ? 0 : 1; return *this; }
   /// Per-token log-probabilities in deltas, with `top` alternatives (0..=20).
@@ -155,12 +160,27 @@ class RequestParams {
     }
     c.stop = stops.empty() ? nullptr : stops.data();
     c.n_stop = stops.size();
-    if (options_) c.options_json = options_->c_str();
+    std::string options = merged_options();
+    if (options_ || response_format_) c.options_json = options.c_str();
     if (namespace_) c.cache_namespace = namespace_->c_str();
     return std::forward<F>(f)(static_cast<const mlxrt_request_params &>(c));
   }
 
  private:
+  /// options_json with "response_format" added (text that is not a JSON
+  /// object is passed on as is: mlxrt reports it).
+  std::string merged_options() const {
+    if (!response_format_) return options_ ? *options_ : std::string();
+    std::string field = "\"response_format\":" + *response_format_;
+    if (!options_) return "{" + field + "}";
+    std::string o = *options_;
+    size_t open = o.find('{'), close = o.find_last_of('}');
+    if (open == std::string::npos || close == std::string::npos || close < open) return o;
+    bool empty = o.find_first_not_of(" \t\r\n", open + 1) == close;
+    o.insert(close, empty ? field : "," + field);
+    return o;
+  }
+
   static void json_string(std::string &out, std::string_view s) {
     static const char hex[] = "0123456789abcdef";
     out += '"';
@@ -192,7 +212,7 @@ class RequestParams {
 
   mlxrt_request_params c_{};
   std::vector<std::pair<std::string, std::string>> messages_;
-  std::optional<std::string> messages_json_, prompt_, options_, namespace_;
+  std::optional<std::string> messages_json_, prompt_, options_, namespace_, response_format_;
   std::optional<std::vector<uint32_t>> tokens_;
   std::vector<std::string> stop_;
 };

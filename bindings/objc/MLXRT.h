@@ -156,7 +156,7 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
 {
   @private
     NSArray *_messages, *_promptTokens, *_stopStrings;
-    NSString *_prompt, *_optionsJSON, *_cacheNamespace;
+    NSString *_prompt, *_optionsJSON, *_cacheNamespace, *_responseFormat;
     NSNumber *_seed;
     NSUInteger _maxTokens;
     NSInteger _topK;
@@ -186,6 +186,11 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
 @property (nonatomic, copy) NSArray<NSString *> *stopStrings;
 /// OpenAI-style fields as a JSON object, applied after the fields above.
 @property (nonatomic, copy, nullable) NSString *optionsJSON;
+/// Structured output: the JSON of the `response_format` option, e.g.
+/// {"type":"json_schema","json_schema":{"schema":{...}}}, {"type":"json_object"},
+/// {"type":"regex","pattern":"..."} or {"type":"grammar","lark":"..."}. Merged
+/// into optionsJSON; an invalid schema fails the submit (invalid argument).
+@property (nonatomic, copy, nullable) NSString *responseFormat;
 /// Prompt-cache namespace: cached state is shared only within one.
 @property (nonatomic, copy, nullable) NSString *cacheNamespace;
 /// NO: this request neither uses nor fills the prompt cache.

@@ -163,7 +163,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
             temperature = _temperature, topP = _topP, topK = _topK, minP = _minP,
             repetitionPenalty = _repetitionPenalty, seed = _seed, stopStrings = _stopStrings,
             optionsJSON = _optionsJSON, cacheNamespace = _cacheNamespace, usesPromptCache = _usesPromptCache,
-            thinking = _thinking, logprobs = _logprobs, topLogprobs = _topLogprobs;
+            thinking = _thinking, logprobs = _logprobs, topLogprobs = _topLogprobs,
+            responseFormat = _responseFormat;
 
 - (instancetype)init {
     if ((self = [super init])) {
@@ -209,6 +210,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     p.thinking = _thinking;
     p.logprobs = _logprobs;
     p.topLogprobs = _topLogprobs;
+    p.responseFormat = _responseFormat;
     return p;
 }
 
@@ -221,6 +223,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     [_stopStrings release];
     [_optionsJSON release];
     [_cacheNamespace release];
+    [_responseFormat release];
     [super dealloc];
 }
 #endif
@@ -615,6 +618,21 @@ static void free_delivery(void *user_data) {
     return MLXRT_AUTORELEASE([[MLXRTEngineStats alloc] initWithStats:&s]);
 }
 
+/// optionsJSON with "response_format" added (text that is not a JSON object
+/// is passed on as is: mlxrt reports it).
+static NSString *merged_options(NSString *options, NSString *format) {
+    if (!format) return options;
+    NSString *field = [NSString stringWithFormat:@"\"response_format\":%@", format];
+    if (!options) return [NSString stringWithFormat:@"{%@}", field];
+    NSRange open = [options rangeOfString:@"{"];
+    NSRange close = [options rangeOfString:@"}" options:NSBackwardsSearch];
+    if (open.location == NSNotFound || close.location == NSNotFound || close.location < open.location) return options;
+    NSString *inside = [options substringWithRange:NSMakeRange(open.location + 1, close.location - open.location - 1)];
+    BOOL empty = [[inside stringByTrimmingCharactersInSet:[NSCharacterSet whitespaceAndNewlineCharacterSet]] length] == 0;
+    return [NSString stringWithFormat:@"%@%@%@%@", [options substringToIndex:close.location], empty ? @"" : @",", field,
+                                      [options substringFromIndex:close.location]];
+}
+
 /// The messages as the JSON array the C API takes.
 static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **error) {
     NSMutableArray *list = [NSMutableArray arrayWithCapacity:messages.count];
@@ -649,7 +667,8 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
     c.repetition_penalty = p.repetitionPenalty;
     c.use_seed = p.seed != nil;
     c.seed = p.seed ? p.seed.unsignedLongLongValue : 0;
-    c.options_json = p.optionsJSON ? [p.optionsJSON UTF8String] : NULL;
+    NSString *options = merged_options(p.optionsJSON, p.responseFormat);
+    c.options_json = options ? [options UTF8String] : NULL;
     c.cache_namespace = p.cacheNamespace ? [p.cacheNamespace UTF8String] : NULL;
     c.no_prompt_cache = p.usesPromptCache ? 0 : 1;
     c.thinking = (int32_t)p.thinking;

@@ -54,6 +54,9 @@ pub(crate) struct DecodeBatch {
     current: Option<Drawn>,
     /// Rows still generating after the last `collect` (all until then).
     keep: Option<Vec<usize>>,
+    /// Logits of the scheduled step whose draw waits for `collect`: with a
+    /// constrained row, the masks need the tokens `collect` reads.
+    undrawn: Option<Array>,
 }
 
 /// Draws one token per row from `logits` (`[B, vocab]`). `unread` holds the
@@ -63,6 +66,12 @@ pub(crate) struct DecodeBatch {
 /// with the error (its slot gets token 0, which `collect` skips); the other
 /// rows go on.
 pub(crate) fn sample_rows(rows: &mut [Row], logits: &Array, unread: Option<&Array>) -> Result<Drawn> {
+    // Structured output: each constrained row's mask (see `grammar`).
+    let (masked, failed) = crate::grammar::mask_logits(rows.iter_mut().map(Row::live_constraint).collect(), logits)?;
+    for (i, e) in failed {
+        rows[i].fail(e);
+    }
+    let logits = masked.as_ref().unwrap_or(logits);
     let want_lp = rows.iter().any(|r| r.logprobs.is_some());
     let (tokens, lp) = if rows.iter().all(|r| r.sampler.is_greedy() && !r.sampler.needs_history()) {
         // One argmax for the whole batch (of log-probabilities, as mlx-lm).
@@ -144,6 +153,15 @@ impl DecodeBatch {
         let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
         let logits = logits.reshape(&[b, -1])?;
         tracer.record(SpanKind::Forward, b as usize, b as usize, t);
+        if self.set.rows.iter().any(|r| r.constraint.is_some()) {
+            // Structured output: the forward runs while `collect` feeds the
+            // current tokens to the matchers and computes the next masks;
+            // the (small) draw is built after that.
+            mlx::async_eval(&[&logits])?;
+            self.undrawn = Some(logits);
+            self.current = Some(drawn);
+            return Ok(());
+        }
         let t = Instant::now();
         let next = sample_rows(&mut self.set.rows, &logits, Some(&drawn.tokens))?;
         tracer.record(SpanKind::Sample, b as usize, b as usize, t);
@@ -211,6 +229,12 @@ impl DecodeBatch {
             }
         }
         tracer.record(SpanKind::Deliver, tokens.len(), tokens.len(), t);
+        if let Some(logits) = self.undrawn.take() {
+            // The accepted tokens are in each row's history now.
+            let t = Instant::now();
+            self.pending = Some(sample_rows(rows, &logits, None)?);
+            tracer.record(SpanKind::Sample, tokens.len(), tokens.len(), t);
+        }
         self.keep = Some(keep);
         Ok(offers)
     }

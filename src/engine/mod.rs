@@ -209,6 +209,9 @@ pub struct Engine {
     kv_budget: usize,
     kv: KvQuant,
     next_id: AtomicU64,
+    /// Structured output's view of the tokenizer, built by the first request
+    /// that asks for a `response_format`.
+    grammar: std::sync::OnceLock<Result<crate::grammar::GrammarEnv>>,
     threads: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
 }
 
@@ -217,6 +220,7 @@ pub struct Engine {
 pub struct Prepared {
     spec: RequestSpec,
     place: Place,
+    constraint: Option<crate::grammar::Constraint>,
 }
 
 impl Prepared {
@@ -289,6 +293,7 @@ impl Engine {
                 kv_budget,
                 kv,
                 next_id: AtomicU64::new(1),
+                grammar: std::sync::OnceLock::new(),
                 threads: Mutex::new(Some(threads)),
             }),
             Err(e) => {
@@ -373,6 +378,10 @@ impl Engine {
         }
         let own_start = self.kv.scheme.is_quantized() && kv_start != self.kv.start;
         let namespace = cache_scope(&options, own_start.then_some(kv_start));
+        let constraint = match &options.response_format {
+            Some(f) => Some(crate::grammar::Constraint::compile(self.grammar_env()?, f)?),
+            None => None,
+        };
         let spec = RequestSpec {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             cancelled: AtomicBool::new(false),
@@ -392,7 +401,7 @@ impl Engine {
             submitted,
         };
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
-        let prepared = Prepared { spec, place: Place(Some(self.shared.clone())) };
+        let prepared = Prepared { spec, place: Place(Some(self.shared.clone())), constraint };
         if n >= self.max_in_flight {
             return Err(Error::new(
                 ErrorKind::Busy,
@@ -425,18 +434,27 @@ impl Engine {
         (self.send_job(prepared, outlet), rx)
     }
 
-    fn send_job(&self, Prepared { spec, place }: Prepared, outlet: Outlet) -> RequestHandle {
+    fn send_job(&self, Prepared { spec, place, constraint }: Prepared, outlet: Outlet) -> RequestHandle {
         place.keep();
         let spec = Arc::new(spec);
         // The scheduler serves its channel until the engine is dropped, even
         // after a failure, so this send cannot fail while `self` exists.
-        let _ = self.tx.send(Command::Submit(Job { spec: spec.clone(), outlet }));
+        let _ = self.tx.send(Command::Submit(Job { spec: spec.clone(), outlet, constraint }));
         RequestHandle { spec, tx: self.tx.clone() }
     }
 
     /// `prepare` + `enqueue`.
     pub fn submit(&self, options: RequestOptions, sink: Box<dyn EventSink>) -> Result<RequestHandle> {
         Ok(self.enqueue(self.prepare(options)?, sink))
+    }
+
+    /// The tokenizer as llguidance sees it (built once).
+    fn grammar_env(&self) -> Result<&crate::grammar::GrammarEnv> {
+        let width = self.info.vocab_size.max(0) as usize;
+        let env = self
+            .grammar
+            .get_or_init(|| crate::grammar::GrammarEnv::new(self.text.tokenizer.clone(), width, &self.text.eos_ids));
+        env.as_ref().map_err(Clone::clone)
     }
 
     /// KV bytes a request may grow to, counting positions up to the context

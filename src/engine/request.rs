@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use super::delivery::Outlet;
 use super::logprobs::{TokenLogprob, MAX_TOP};
+use crate::grammar::{Constraint, ResponseFormat};
 use crate::sample::SamplingParams;
 use crate::text::OutputFormat;
 use serde_json::{Map, Value};
@@ -59,6 +60,8 @@ pub struct RequestOptions {
     /// Position from which this request's KV cache is quantized, when the
     /// engine quantizes KV (None = the engine's `quantized_kv_start`).
     pub quantized_kv_start: Option<i32>,
+    /// Structured output: the shape the output must have (None = free text).
+    pub response_format: Option<ResponseFormat>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -81,6 +84,7 @@ impl RequestOptions {
             top_logprobs: 0,
             thinking: None,
             quantized_kv_start: None,
+            response_format: None,
         }
     }
 
@@ -89,7 +93,7 @@ impl RequestOptions {
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
     /// `cache_session_id`, `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
-    /// `quantized_kv_start`). Unknown fields are an error so a
+    /// `quantized_kv_start`, `response_format`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -165,6 +169,7 @@ impl RequestOptions {
                         Some(i32::try_from(int()?).map_err(|_| Error::invalid("quantized_kv_start is too large"))?)
                     }
                 }
+                "response_format" => self.response_format = ResponseFormat::from_json(&v)?,
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -173,7 +178,7 @@ impl RequestOptions {
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
                          prefill_chunk, cache_namespace, cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, \
-                         quantized_kv_start)"
+                         quantized_kv_start, response_format)"
                     )))
                 }
             }
@@ -319,4 +324,7 @@ impl RequestSpec {
 pub(crate) struct Job {
     pub spec: Arc<RequestSpec>,
     pub outlet: Outlet,
+    /// The compiled `response_format` (its matcher changes as the row
+    /// generates, so it lives beside the immutable spec).
+    pub constraint: Option<Constraint>,
 }

@@ -6,6 +6,7 @@ use super::delivery::Outlet;
 use super::logprobs::TokenLogprob;
 use super::request::{Channel, Event, FinishReason, Job, RequestSpec, Usage};
 use crate::error::Result;
+use crate::grammar::Constraint;
 use crate::mlx::Array;
 use crate::model::load::TextAssets;
 use crate::sample::Sampler;
@@ -37,6 +38,8 @@ pub(crate) struct Row {
     first_token: Option<Instant>,
     last_token: Option<Instant>,
     out: Outlet,
+    /// Structured output: the matcher that masks every draw.
+    pub constraint: Option<Constraint>,
 }
 
 impl Deref for Row {
@@ -51,7 +54,7 @@ impl Row {
     /// Sets up the state; on failure the request gets its error event and
     /// None is returned.
     pub fn open(job: Job, text: &TextAssets, seed: u64, kv_reserved: usize) -> Option<Row> {
-        let Job { spec, mut outlet } = job;
+        let Job { spec, mut outlet, constraint } = job;
         let build = || -> Result<(Sampler, IncrementalDecoder, Option<StopMatcher>)> {
             let stop = if spec.stop.is_empty() { None } else { Some(StopMatcher::new(&spec.stop)?) };
             Ok((Sampler::new(spec.sampling.clone(), seed)?, IncrementalDecoder::new(text.tokenizer.clone())?, stop))
@@ -73,6 +76,7 @@ impl Row {
                 first_token: None,
                 last_token: None,
                 out: outlet,
+                constraint,
                 spec,
             }),
             Err(e) => {
@@ -89,6 +93,14 @@ impl Row {
     /// Whether its terminal event was sent (it finished or failed).
     pub fn is_ended(&self) -> bool {
         self.out.is_ended()
+    }
+
+    /// The constraint of a row still generating.
+    pub fn live_constraint(&mut self) -> Option<&mut Constraint> {
+        if self.out.is_ended() {
+            return None;
+        }
+        self.constraint.as_mut()
     }
 
     /// Prompt and generated ids so far.
@@ -126,7 +138,12 @@ impl Row {
         self.last_token = Some(now);
         self.generated += 1;
         self.history.push(tok as i32);
-        if self.stop_at_eos && text.eos_ids.contains(&tok) {
+        if let Some(c) = &mut self.constraint {
+            c.consume(tok)?;
+        }
+        // A constrained row draws an end token only where its document is
+        // complete: it ends there even with `ignore_eos`.
+        if (self.stop_at_eos || self.constraint.is_some()) && text.eos_ids.contains(&tok) {
             // Counted and reported (id, log-probability) in the last, textless
             // delta, like mlx-lm; never decoded.
             self.finish_with(FinishReason::Stop, None, Some((tok, lp)));
@@ -144,6 +161,11 @@ impl Row {
             }
         } else {
             self.send_text(piece);
+        }
+        // A finished document ends the stream even with `ignore_eos`.
+        if self.constraint.as_ref().is_some_and(Constraint::is_done) {
+            self.finish(FinishReason::Stop, None);
+            return Ok(true);
         }
         let total = self.prompt.len() + self.generated as usize;
         if self.generated >= self.max_tokens || (ctx_len > 0 && total >= ctx_len) {

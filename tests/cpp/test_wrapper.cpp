@@ -119,6 +119,19 @@ int main(int argc, char **argv) {
     CHECK(!c.tokens.empty() && c.usage.completion_tokens >= 1);
   }
 
+  {  // structured output, merged with options_json; a bad regex fails at submit
+    mlxrt::Completion c = engine.generate(mlxrt::RequestParams()
+                                              .user("Give a phone number.")
+                                              .max_tokens(16)
+                                              .options_json("{\"ignore_eos\": true}")
+                                              .response_format("{\"type\":\"regex\",\"pattern\":\"[0-9]{3}-[0-9]{4}\"}"));
+    CHECK(c.finish_reason == MLXRT_FINISH_REASON_STOP);
+    CHECK(c.text.size() == 8 && c.text[3] == '-');
+    CHECK(status_of([&] {
+            engine.generate(mlxrt::RequestParams().user("x").response_format("{\"type\":\"regex\",\"pattern\":\"(\"}"));
+          }) == MLXRT_STATUS_INVALID_ARGUMENT);
+  }
+
   {  // cancel mid-generation; cancel is idempotent
     Log log;
     mlxrt::Request r = engine.submit(

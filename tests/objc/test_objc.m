@@ -271,7 +271,7 @@ static void test_submit_errors(MLXRTEngine *engine, dispatch_queue_t queue) {
         const char *what;
         MLXRTErrorCode code;
         MLXRTRequestParameters *p;
-    } cases[4];
+    } cases[5];
     cases[0].what = "bad options JSON";
     cases[0].code = MLXRTErrorInvalidJSON;
     cases[0].p = chat(@"x", 4);
@@ -287,7 +287,11 @@ static void test_submit_errors(MLXRTEngine *engine, dispatch_queue_t queue) {
     cases[3].code = MLXRTErrorInvalidArgument;
     cases[3].p = chat(@"x", 4);
     cases[3].p.optionsJSON = @"{\"temprature\": 1}";
-    for (int i = 0; i < 4; i++) {
+    cases[4].what = "uncompilable response format";
+    cases[4].code = MLXRTErrorInvalidArgument;
+    cases[4].p = chat(@"x", 4);
+    cases[4].p.responseFormat = @"{\"type\": \"regex\", \"pattern\": \"(\"}";
+    for (int i = 0; i < 5; i++) {
         NSError *error = nil;
         MLXRTRequestTask *t = [engine submitRequestWithParameters:cases[i].p queue:queue eventHandler:never error:&error];
         CHECK(t == nil, "%s: no task", cases[i].what);
@@ -301,6 +305,20 @@ static void test_submit_errors(MLXRTEngine *engine, dispatch_queue_t queue) {
     dispatch_semaphore_wait(s, dispatch_time(DISPATCH_TIME_NOW, 200 * NSEC_PER_MSEC));
     dispatch_release(s);
     CHECK(called == 0, "a failed submit calls nothing");
+}
+
+/// responseFormat, merged with optionsJSON: the output matches the regex and
+/// ends the stream (STOP) despite ignore_eos.
+static void test_response_format(MLXRTEngine *engine, dispatch_queue_t queue) {
+    MLXRTRequestParameters *p = chat(@"Give a phone number.", 16);
+    p.optionsJSON = @"{\"ignore_eos\": true}";
+    p.responseFormat = @"{\"type\": \"regex\", \"pattern\": \"[0-9]{3}-[0-9]{4}\"}";
+    Recorder *r = [[Recorder alloc] init];
+    [engine submitRequestWithParameters:p queue:queue eventHandler:[r handler] error:NULL];
+    CHECK([r wait], "ends");
+    CHECK(r->last.finishReason == MLXRTFinishReasonStop, "finish %ld", (long)r->last.finishReason);
+    CHECK(r->text.length == 8 && [r->text characterAtIndex:3] == '-', "text %s", r->text.UTF8String);
+    MRC_RELEASE(r);
 }
 
 static void test_concurrent(MLXRTEngine *engine, dispatch_queue_t queue) {
@@ -480,6 +498,7 @@ int main(int argc, char **argv) {
             test_stop_and_seed(engine, queue);
             test_cancel(engine, queue);
             test_submit_errors(engine, queue);
+            test_response_format(engine, queue);
             test_concurrent(engine, queue);
             test_info_and_stats(engine, queue);
             test_tokenizer(engine, queue);

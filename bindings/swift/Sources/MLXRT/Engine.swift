@@ -169,7 +169,7 @@ public final class Engine: @unchecked Sendable {
         p.repetition_penalty = parameters.repetitionPenalty
         p.use_seed = parameters.seed == nil ? 0 : 1
         p.seed = parameters.seed ?? 0
-        p.options_json = strings.add(parameters.optionsJSON)
+        p.options_json = strings.add(parameters.responseFormat?.merged(into: parameters.optionsJSON) ?? parameters.optionsJSON)
         p.cache_namespace = strings.add(parameters.cacheNamespace)
         p.no_prompt_cache = parameters.usesPromptCache ? 0 : 1
         p.thinking = parameters.thinking.map { $0 ? Int32(1) : Int32(0) } ?? -1  // -1: the template's default

@@ -75,6 +75,9 @@ public struct GenerateParameters: Sendable {
     /// OpenAI-style fields as a JSON object, applied after the fields above
     /// (e.g. `{"ignore_eos": true}`).
     public var optionsJSON: String?
+    /// Structured output: the shape the output must have (merged into the
+    /// options as `response_format`); nil = free text.
+    public var responseFormat: ResponseFormat?
     /// Prompt-cache namespace: cached state is shared only within one.
     public var cacheNamespace: String?
     /// false: this request neither uses nor fills the prompt cache.
@@ -98,11 +101,68 @@ public struct GenerateParameters: Sendable {
         seed = nil
         stop = []
         optionsJSON = nil
+        responseFormat = nil
         cacheNamespace = nil
         usesPromptCache = p.no_prompt_cache == 0
         thinking = nil
         logprobs = p.logprobs != 0
         topLogprobs = p.top_logprobs
+    }
+}
+
+/// Structured output: what the generated text must be. A schema, regex or
+/// grammar that cannot be compiled fails the submit (invalid argument).
+public enum ResponseFormat: Sendable, Equatable {
+    /// A JSON document valid against this JSON schema (JSON text).
+    case jsonSchema(String)
+    /// Any JSON object.
+    case jsonObject
+    /// Text matching this regular expression (Rust `regex` syntax), whole.
+    case regex(String)
+    /// Text in the language of this grammar (llguidance's Lark dialect).
+    case lark(String)
+
+    /// The `response_format` option's JSON.
+    public var json: String {
+        switch self {
+        case .jsonSchema(let schema): return "{\"type\":\"json_schema\",\"schema\":\(schema)}"
+        case .jsonObject: return "{\"type\":\"json_object\"}"
+        case .regex(let pattern): return "{\"type\":\"regex\",\"pattern\":\(ResponseFormat.quoted(pattern))}"
+        case .lark(let grammar): return "{\"type\":\"grammar\",\"lark\":\(ResponseFormat.quoted(grammar))}"
+        }
+    }
+
+    /// `options` (a JSON object's text, or nil) with this format added.
+    func merged(into options: String?) -> String {
+        let field = "\"response_format\":\(json)"
+        guard let options = options else { return "{\(field)}" }
+        guard let open = options.firstIndex(of: "{"), let close = options.lastIndex(of: "}"), open < close else {
+            return options  // not an object: mlxrt reports it
+        }
+        let inside = options[options.index(after: open)..<close]
+        let empty = inside.allSatisfy { $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "\r" }
+        return String(options[..<close]) + (empty ? "" : ",") + field + String(options[close...])
+    }
+
+    private static func quoted(_ s: String) -> String {
+        var out = "\""
+        for u in s.unicodeScalars {
+            switch u {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\r": out += "\\r"
+            case "\t": out += "\\t"
+            default:
+                if u.value < 0x20 {
+                    let hex = String(u.value, radix: 16)
+                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+                } else {
+                    out.unicodeScalars.append(u)
+                }
+            }
+        }
+        return out + "\""
     }
 }
 

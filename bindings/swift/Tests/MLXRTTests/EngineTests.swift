@@ -133,6 +133,25 @@ final class EngineTests: XCTestCase {
         }
     }
 
+    func testResponseFormat() async throws {
+        let engine = try sharedEngine.get()
+        var p = parameters(maxTokens: 16)
+        p.optionsJSON = #"{"ignore_eos": true}"#
+        p.responseFormat = .regex("[0-9]{3}-[0-9]{4}")
+        let out = try await collect(engine.generate(messages: [.user("Give a phone number.")], parameters: p))
+        XCTAssertEqual(out.finish, .stop, "a complete match ends the stream")
+        XCTAssertEqual(out.text.count, 8, out.text)
+        XCTAssertEqual(Array(out.text)[3], "-", out.text)
+        p.responseFormat = .jsonSchema(#"{"type": "frobnicate"}"#)
+        do {
+            _ = try await collect(engine.generate(messages: [.user("x")], parameters: p))
+            XCTFail("an uncompilable schema streamed")
+        } catch let error as MLXRTError {
+            XCTAssertEqual(error.code, .invalidArgument, "\(error)")
+            XCTAssertTrue(error.message.hasPrefix("response_format: "), error.message)
+        }
+    }
+
     func testEightConcurrentGenerations() async throws {
         let engine = try sharedEngine.get()
         let questions = ["Name a color.", "What is 2+2?", "Say hello.", "Name a fruit.",
