@@ -39,6 +39,28 @@ impl LayerCache {
         matches!(self, LayerCache::Kv(c) if !c.is_quantized())
     }
 
+    /// Whether a forward of `width` more positions can be cut back afterwards
+    /// (speculative decoding's rollback, `trim`). A recurrent state cannot:
+    /// a model with one does not speculate (no snapshot and replay yet).
+    pub fn can_trim_after(&self, width: i32) -> bool {
+        match self {
+            LayerCache::Kv(c) => c.can_trim_after(width),
+            LayerCache::Ring(c) => c.can_trim_after(width),
+            LayerCache::State(_) => false,
+        }
+    }
+
+    /// Forgets the last `n` positions of every row (rejected speculative
+    /// tokens); only after a forward `can_trim_after` allowed.
+    pub fn trim(&mut self, n: i32) -> Result<()> {
+        match self {
+            LayerCache::Kv(c) => c.trim(n),
+            LayerCache::Ring(c) => c.trim(n),
+            LayerCache::State(_) => return Err(Error::internal("a recurrent state cannot be trimmed")),
+        }
+        Ok(())
+    }
+
     /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).
     pub fn set_starts(&mut self, starts: &[i32]) {
         if let LayerCache::Kv(c) = self {

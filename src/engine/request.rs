@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use super::delivery::Outlet;
 use super::logprobs::{TokenLogprob, MAX_TOP};
+use super::spec::Speculation;
 use crate::sample::SamplingParams;
 use crate::text::OutputFormat;
 use serde_json::{Map, Value};
@@ -59,6 +60,8 @@ pub struct RequestOptions {
     /// Position from which this request's KV cache is quantized, when the
     /// engine quantizes KV (None = the engine's `quantized_kv_start`).
     pub quantized_kv_start: Option<i32>,
+    /// Speculative decoding (None = the engine's `speculation`).
+    pub speculation: Option<Speculation>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -81,6 +84,7 @@ impl RequestOptions {
             top_logprobs: 0,
             thinking: None,
             quantized_kv_start: None,
+            speculation: None,
         }
     }
 
@@ -89,7 +93,7 @@ impl RequestOptions {
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
     /// `cache_session_id`, `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
-    /// `quantized_kv_start`). Unknown fields are an error so a
+    /// `quantized_kv_start`, `speculation`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -165,6 +169,7 @@ impl RequestOptions {
                         Some(i32::try_from(int()?).map_err(|_| Error::invalid("quantized_kv_start is too large"))?)
                     }
                 }
+                "speculation" => self.speculation = if v.is_null() { None } else { Some(Speculation::from_json(&v)?) },
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -173,7 +178,7 @@ impl RequestOptions {
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
                          prefill_chunk, cache_namespace, cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, \
-                         quantized_kv_start)"
+                         quantized_kv_start, speculation)"
                     )))
                 }
             }
@@ -235,6 +240,11 @@ pub struct Usage {
     pub decode_ms: f64,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
+    /// Speculative decoding: drafted tokens, how many of them the model
+    /// accepted (never more), and verify steps run (0 without speculation).
+    pub spec_proposed: u32,
+    pub spec_accepted: u32,
+    pub spec_verify_steps: u32,
 }
 
 /// What a request yields, in order: any number of `Delta`s, then exactly one
@@ -305,6 +315,8 @@ pub(crate) struct RequestSpec {
     pub logprobs: Option<usize>,
     /// How to split the output into content, reasoning and tool calls.
     pub output_format: OutputFormat,
+    /// Speculative decoding (the engine's default resolved).
+    pub speculation: Speculation,
     /// When `prepare` began (time to first token counts from here).
     pub submitted: Instant,
 }
