@@ -4,7 +4,7 @@ use super::args::{opt_str, req_str, versioned};
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
 use super::out::{free_box, put, put_box, required, write_versioned};
 use crate::cache::scheme::{KvQuant, KvScheme};
-use crate::engine::spec::DEFAULT_NGRAM_TOKENS;
+use crate::engine::spec::{DEFAULT_NGRAM_TOKENS, NGRAM_MIN_MATCH};
 use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger, Span, SpanStats, Speculation};
 use crate::error::Error;
 use std::ffi::{c_char, c_void};
@@ -346,7 +346,7 @@ pub extern "C" fn mlxrt_engine_create(
         };
         cfg.speculation = match c.speculation {
             MLXRT_SPECULATION_OFF => Speculation::Off,
-            MLXRT_SPECULATION_NGRAM => Speculation::Ngram { num_tokens: n },
+            MLXRT_SPECULATION_NGRAM => Speculation::Ngram { num_tokens: n, min_match: NGRAM_MIN_MATCH },
             other => return Err(Error::invalid(format!("config.speculation {other} is not a MLXRT_SPECULATION_* value"))),
         };
         if let Some(f) = c.trace_callback {

@@ -36,43 +36,54 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Drafted tokens per verify step when not given.
-pub const DEFAULT_NGRAM_TOKENS: usize = 10;
+pub(crate) const DEFAULT_NGRAM_TOKENS: usize = 10;
+/// Shortest match lookup drafts from when not given.
+pub(crate) const NGRAM_MIN_MATCH: usize = ngram::MIN_MATCH;
 
 /// Whether and how a request speculates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Speculation {
     #[default]
     Off,
-    /// Prompt lookup, up to `num_tokens` drafted tokens per verify step.
-    Ngram { num_tokens: usize },
+    /// Prompt lookup, up to `num_tokens` drafted tokens per verify step,
+    /// from a match of at least `min_match` (1..=4) trailing tokens.
+    Ngram { num_tokens: usize, min_match: usize },
 }
 
 impl Speculation {
     /// The request option: `"off"`, `"ngram"`, or `{"type": "ngram",
-    /// "num_tokens": n}` (`{"type": "off"}` too).
+    /// "num_tokens": n, "min_match": m}` (both optional; `{"type": "off"}`
+    /// too).
     pub fn from_json(v: &Value) -> Result<Speculation> {
         let bad = || {
             Error::invalid(
-                "option `speculation` must be \"off\", \"ngram\" or {\"type\": \"ngram\", \"num_tokens\": n} (n >= 1)",
+                "option `speculation` must be \"off\", \"ngram\" or {\"type\": \"ngram\", \"num_tokens\": n, \"min_match\": m} \
+                 (1 <= n <= 64, 1 <= m <= 4)",
             )
         };
-        let (kind, n) = match v {
-            Value::String(s) => (s.as_str(), None),
+        let (kind, n, m) = match v {
+            Value::String(s) => (s.as_str(), None, None),
             Value::Object(o) => {
-                if o.keys().any(|k| k != "type" && k != "num_tokens") {
+                if o.keys().any(|k| !["type", "num_tokens", "min_match"].contains(&k.as_str())) {
                     return Err(bad());
                 }
-                let n = match o.get("num_tokens") {
-                    None => None,
-                    Some(n) => Some(n.as_u64().filter(|&n| (1..=64).contains(&n)).ok_or_else(bad)? as usize),
+                let get = |key: &str, max: u64| -> Result<Option<usize>> {
+                    match o.get(key) {
+                        None => Ok(None),
+                        Some(n) => Ok(Some(n.as_u64().filter(|&n| (1..=max).contains(&n)).ok_or_else(bad)? as usize)),
+                    }
                 };
-                (o.get("type").and_then(Value::as_str).ok_or_else(bad)?, n)
+                let (n, m) = (get("num_tokens", 64)?, get("min_match", ngram::MAX_MATCH as u64)?);
+                (o.get("type").and_then(Value::as_str).ok_or_else(bad)?, n, m)
             }
             _ => return Err(bad()),
         };
         match kind {
-            "off" if n.is_none() => Ok(Speculation::Off),
-            "ngram" => Ok(Speculation::Ngram { num_tokens: n.unwrap_or(DEFAULT_NGRAM_TOKENS) }),
+            "off" if n.is_none() && m.is_none() => Ok(Speculation::Off),
+            "ngram" => Ok(Speculation::Ngram {
+                num_tokens: n.unwrap_or(DEFAULT_NGRAM_TOKENS),
+                min_match: m.unwrap_or(ngram::MIN_MATCH),
+            }),
             _ => Err(bad()),
         }
     }
@@ -82,6 +93,7 @@ impl Speculation {
 #[derive(Debug)]
 pub(crate) struct SpecState {
     gamma: usize,
+    min_match: usize,
     /// The request's seed (its verify steps' draws are keyed by it).
     seed: u64,
     pub proposed: u32,
@@ -93,9 +105,14 @@ impl SpecState {
     pub fn new(s: Speculation, seed: u64) -> Option<SpecState> {
         match s {
             Speculation::Off => None,
-            Speculation::Ngram { num_tokens } => {
-                Some(SpecState { gamma: num_tokens, seed, proposed: 0, accepted: 0, verify_steps: 0 })
-            }
+            Speculation::Ngram { num_tokens, min_match } => Some(SpecState {
+                gamma: num_tokens,
+                min_match,
+                seed,
+                proposed: 0,
+                accepted: 0,
+                verify_steps: 0,
+            }),
         }
     }
 }
@@ -133,7 +150,7 @@ pub(crate) fn try_round(
         return Ok(None);
     }
     let row = &set.rows[0];
-    let Some((gamma, seed)) = row.speculation.as_ref().map(|s| (s.gamma, s.seed)) else { return Ok(None) };
+    let Some((gamma, min_match, seed)) = row.speculation.as_ref().map(|s| (s.gamma, s.min_match, s.seed)) else { return Ok(None) };
     if row.logprobs.is_some() || row.is_ended() || row.is_cancelled() {
         return Ok(None);
     }
@@ -149,7 +166,7 @@ pub(crate) fn try_round(
     if ctx_len > 0 {
         room = room.min(ctx_len.saturating_sub(history.len()));
     }
-    let drafts = ngram::propose(&history, gamma.min(room));
+    let drafts = ngram::propose(&history, gamma.min(room), min_match);
     let k = drafts.len();
     let width = 1 + k as i32;
     if k == 0 || !set.cache().iter().all(|c| c.can_trim_after(width)) {
