@@ -92,7 +92,13 @@ impl Speculation {
 /// A speculating row's settings and counters.
 #[derive(Debug)]
 pub(crate) struct SpecState {
+    /// Drafts per step now, and at most: a step that accepts every draft
+    /// raises it by 2, one that rejects some lowers it by 1 (not below 2;
+    /// as Hugging Face's assisted generation), so the verify width follows
+    /// the runs this row actually copies (each drafted position costs a
+    /// fraction of a decode step).
     gamma: usize,
+    gamma_max: usize,
     min_match: usize,
     /// The request's seed (its verify steps' draws are keyed by it).
     seed: u64,
@@ -107,6 +113,7 @@ impl SpecState {
             Speculation::Off => None,
             Speculation::Ngram { num_tokens, min_match } => Some(SpecState {
                 gamma: num_tokens,
+                gamma_max: num_tokens,
                 min_match,
                 seed,
                 proposed: 0,
@@ -221,6 +228,7 @@ pub(crate) fn try_round(
     spec.proposed += k as u32;
     spec.accepted += a as u32;
     spec.verify_steps += 1;
+    spec.gamma = if a == k { (spec.gamma + 2).min(spec.gamma_max) } else { spec.gamma.saturating_sub(1).max(2).min(spec.gamma_max) };
     stats.proposed.fetch_add(k as u64, Ordering::Relaxed);
     stats.accepted.fetch_add(a as u64, Ordering::Relaxed);
     stats.verify_steps.fetch_add(1, Ordering::Relaxed);
