@@ -157,6 +157,16 @@
 #define MLXRT_SPAN_KINDS 8
 
 /**
+ * `mlxrt_engine_config.speculation`: decode one token per step.
+ */
+#define MLXRT_SPECULATION_OFF 0
+
+/**
+ * `mlxrt_engine_config.speculation`: prompt-lookup (n-gram) drafting.
+ */
+#define MLXRT_SPECULATION_NGRAM 1
+
+/**
  * `mlxrt_engine_clear_prompt_cache` flag: also delete the directory's files.
  */
 #define MLXRT_CLEAR_DISK 1
@@ -531,6 +541,18 @@ typedef struct mlxrt_engine_config {
    */
   mlxrt_trace_fn trace_callback;
   void *trace_user_data;
+  /**
+   * Speculative decoding for requests whose `options_json` does not set
+   * `speculation`: `MLXRT_SPECULATION_OFF` (default) or
+   * `MLXRT_SPECULATION_NGRAM` (prompt lookup: drafts from the prompt and
+   * output, checked in one forward pass; greedy output unchanged). Runs
+   * while a request decodes alone (see README, "Speculative decoding").
+   */
+  int32_t speculation;
+  /**
+   * Drafted tokens per verify step for prompt lookup (0 = 10).
+   */
+  uint32_t speculation_tokens;
 } mlxrt_engine_config;
 
 /**
@@ -614,6 +636,13 @@ typedef struct mlxrt_engine_stats {
    * (indexed by `MLXRT_SPAN_*`), whether or not a trace callback is set.
    */
   struct mlxrt_span_stats spans[MLXRT_SPAN_KINDS];
+  /**
+   * Speculative decoding since the engine started: drafted tokens, how
+   * many the model accepted (never more), and verify steps run.
+   */
+  uint64_t spec_proposed;
+  uint64_t spec_accepted;
+  uint64_t spec_verify_steps;
 } mlxrt_engine_stats;
 
 /**
@@ -926,6 +955,15 @@ typedef struct mlxrt_event {
   const char *tool_call_id;
   const char *tool_name;
   const char *tool_arguments;
+  /**
+   * DONE: speculative decoding's counts (`speculation` in
+   * `options_json`): drafted tokens, how many the model accepted (never
+   * more; each is one of `usage.completion_tokens`), and verify steps
+   * run. 0 without speculation.
+   */
+  uint32_t spec_proposed;
+  uint32_t spec_accepted;
+  uint32_t spec_verify_steps;
 } mlxrt_event;
 
 /**

@@ -10,6 +10,7 @@
 #   scripts/bench.sh scheduler [options]          -> scheduler.json (mlxrt only)
 #   scripts/bench.sh structured [options]         -> structured.json (mlxrt only;
 #     --rounds N, --max-tokens N, --out FILE)
+#   scripts/bench.sh speculative [ROUNDS [N]]     -> speculative.json (mlxrt only)
 #   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
 #     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
 #      --build-only: just build llama.cpp's tools, cached, and exit)
@@ -110,5 +111,11 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_single_stream --example mlxrt_batching
     "$VENV/bin/python" bench/vs_llama_cpp.py --model "$MLXRT_MODEL" --llama-cpp "$LLAMA_CPP_DIR" "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, structured, vs_llama_cpp)" >&2; exit 2 ;;
+  speculative)
+    # Prompt lookup vs plain decoding (greedy, same tokens asserted); optional
+    # ROUNDS (default 3) and drafted tokens per step (default 10).
+    cargo build --release --quiet --example mlxrt_speculative
+    target/release/examples/mlxrt_speculative "$MLXRT_MODEL" bench/results/speculative.json "$@"
+    ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, structured, speculative, vs_llama_cpp)" >&2; exit 2 ;;
 esac

@@ -507,6 +507,24 @@ impl KvCache {
         Ok(view)
     }
 
+    /// Whether a forward of `width` positions can be cut back afterwards
+    /// (`trim`): always for dense KV; for quantized KV only when it does not
+    /// reach a row's start from below (the float copy a shorter prefix below
+    /// the start needs is dropped once every row reaches it, and plain
+    /// decoding switches to quantized attention exactly at the start).
+    pub fn can_trim_after(&self, width: i32) -> bool {
+        let Some(q) = &self.quant else { return true };
+        (0..self.rows()).all(|r| {
+            let len = self.row_len(r);
+            len >= q.starts[r] || len + width < q.starts[r]
+        })
+    }
+
+    /// Forgets the last `n` positions of every row (see `can_trim_after`).
+    pub fn trim(&mut self, n: i32) {
+        self.t.trim(n);
+    }
+
     /// Prepends `n` padding positions to every row.
     fn pad_front(&mut self, n: i32) -> Result<()> {
         if n == 0 {

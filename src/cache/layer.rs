@@ -39,6 +39,28 @@ impl LayerCache {
         matches!(self, LayerCache::Kv(c) if !c.is_quantized())
     }
 
+    /// Whether a forward of `width` more positions can be cut back afterwards
+    /// (speculative decoding's rollback, `trim`). A recurrent state cannot:
+    /// a model with one does not speculate (no snapshot and replay yet).
+    pub fn can_trim_after(&self, width: i32) -> bool {
+        match self {
+            LayerCache::Kv(c) => c.can_trim_after(width),
+            LayerCache::Ring(c) => c.can_trim_after(width),
+            LayerCache::State(_) => false,
+        }
+    }
+
+    /// Forgets the last `n` positions of every row (rejected speculative
+    /// tokens); only after a forward `can_trim_after` allowed.
+    pub fn trim(&mut self, n: i32) -> Result<()> {
+        match self {
+            LayerCache::Kv(c) => c.trim(n),
+            LayerCache::Ring(c) => c.trim(n),
+            LayerCache::State(_) => return Err(Error::internal("a recurrent state cannot be trimmed")),
+        }
+        Ok(())
+    }
+
     /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).
     pub fn set_starts(&mut self, starts: &[i32]) {
         if let LayerCache::Kv(c) = self {
@@ -393,6 +415,77 @@ mod tests {
         let r = c.kv().unwrap().row_quant(0, c.row_len(0)).unwrap();
         let float = r.float.iter().flat_map(|(k, v)| [k.to_bytes().unwrap(), v.to_bytes().unwrap()]);
         (r.planes.iter().map(|p| p.to_bytes().unwrap()).chain(float).collect(), r.float.is_some())
+    }
+
+    /// The keys and values a layer attends to after `update`, as host floats.
+    fn attended(c: &mut LayerCache, k: &Array, v: &Array) -> (Vec<f32>, Vec<f32>) {
+        let (keys, values) = match c {
+            LayerCache::Ring(r) => r.update_and_fetch(k, v).unwrap(),
+            LayerCache::Kv(kv) => match kv.update(k, v).unwrap() {
+                super::super::KvView::Dense { keys, values } => (keys, values),
+                _ => panic!("dense cache"),
+            },
+            LayerCache::State(_) => unreachable!(),
+        };
+        (keys.to_vec_f32().unwrap(), values.to_vec_f32().unwrap())
+    }
+
+    /// A speculative step's rollback: writing 4 positions, trimming 3 and
+    /// writing 2 more leaves the cache as writing the 1 kept and the 2 new
+    /// (dense KV, a ring before it wraps, quantized KV below and past its
+    /// start); a ring that would wrap or a recurrent state refuses.
+    #[test]
+    fn trimmed_caches_equal_caches_that_never_held_the_rejected_positions() {
+        let quant = |start| {
+            let mut c = LayerCache::Kv(KvCache::with_scheme(1, KvScheme::Affine { bits: 4, group_size: 64 }).unwrap());
+            c.set_starts(&[start]);
+            c
+        };
+        // The kept (first) position of the 4 written.
+        let first = |seed| kv(seed, 4).slice_axis(2, 0, 1).unwrap();
+        let makers: Vec<(&str, Box<dyn Fn() -> LayerCache>)> = vec![
+            ("dense", Box::new(|| LayerCache::Kv(KvCache::new(1)))),
+            ("ring", Box::new(|| LayerCache::Ring(RingCache::new(1, 32)))),
+            ("affine past start", Box::new(move || quant(0))),
+            ("affine below start", Box::new(move || quant(20))),
+        ];
+        for (name, make) in makers {
+            let (mut a, mut b) = (make(), make());
+            for c in [&mut a, &mut b] {
+                match c {
+                    LayerCache::Ring(r) => drop(r.update_and_fetch(&kv(1, 6), &kv(2, 6)).unwrap()),
+                    c => drop(c.kv_mut().unwrap().update(&kv(1, 6), &kv(2, 6)).unwrap()),
+                }
+            }
+            assert!(a.can_trim_after(4), "{name}");
+            if a.kv().is_ok_and(|c| c.is_quantized()) {
+                // Compare the stored planes: quantized views are not floats.
+                a.kv_mut().unwrap().update(&kv(3, 4), &kv(4, 4)).unwrap();
+                a.trim(3).unwrap();
+                b.kv_mut().unwrap().update(&first(3), &first(4)).unwrap();
+                for c in [&mut a, &mut b] {
+                    c.kv_mut().unwrap().update(&kv(5, 2), &kv(6, 2)).unwrap();
+                }
+                assert_eq!(a.row_len(0), 9, "{name}");
+                assert_eq!(bytes(&a), bytes(&b), "{name}");
+                continue;
+            }
+            attended(&mut a, &kv(3, 4), &kv(4, 4));
+            a.trim(3).unwrap();
+            attended(&mut b, &first(3), &first(4));
+            assert_eq!(a.row_len(0), 7, "{name}");
+            assert_eq!(attended(&mut a, &kv(5, 1), &kv(6, 1)), attended(&mut b, &kv(5, 1), &kv(6, 1)), "{name}: one more");
+            assert_eq!(attended(&mut a, &kv(7, 2), &kv(8, 2)), attended(&mut b, &kv(7, 2), &kv(8, 2)), "{name}: two more");
+        }
+        let mut ring = LayerCache::Ring(RingCache::new(1, 8));
+        if let LayerCache::Ring(r) = &mut ring {
+            r.update_and_fetch(&kv(1, 6), &kv(2, 6)).unwrap();
+        }
+        assert!(ring.can_trim_after(2) && !ring.can_trim_after(3), "a ring may not wrap inside a verify step");
+        let mut q = quant(8);
+        q.kv_mut().unwrap().update(&kv(1, 6), &kv(2, 6)).unwrap();
+        assert!(q.can_trim_after(1) && !q.can_trim_after(2), "a step may not reach the start from below");
+        assert!(!LayerCache::State(StateCache::new(1)).can_trim_after(1));
     }
 
     /// A quantized row snapshotted, stored as bytes (as on disk), restored

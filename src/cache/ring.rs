@@ -204,6 +204,20 @@ impl RingCache {
         Ok(out)
     }
 
+    /// Whether a forward of `width` positions can be cut back afterwards:
+    /// only while the ring does not wrap (it would have dropped positions
+    /// a shorter prefix needs).
+    pub fn can_trim_after(&self, width: i32) -> bool {
+        self.t.len() + width <= self.window
+    }
+
+    /// Forgets the last `n` positions (see `can_trim_after`): before the ring
+    /// wraps, slots are positions, so the next write overwrites them.
+    pub fn trim(&mut self, n: i32) {
+        debug_assert!(self.t.len() <= self.window);
+        self.t.trim(n);
+    }
+
     /// Stores the held positions given in temporal order.
     fn set_temporal(&mut self, k: Array, v: Array) {
         self.origin = self.t.len() - self.held();

@@ -79,6 +79,13 @@ impl Timeline {
         self.len += n;
     }
 
+    /// Forgets the last `n` positions of every row (rejected speculative
+    /// tokens); the buffers keep them until the next write overwrites them.
+    pub fn trim(&mut self, n: i32) {
+        debug_assert!(n >= 0 && n <= self.len);
+        self.len -= n;
+    }
+
     /// Prepends `n` padding positions to every row.
     pub fn pad_front(&mut self, n: i32) {
         self.len += n;

@@ -7,6 +7,7 @@
 use super::logprobs::StepLogprobs;
 use super::row::Row;
 use super::row_set::{Offer, RowSet};
+use super::spec::{self, SpecStats};
 use super::trace::{SpanKind, Tracer};
 use crate::error::Result;
 use crate::mlx::{self, Array};
@@ -45,6 +46,14 @@ impl Drawn {
     }
 }
 
+/// What a decode step needs besides the model.
+pub(crate) struct StepCtx<'a> {
+    pub text: &'a TextAssets,
+    pub ctx_len: usize,
+    pub tracer: &'a Tracer,
+    pub spec: &'a SpecStats,
+}
+
 #[derive(Default)]
 pub(crate) struct DecodeBatch {
     set: RowSet,
@@ -57,6 +66,9 @@ pub(crate) struct DecodeBatch {
     /// Logits of the scheduled step whose draw waits for `collect`: with a
     /// constrained row, the masks need the tokens `collect` reads.
     undrawn: Option<Array>,
+    /// Instead of `current`: the tokens a verify step (`spec`) hands to the
+    /// batch's one row.
+    run: Option<Vec<u32>>,
 }
 
 /// Draws one token per row from `logits` (`[B, vocab]`). `unread` holds the
@@ -143,9 +155,17 @@ impl DecodeBatch {
         Ok(())
     }
 
-    /// Builds and starts the step that consumes the pending tokens.
-    pub fn schedule(&mut self, model: &dyn LanguageModel, tracer: &Tracer) -> Result<()> {
+    /// Builds and starts the step that consumes the pending tokens: a
+    /// speculative verify step when `spec` runs one, else a plain step.
+    pub fn schedule(&mut self, model: &dyn LanguageModel, step: &StepCtx) -> Result<()> {
         let Some(drawn) = self.pending.take() else { return Ok(()) };
+        let tracer = step.tracer;
+        if let Some(round) = spec::try_round(&mut self.set, &drawn, model, step.text, step.ctx_len, tracer, step.spec)? {
+            let next = Array::from_i32(&[round.next as i32], &[1])?.astype(crate::mlx::Dtype::U32)?;
+            self.run = Some(round.run);
+            self.pending = Some(Drawn { tokens: next, logprobs: None });
+            return Ok(());
+        }
         let b = self.set.len() as i32;
         let t = Instant::now();
         let x = drawn.tokens.reshape(&[b, 1])?;
@@ -175,23 +195,31 @@ impl DecodeBatch {
     /// `retire`; the rows that completed or were cancelled offer their history
     /// (what their KV holds of it) to the prompt cache.
     pub fn collect(&mut self, text: &TextAssets, ctx_len: usize, tracer: &Tracer) -> Result<Vec<Offer>> {
-        let Some(current) = self.current.take() else { return Ok(vec![]) };
-        let t = Instant::now();
-        let tokens: Vec<u32> = current.tokens.to_vec_i32()?.iter().map(|&t| t as u32).collect();
-        tracer.record(SpanKind::Evaluate, tokens.len(), tokens.len(), t);
+        // Each row's tokens in order: one per row, or a verify step's run.
+        let (runs, mut lps): (Vec<Vec<u32>>, Vec<Option<_>>) = if let Some(run) = self.run.take() {
+            (vec![run], vec![None])
+        } else {
+            let Some(current) = self.current.take() else { return Ok(vec![]) };
+            let t = Instant::now();
+            let tokens: Vec<u32> = current.tokens.to_vec_i32()?.iter().map(|&t| t as u32).collect();
+            tracer.record(SpanKind::Evaluate, tokens.len(), tokens.len(), t);
+            let rows = &self.set.rows;
+            let lps = match &current.logprobs {
+                Some(l) => {
+                    let top: Vec<usize> = rows.iter().map(|r| r.logprobs.unwrap_or(0)).collect();
+                    l.read(&tokens, &top)?.into_iter().zip(rows.iter()).map(|(lp, r)| r.logprobs.map(|_| lp)).collect()
+                }
+                None => vec![None; tokens.len()],
+            };
+            (tokens.into_iter().map(|t| vec![t]).collect(), lps)
+        };
+        let n_tokens = runs.iter().map(Vec::len).sum();
         let t = Instant::now();
         let held: Vec<usize> = (0..self.set.len()).map(|i| self.set.row_len(i) as usize).collect();
         let rows = &mut self.set.rows;
-        let mut lps: Vec<Option<_>> = match &current.logprobs {
-            Some(l) => {
-                let top: Vec<usize> = rows.iter().map(|r| r.logprobs.unwrap_or(0)).collect();
-                l.read(&tokens, &top)?.into_iter().zip(rows.iter()).map(|(lp, r)| r.logprobs.map(|_| lp)).collect()
-            }
-            None => vec![None; tokens.len()],
-        };
         let mut keep = Vec::with_capacity(rows.len());
         let mut offers = vec![];
-        for (i, (row, &tok)) in rows.iter_mut().zip(&tokens).enumerate() {
+        'rows: for (i, (row, run)) in rows.iter_mut().zip(&runs).enumerate() {
             if row.is_cancelled() {
                 row.finish(super::FinishReason::Cancelled, None);
                 // Its KV is as good as a finished row's: offer what it holds
@@ -206,18 +234,26 @@ impl DecodeBatch {
             if row.is_ended() {
                 continue; // failed on its own (see `sample_rows`)
             }
-            match row.accept(tok, lps[i].take(), text, ctx_len) {
-                Ok(false) => {
-                    keep.push(i);
-                    continue;
+            // A row that ends inside a run ends exactly there.
+            let mut ended = false;
+            for &tok in run {
+                match row.accept(tok, lps[i].take(), text, ctx_len) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        ended = true;
+                        break;
+                    }
+                    // This row's token cannot be handed over (e.g. an id the
+                    // tokenizer does not know): it ends, the others go on.
+                    Err(e) => {
+                        row.fail(e);
+                        continue 'rows;
+                    }
                 }
-                Ok(true) => {}
-                // This row's token cannot be handed over (e.g. an id the
-                // tokenizer does not know): it ends, the others go on.
-                Err(e) => {
-                    row.fail(e);
-                    continue;
-                }
+            }
+            if !ended {
+                keep.push(i);
+                continue;
             }
             // The step just scheduled fed this token: the row's KV covers its
             // whole history, which the next turn of a chat starts with.
@@ -228,12 +264,12 @@ impl DecodeBatch {
                 }
             }
         }
-        tracer.record(SpanKind::Deliver, tokens.len(), tokens.len(), t);
+        tracer.record(SpanKind::Deliver, runs.len(), n_tokens, t);
         if let Some(logits) = self.undrawn.take() {
             // The accepted tokens are in each row's history now.
             let t = Instant::now();
             self.pending = Some(sample_rows(rows, &logits, None)?);
-            tracer.record(SpanKind::Sample, tokens.len(), tokens.len(), t);
+            tracer.record(SpanKind::Sample, runs.len(), runs.len(), t);
         }
         self.keep = Some(keep);
         Ok(offers)

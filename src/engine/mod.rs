@@ -19,12 +19,14 @@ pub mod request;
 mod row;
 mod row_set;
 mod scheduler;
+pub mod spec;
 mod trace;
 
 pub use crate::model::Kernels;
 pub use log::{LogLevel, Logger};
 pub use logprobs::TokenLogprob;
 pub use request::{Channel, Event, EventSink, FinishReason, Input, RequestOptions, Usage};
+pub use spec::Speculation;
 pub use trace::{Span, SpanKind, SpanStats, TraceFn, SPAN_KINDS};
 
 use crate::cache::scheme::KvQuant;
@@ -94,6 +96,9 @@ pub struct EngineConfig {
     /// it must be quick and must not call into the engine. None = spans are
     /// only summarised in the stats.
     pub trace: Option<TraceFn>,
+    /// Speculative decoding for requests that do not choose (off by default;
+    /// see `spec`).
+    pub speculation: Speculation,
 }
 
 impl EngineConfig {
@@ -116,6 +121,7 @@ impl EngineConfig {
             progress: None,
             kv: KvQuant::default(),
             trace: None,
+            speculation: Speculation::Off,
         }
     }
 
@@ -184,6 +190,10 @@ pub struct EngineStats {
     pub model_calls: u64,
     /// The scheduler's spans so far, per kind (indexed by `SpanKind as usize`).
     pub spans: [SpanStats; SPAN_KINDS],
+    /// Speculative decoding: drafted tokens, accepted ones, verify steps.
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
+    pub spec_verify_steps: u64,
 }
 
 /// State shared between the handle and the scheduler.
@@ -195,6 +205,7 @@ pub(crate) struct Shared {
     pub stats: StatsCell,
     pub cache: prompt_cache::CacheStats,
     pub trace: Arc<trace::TraceStats>,
+    pub spec: spec::SpecStats,
 }
 
 pub struct Engine {
@@ -208,6 +219,7 @@ pub struct Engine {
     max_in_flight: usize,
     kv_budget: usize,
     kv: KvQuant,
+    speculation: Speculation,
     next_id: AtomicU64,
     /// Structured output's view of the tokenizer, built by the first request
     /// that asks for a `response_format`.
@@ -276,7 +288,7 @@ impl Engine {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared::default());
-        let (max_in_flight, kv_budget, kv) = (config.max_in_flight, config.kv_budget, config.kv);
+        let (max_in_flight, kv_budget, kv, speculation) = (config.max_in_flight, config.kv_budget, config.kv, config.speculation);
         let (sched, delivery, dtx) = scheduler::spawn(config, shared.clone(), rx, tx.clone(), ready_tx)
             .map_err(|e| Error::internal(format!("cannot start engine threads: {e}")))?;
         let threads = (sched, delivery);
@@ -292,6 +304,7 @@ impl Engine {
                 max_in_flight,
                 kv_budget,
                 kv,
+                speculation,
                 next_id: AtomicU64::new(1),
                 grammar: std::sync::OnceLock::new(),
                 threads: Mutex::new(Some(threads)),
@@ -339,6 +352,9 @@ impl Engine {
             iterations: self.shared.trace.iterations.load(Ordering::Relaxed),
             model_calls: self.shared.trace.model_calls.load(Ordering::Relaxed),
             spans: self.shared.trace.spans(),
+            spec_proposed: self.shared.spec.proposed.load(Ordering::Relaxed),
+            spec_accepted: self.shared.spec.accepted.load(Ordering::Relaxed),
+            spec_verify_steps: self.shared.spec.verify_steps.load(Ordering::Relaxed),
         }
     }
 
@@ -398,6 +414,7 @@ impl Engine {
             boundary,
             logprobs: (options.logprobs || options.top_logprobs > 0).then_some(options.top_logprobs),
             output_format,
+            speculation: options.speculation.unwrap_or(self.speculation),
             submitted,
         };
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);

@@ -4,6 +4,7 @@ use crate::error::{Error, Result};
 use super::delivery::Outlet;
 use super::logprobs::{TokenLogprob, MAX_TOP};
 use crate::grammar::{Constraint, ResponseFormat};
+use super::spec::Speculation;
 use crate::sample::SamplingParams;
 use crate::text::OutputFormat;
 use serde_json::{Map, Value};
@@ -62,6 +63,8 @@ pub struct RequestOptions {
     pub quantized_kv_start: Option<i32>,
     /// Structured output: the shape the output must have (None = free text).
     pub response_format: Option<ResponseFormat>,
+    /// Speculative decoding (None = the engine's `speculation`).
+    pub speculation: Option<Speculation>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -85,6 +88,7 @@ impl RequestOptions {
             thinking: None,
             quantized_kv_start: None,
             response_format: None,
+            speculation: None,
         }
     }
 
@@ -93,7 +97,7 @@ impl RequestOptions {
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
     /// `cache_session_id`, `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
-    /// `quantized_kv_start`, `response_format`). Unknown fields are an error so a
+    /// `quantized_kv_start`, `response_format`, `speculation`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -170,6 +174,7 @@ impl RequestOptions {
                     }
                 }
                 "response_format" => self.response_format = ResponseFormat::from_json(&v)?,
+                "speculation" => self.speculation = if v.is_null() { None } else { Some(Speculation::from_json(&v)?) },
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -178,7 +183,7 @@ impl RequestOptions {
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
                          prefill_chunk, cache_namespace, cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, \
-                         quantized_kv_start, response_format)"
+                         quantized_kv_start, response_format, speculation)"
                     )))
                 }
             }
@@ -240,6 +245,11 @@ pub struct Usage {
     pub decode_ms: f64,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
+    /// Speculative decoding: drafted tokens, how many of them the model
+    /// accepted (never more), and verify steps run (0 without speculation).
+    pub spec_proposed: u32,
+    pub spec_accepted: u32,
+    pub spec_verify_steps: u32,
 }
 
 /// What a request yields, in order: any number of `Delta`s, then exactly one
@@ -310,6 +320,8 @@ pub(crate) struct RequestSpec {
     pub logprobs: Option<usize>,
     /// How to split the output into content, reasoning and tool calls.
     pub output_format: OutputFormat,
+    /// Speculative decoding (the engine's default resolved).
+    pub speculation: Speculation,
     /// When `prepare` began (time to first token counts from here).
     pub submitted: Instant,
 }

@@ -5,6 +5,7 @@
 use super::delivery::Outlet;
 use super::logprobs::TokenLogprob;
 use super::request::{Channel, Event, FinishReason, Job, RequestSpec, Usage};
+use super::spec::SpecState;
 use crate::error::Result;
 use crate::grammar::Constraint;
 use crate::mlx::Array;
@@ -24,6 +25,8 @@ pub(crate) struct Row {
     /// Prompt tokens whose state came from the prompt cache.
     pub cached: usize,
     pub sampler: Sampler,
+    /// Speculative decoding's state (None: this row decodes plainly).
+    pub speculation: Option<SpecState>,
     generated: u32,
     /// Prompt and generated ids (the repetition penalty window).
     history: Vec<i32>,
@@ -64,6 +67,7 @@ impl Row {
                 history: spec.prompt.iter().map(|&t| t as i32).collect(),
                 kv_reserved,
                 cached: 0,
+                speculation: SpecState::new(spec.speculation, spec.sampling.seed.unwrap_or(seed)),
                 sampler,
                 generated: 0,
                 detok,
@@ -106,6 +110,28 @@ impl Row {
     /// Prompt and generated ids so far.
     pub fn history(&self) -> Vec<u32> {
         self.history.iter().map(|&t| t as u32).collect()
+    }
+
+    /// Prompt and generated ids so far, as fed to the model.
+    pub fn history_ids(&self) -> &[i32] {
+        &self.history
+    }
+
+    /// Tokens generated so far.
+    pub fn generated(&self) -> u32 {
+        self.generated
+    }
+
+    /// The repetition-penalty window after the history and then `extra`
+    /// (ids not in the history yet); None when the sampler does not need it.
+    pub fn window_after(&self, extra: &[i32]) -> Result<Option<Array>> {
+        if !self.sampler.needs_history() {
+            return Ok(None);
+        }
+        let ctx = self.sampler.context_size();
+        let all: Vec<i32> = self.history.iter().chain(extra).copied().collect();
+        let n = ctx.min(all.len());
+        Ok(Some(Array::from_i32(&all[all.len() - n..], &[n as i32])?))
     }
 
     fn emit(&mut self, ev: Event) {
@@ -261,6 +287,9 @@ impl Row {
             completion_tokens: self.generated,
             ..Default::default()
         };
+        if let Some(s) = &self.speculation {
+            (u.spec_proposed, u.spec_accepted, u.spec_verify_steps) = (s.proposed, s.accepted, s.verify_steps);
+        }
         if let Some(first) = self.first_token {
             u.ttft_ms = ms(self.submitted, first);
             u.prefill_ms = ms(self.started, first);

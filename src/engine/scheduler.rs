@@ -10,7 +10,7 @@
 //! Commands (submit, cancel, shutdown) are taken between iterations. The
 //! work is timed in trace spans (`trace`), summarised in the stats.
 
-use super::batch::DecodeBatch;
+use super::batch::{DecodeBatch, StepCtx};
 use super::cohort::{Cohort, Entrant};
 use super::delivery::{self, DeliveryTx, Msg};
 use super::cache_io::IoDone;
@@ -518,7 +518,8 @@ impl Scheduler<'_> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        self.batch.schedule(self.model.as_ref(), &self.tracer)?;
+        let step = StepCtx { text: &self.text, ctx_len: self.ctx_len, tracer: &self.tracer, spec: &self.shared.spec };
+        self.batch.schedule(self.model.as_ref(), &step)?;
         let offers = self.batch.collect(&self.text, self.ctx_len, &self.tracer)?;
         if let Some(pc) = &mut self.pcache {
             for o in offers {

@@ -4,7 +4,8 @@ use super::args::{opt_str, req_str, versioned};
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
 use super::out::{free_box, put, put_box, required, write_versioned};
 use crate::cache::scheme::{KvQuant, KvScheme};
-use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger, Span, SpanStats};
+use crate::engine::spec::{DEFAULT_NGRAM_TOKENS, NGRAM_MIN_MATCH};
+use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger, Span, SpanStats, Speculation};
 use crate::error::Error;
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
@@ -187,7 +188,20 @@ pub struct mlxrt_engine_config {
     /// none (the spans are still summarised in `mlxrt_engine_stats`).
     pub trace_callback: mlxrt_trace_fn,
     pub trace_user_data: *mut c_void,
+    /// Speculative decoding for requests whose `options_json` does not set
+    /// `speculation`: `MLXRT_SPECULATION_OFF` (default) or
+    /// `MLXRT_SPECULATION_NGRAM` (prompt lookup: drafts from the prompt and
+    /// output, checked in one forward pass; greedy output unchanged). Runs
+    /// while a request decodes alone (see README, "Speculative decoding").
+    pub speculation: i32,
+    /// Drafted tokens per verify step for prompt lookup (0 = 10).
+    pub speculation_tokens: u32,
 }
+
+/// `mlxrt_engine_config.speculation`: decode one token per step.
+pub const MLXRT_SPECULATION_OFF: i32 = 0;
+/// `mlxrt_engine_config.speculation`: prompt-lookup (n-gram) drafting.
+pub const MLXRT_SPECULATION_NGRAM: i32 = 1;
 
 /// The first published layout: every field up to `progress_user_data`.
 const CONFIG_V1_SIZE: usize = std::mem::offset_of!(mlxrt_engine_config, kv_scheme);
@@ -221,6 +235,8 @@ fn default_config() -> mlxrt_engine_config {
         kv_value_bits: 3,
         quantized_kv_start: d.kv.start,
         trace_callback: None,
+        speculation: MLXRT_SPECULATION_OFF,
+        speculation_tokens: 0,
         trace_user_data: std::ptr::null_mut(),
     }
 }
@@ -323,6 +339,16 @@ pub extern "C" fn mlxrt_engine_create(
             other => return Err(Error::invalid(format!("config.kv_scheme {other} is not a MLXRT_KV_SCHEME_* value"))),
         };
         cfg.kv = KvQuant { scheme, start: c.quantized_kv_start };
+        let n = match c.speculation_tokens {
+            0 => DEFAULT_NGRAM_TOKENS,
+            n @ 1..=64 => n as usize,
+            n => return Err(Error::invalid(format!("config.speculation_tokens {n} is more than 64"))),
+        };
+        cfg.speculation = match c.speculation {
+            MLXRT_SPECULATION_OFF => Speculation::Off,
+            MLXRT_SPECULATION_NGRAM => Speculation::Ngram { num_tokens: n, min_match: NGRAM_MIN_MATCH },
+            other => return Err(Error::invalid(format!("config.speculation {other} is not a MLXRT_SPECULATION_* value"))),
+        };
         if let Some(f) = c.trace_callback {
             let ud = UserData(c.trace_user_data);
             cfg.trace = Some(Arc::new(move |s: &Span| {
@@ -399,6 +425,11 @@ pub struct mlxrt_engine_stats {
     /// The scheduler's trace spans since the engine started, per kind
     /// (indexed by `MLXRT_SPAN_*`), whether or not a trace callback is set.
     pub spans: [mlxrt_span_stats; MLXRT_SPAN_KINDS],
+    /// Speculative decoding since the engine started: drafted tokens, how
+    /// many the model accepted (never more), and verify steps run.
+    pub spec_proposed: u64,
+    pub spec_accepted: u64,
+    pub spec_verify_steps: u64,
 }
 
 /// The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
@@ -451,6 +482,9 @@ pub extern "C" fn mlxrt_engine_get_stats(
             iterations: s.iterations,
             model_calls: s.model_calls,
             spans: s.spans.map(Into::into),
+            spec_proposed: s.spec_proposed,
+            spec_accepted: s.spec_accepted,
+            spec_verify_steps: s.spec_verify_steps,
         };
         write_versioned(out, stats, "out")
     })

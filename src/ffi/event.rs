@@ -105,6 +105,13 @@ pub struct mlxrt_event {
     pub tool_call_id: *const c_char,
     pub tool_name: *const c_char,
     pub tool_arguments: *const c_char,
+    /// DONE: speculative decoding's counts (`speculation` in
+    /// `options_json`): drafted tokens, how many the model accepted (never
+    /// more; each is one of `usage.completion_tokens`), and verify steps
+    /// run. 0 without speculation.
+    pub spec_proposed: u32,
+    pub spec_accepted: u32,
+    pub spec_verify_steps: u32,
 }
 
 /// Receives a request's events, on the engine's delivery thread (never inside
@@ -180,6 +187,9 @@ impl OwnedEvent {
             tool_call_id: std::ptr::null(),
             tool_name: std::ptr::null(),
             tool_arguments: std::ptr::null(),
+            spec_proposed: 0,
+            spec_accepted: 0,
+            spec_verify_steps: 0,
         };
         match ev {
             Event::Delta { text: t, tokens: ids, logprobs: lps, channel } => {
@@ -218,6 +228,8 @@ impl OwnedEvent {
                 };
                 e.stop_index = stop_index.map_or(-1, |i| i as i32);
                 e.usage = usage_c(usage);
+                (e.spec_proposed, e.spec_accepted, e.spec_verify_steps) =
+                    (usage.spec_proposed, usage.spec_accepted, usage.spec_verify_steps);
             }
             Event::Error(err) => {
                 e.kind = mlxrt_event_kind::Error;

@@ -107,31 +107,49 @@ impl Sampler {
     /// Selects the next token from `logits` (`[1, vocab]`). `history` holds the
     /// most recent token ids (at most `context_size`) when `needs_history`.
     pub fn draw(&mut self, logits: &Array, history: Option<&Array>) -> Result<Draw> {
-        let p = &self.params;
-        let mut logits = logits.astype(crate::mlx::Dtype::F32)?;
-        if let (true, Some(h)) = (p.penalizes(), history) {
-            logits = repetition_penalty(&logits, h, p.repetition_penalty)?;
-        }
-        let logprobs = logits.subtract(&logits.logsumexp(-1, true)?)?;
+        let logprobs = self.logprobs(logits, history)?;
         let token = match self.key.take() {
             None => logprobs.argmax(-1, false)?,
             Some(key) => {
                 let (next, now) = random::split(&key)?;
                 self.key = Some(next);
-                let mut lp = logprobs.share();
-                if p.top_p > 0.0 && p.top_p < 1.0 {
-                    lp = top_p(&lp, p.top_p)?;
-                }
-                if p.min_p > 0.0 {
-                    lp = min_p(&lp, p.min_p)?;
-                }
-                if p.top_k > 0 && p.top_k < lp.dim(-1) {
-                    lp = top_k(&lp, p.top_k)?;
-                }
-                random::categorical(&lp.mul_scalar(1.0 / p.temperature)?, &now)?
+                random::categorical(&self.filtered(&logprobs)?.mul_scalar(1.0 / self.params.temperature)?, &now)?
             }
         };
         Ok(Draw { token, logprobs })
+    }
+
+    /// The probabilities a sampled draw picks from (`[1, vocab]` f32: penalty,
+    /// filters, temperature), for speculative decoding's acceptance rule.
+    pub fn probs(&self, logits: &Array, history: Option<&Array>) -> Result<Array> {
+        let lp = self.filtered(&self.logprobs(logits, history)?)?.mul_scalar(1.0 / self.params.temperature.max(1e-6))?;
+        Ok(lp.subtract(&lp.logsumexp(-1, true)?)?.exp()?)
+    }
+
+    /// Log-probabilities after the logits processors (the repetition penalty).
+    fn logprobs(&self, logits: &Array, history: Option<&Array>) -> Result<Array> {
+        let p = &self.params;
+        let mut logits = logits.astype(crate::mlx::Dtype::F32)?;
+        if let (true, Some(h)) = (p.penalizes(), history) {
+            logits = repetition_penalty(&logits, h, p.repetition_penalty)?;
+        }
+        Ok(logits.subtract(&logits.logsumexp(-1, true)?)?)
+    }
+
+    /// `logprobs` with the top-p, min-p and top-k filters applied.
+    fn filtered(&self, logprobs: &Array) -> Result<Array> {
+        let p = &self.params;
+        let mut lp = logprobs.share();
+        if p.top_p > 0.0 && p.top_p < 1.0 {
+            lp = top_p(&lp, p.top_p)?;
+        }
+        if p.min_p > 0.0 {
+            lp = min_p(&lp, p.min_p)?;
+        }
+        if p.top_k > 0 && p.top_k < lp.dim(-1) {
+            lp = top_k(&lp, p.top_k)?;
+        }
+        Ok(lp)
     }
 }
 
