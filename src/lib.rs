@@ -8,6 +8,7 @@ pub mod cache;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+pub mod media;
 pub mod mlx;
 pub mod model;
 pub mod sample;

@@ -59,6 +59,9 @@ pub struct RequestOptions {
     /// Position from which this request's KV cache is quantized, when the
     /// engine quantizes KV (None = the engine's `quantized_kv_start`).
     pub quantized_kv_start: Option<i32>,
+    /// Decoded images the messages reference as `{"type": "image",
+    /// "media": K}` (the C ABI's `mlxrt_media` array, copied at submit).
+    pub media: Vec<crate::media::Rgb>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -81,6 +84,7 @@ impl RequestOptions {
             top_logprobs: 0,
             thinking: None,
             quantized_kv_start: None,
+            media: vec![],
         }
     }
 
@@ -307,6 +311,9 @@ pub(crate) struct RequestSpec {
     pub output_format: OutputFormat,
     /// When `prepare` began (time to first token counts from here).
     pub submitted: Instant,
+    /// The prompt's images (their soft tokens are in `prompt`): the row
+    /// prefills alone, in one forward (`Cohort::advance`).
+    pub media: Option<Arc<crate::media::MediaPrompt>>,
 }
 
 impl RequestSpec {

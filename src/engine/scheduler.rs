@@ -24,7 +24,9 @@ use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::mlx;
 use crate::model::load::TextAssets;
-use crate::model::{self, LanguageModel, LoadOptions, ModelInfo};
+use crate::mlx::Array;
+use crate::model::siglip::Gemma3Vision;
+use crate::model::{self, LanguageModel, LoadOptions, MediaInput, ModelInfo};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -111,6 +113,8 @@ struct Queued {
 
 struct Scheduler<'a> {
     model: Box<dyn LanguageModel>,
+    /// The vision tower, when the model has one.
+    vision: Option<Gemma3Vision>,
     text: Arc<TextAssets>,
     config: EngineConfig,
     shared: &'a Shared,
@@ -172,6 +176,7 @@ fn main(
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
     let mut s = Scheduler {
         model: loaded.model,
+        vision: loaded.vision,
         text,
         shared,
         queue: VecDeque::new(),
@@ -395,13 +400,15 @@ impl Scheduler<'_> {
                     Found::Miss => (0, false),
                 };
                 let j = &q.job.spec;
-                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading }
+                let media = j.media.is_some();
+                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading, media }
             })
             .collect();
         let cohort = self.cohort.as_ref().map(|c| CohortView {
             rows: c.len(),
             remaining: c.remaining().max(0) as usize,
             chunk: c.rows().iter().filter_map(|r| r.prefill_chunk).min(),
+            atomic: c.is_atomic(),
         });
         let state = planner::State { decoding: self.batch.len(), cohort, waiting: &waiting, kv_reserved: self.kv_reserved };
         planner::plan(&state, &self.limits())
@@ -434,7 +441,15 @@ impl Scheduler<'_> {
                 if !entrants.is_empty() {
                     let (t, rows) = (Instant::now(), entrants.len());
                     let tokens = entrants.iter().map(|e| e.0.prompt.len()).sum();
-                    self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?);
+                    let media = match &entrants[..] {
+                        [(row, _)] => self.media_input(row)?,
+                        _ => None,
+                    };
+                    let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?;
+                    if let Some(m) = media {
+                        cohort.set_media(m)?;
+                    }
+                    self.cohort = Some(cohort);
                     self.tracer.record(SpanKind::BatchSetup, rows, tokens, t);
                 }
                 Ok(())
@@ -466,6 +481,26 @@ impl Scheduler<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// A media prompt's image rows: the tower over its images (lazy; they
+    /// are computed by the prefill forward), and where they go.
+    fn media_input(&self, row: &Row) -> Result<Option<MediaInput>> {
+        let Some(m) = &row.media else { return Ok(None) };
+        let (Some(v), Some(spec)) = (&self.vision, &self.text.media) else {
+            return Err(Error::internal("a media prompt reached a model without a tower"));
+        };
+        let s = v.image_size() as i32;
+        let mut data = Vec::with_capacity(m.images.len() * 3 * (s * s) as usize);
+        for img in &m.images {
+            data.extend_from_slice(&img.data);
+        }
+        let pixels = Array::from_f32(&data, &[m.images.len() as i32, 3, s, s])?.transpose(&[0, 2, 3, 1])?;
+        self.shared.tower_runs.fetch_add(m.images.len() as u64, Ordering::Relaxed);
+        let features = v.embed(&pixels)?;
+        let at = row.prompt.iter().enumerate().filter(|(_, &t)| t == spec.soft_id).map(|(i, _)| i).collect();
+        let zero = row.prompt.iter().enumerate().filter(|(_, &t)| t == v.pad_id).map(|(i, _)| i).collect();
+        Ok(Some(MediaInput { features, at, zero }))
     }
 
     /// Turns the first `n` queued jobs into rows, reserving their KV memory
