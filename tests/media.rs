@@ -231,13 +231,24 @@ fn request(messages: Value, steps: u32) -> RequestOptions {
 }
 
 /// The engine: an image prompt alone and batched with text rows gives
-/// mlx-vlm's tokens (the text rows their own solo tokens); a repeated image
-/// runs the tower again (no encoder cache yet) and gives the same tokens.
+/// mlx-vlm's tokens (the text rows their own solo tokens). Repeated images
+/// come from the encoder cache (the tower runs once per distinct image) and
+/// give the same tokens; without the cache the tower runs for every image.
 #[test]
 fn engine_image_prompts_alone_and_batched_with_text() {
+    check_engine(256 << 20);
+}
+
+#[test]
+fn engine_without_encoder_cache() {
+    check_engine(0);
+}
+
+fn check_engine(encoder_cache_bytes: usize) {
     let dir = oracle();
     let mut cfg = EngineConfig::new(dir.join("model"));
     cfg.max_rows = 4;
+    cfg.encoder_cache_bytes = encoder_cache_bytes;
     let e = Engine::new(cfg).unwrap();
     let all = cases(&dir);
     for c in &all {
@@ -258,7 +269,16 @@ fn engine_image_prompts_alone_and_batched_with_text() {
     assert_eq!(tokens_of(&collect(&rx_a)), solo[0], "text row batched with an image prompt");
     assert_eq!(tokens_of(&collect(&rx_b)), solo[1], "text row queued behind an image prompt");
     let s = wait_idle(&e);
-    assert_eq!(s.tower_runs as usize, all.iter().map(|c| c.images.len()).sum::<usize>() + c.images.len());
+    let images: Vec<&String> = all.iter().flat_map(|c| &c.images).chain(&c.images).collect();
+    let mut distinct = images.clone();
+    distinct.sort();
+    distinct.dedup();
+    eprintln!("{} images, {} distinct: tower runs {}, encoder cache hits {}", images.len(), distinct.len(), s.tower_runs, s.encoder_cache_hits);
+    if encoder_cache_bytes > 0 {
+        assert_eq!((s.tower_runs as usize, s.encoder_cache_hits as usize), (distinct.len(), images.len() - distinct.len()));
+    } else {
+        assert_eq!((s.tower_runs as usize, s.encoder_cache_hits), (images.len(), 0));
+    }
 }
 
 /// Media errors at submit, naming the part; the engine keeps serving.
@@ -309,4 +329,22 @@ fn base64_encode(b: &[u8]) -> String {
         }
     }
     out
+}
+
+/// The C ABI (tests/c/test_media.c): the same picture as a file path, as
+/// encoded bytes and as RGB8/RGBA8/padded BGRA8 `mlxrt_media` buffers gives
+/// the same tokens; bad buffers are INVALID_ARGUMENT naming the entry, audio
+/// and a model without a tower UNSUPPORTED; the engine keeps serving.
+#[test]
+fn c_abi_media_buffers() {
+    let dir = oracle();
+    let png = dir.join("images/odd_png.png");
+    let img = media::decode(&std::fs::read(&png).unwrap(), &Limits::default()).unwrap();
+    let raw = lib_dir().join("odd_png.rgb");
+    std::fs::write(&raw, &img.data).unwrap();
+    let bin = compile_c("test_media", "test_media", &[]);
+    let mut cmd = std::process::Command::new(&bin);
+    cmd.arg(dir.join("model")).arg(&png).arg(&raw).arg(img.width.to_string()).arg(img.height.to_string()).arg(model_path());
+    let out = this_library(&mut cmd).output().unwrap();
+    assert!(out.status.success(), "test_media failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }

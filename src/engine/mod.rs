@@ -10,6 +10,7 @@ mod batch;
 mod cache_io;
 mod cohort;
 mod delivery;
+mod encoder_cache;
 pub mod log;
 pub mod logprobs;
 mod pacing;
@@ -84,6 +85,8 @@ pub struct EngineConfig {
     pub prompt_cache_dir_bytes: u64,
     /// Shortest sequence worth a snapshot.
     pub prompt_cache_min_tokens: usize,
+    /// Bytes of vision-tower outputs kept for repeated images (0 = none).
+    pub encoder_cache_bytes: usize,
     /// Model-load progress (may abort the load).
     pub progress: Option<crate::model::Progress>,
     /// How full-attention layers store KV (dense by default) and the default
@@ -113,6 +116,7 @@ impl EngineConfig {
             prompt_cache_dir: None,
             prompt_cache_dir_bytes: 16 << 30,
             prompt_cache_min_tokens: 256,
+            encoder_cache_bytes: 256 << 20,
             progress: None,
             kv: KvQuant::default(),
             trace: None,

@@ -13,6 +13,7 @@
 use super::batch::DecodeBatch;
 use super::cohort::{Cohort, Entrant};
 use super::delivery::{self, DeliveryTx, Msg};
+use super::encoder_cache::EncoderCache;
 use super::cache_io::IoDone;
 use super::pacing::Pacer;
 use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
@@ -113,8 +114,9 @@ struct Queued {
 
 struct Scheduler<'a> {
     model: Box<dyn LanguageModel>,
-    /// The vision tower, when the model has one.
+    /// The vision tower, when the model has one, and its recent outputs.
     vision: Option<Gemma3Vision>,
+    encoder: EncoderCache,
     text: Arc<TextAssets>,
     config: EngineConfig,
     shared: &'a Shared,
@@ -177,6 +179,7 @@ fn main(
     let mut s = Scheduler {
         model: loaded.model,
         vision: loaded.vision,
+        encoder: EncoderCache::new(config.encoder_cache_bytes),
         text,
         shared,
         queue: VecDeque::new(),
@@ -483,21 +486,35 @@ impl Scheduler<'_> {
         }
     }
 
-    /// A media prompt's image rows: the tower over its images (lazy; they
-    /// are computed by the prefill forward), and where they go.
-    fn media_input(&self, row: &Row) -> Result<Option<MediaInput>> {
+    /// A media prompt's image rows and where they go: from the encoder
+    /// cache, or the tower over the images it does not hold (one batch).
+    fn media_input(&mut self, row: &Row) -> Result<Option<MediaInput>> {
         let Some(m) = &row.media else { return Ok(None) };
         let (Some(v), Some(spec)) = (&self.vision, &self.text.media) else {
             return Err(Error::internal("a media prompt reached a model without a tower"));
         };
-        let s = v.image_size() as i32;
-        let mut data = Vec::with_capacity(m.images.len() * 3 * (s * s) as usize);
-        for img in &m.images {
-            data.extend_from_slice(&img.data);
+        let mut rows: Vec<Option<Array>> = m.images.iter().map(|img| self.encoder.get(&img.hash)).collect();
+        let missing: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].is_none()).collect();
+        self.shared.encoder_cache_hits.fetch_add((rows.len() - missing.len()) as u64, Ordering::Relaxed);
+        if !missing.is_empty() {
+            let s = v.image_size() as i32;
+            let mut data = Vec::with_capacity(missing.len() * 3 * (s * s) as usize);
+            for &i in &missing {
+                data.extend_from_slice(&m.images[i].data);
+            }
+            let pixels = Array::from_f32(&data, &[missing.len() as i32, 3, s, s])?.transpose(&[0, 2, 3, 1])?;
+            let t = v.tokens_per_image as i32;
+            let out = v.embed(&pixels)?;
+            mlx::eval(&[&out])?;
+            self.shared.tower_runs.fetch_add(missing.len() as u64, Ordering::Relaxed);
+            for (k, &i) in missing.iter().enumerate() {
+                let r = out.slice_axis(0, k as i32 * t, (k as i32 + 1) * t)?.contiguous()?;
+                self.encoder.put(m.images[i].hash, r.share());
+                rows[i] = Some(r);
+            }
         }
-        let pixels = Array::from_f32(&data, &[m.images.len() as i32, 3, s, s])?.transpose(&[0, 2, 3, 1])?;
-        self.shared.tower_runs.fetch_add(m.images.len() as u64, Ordering::Relaxed);
-        let features = v.embed(&pixels)?;
+        let rows: Vec<Array> = rows.into_iter().map(|r| r.expect("filled above")).collect();
+        let features = Array::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?;
         let at = row.prompt.iter().enumerate().filter(|(_, &t)| t == spec.soft_id).map(|(i, _)| i).collect();
         let zero = row.prompt.iter().enumerate().filter(|(_, &t)| t == v.pad_id).map(|(i, _)| i).collect();
         Ok(Some(MediaInput { features, at, zero }))
