@@ -187,6 +187,34 @@
 #define MLXRT_MODALITY_TEXT 1
 
 /**
+ * `mlxrt_media.kind`: a picture.
+ */
+#define MLXRT_MEDIA_IMAGE 1
+
+/**
+ * `mlxrt_media.format`: `bytes` hold an encoded file (JPEG, PNG or WebP).
+ */
+#define MLXRT_MEDIA_ENCODED 0
+
+/**
+ * `mlxrt_media.format`: 8-bit pixels, red first, 3 bytes each.
+ */
+#define MLXRT_PIXEL_RGB8 1
+
+/**
+ * `mlxrt_media.format`: 8-bit pixels, red first, 4 bytes each (alpha
+ * ignored).
+ */
+#define MLXRT_PIXEL_RGBA8 2
+
+/**
+ * `mlxrt_media.format`: 8-bit pixels, blue first, 4 bytes each (alpha
+ * ignored): Core Graphics' usual `kCGImageAlphaPremultipliedFirst |
+ * kCGBitmapByteOrder32Little` layout.
+ */
+#define MLXRT_PIXEL_BGRA8 3
+
+/**
  * Result of every fallible call. Values are never renumbered.
  */
 enum mlxrt_status
@@ -714,6 +742,35 @@ typedef struct mlxrt_engine_info {
 } mlxrt_engine_info;
 
 /**
+ * One image of a request (`mlxrt_request_params.media`). Set `struct_size`
+ * to `sizeof(mlxrt_media)`. Undecodable data, a buffer smaller than
+ * `stride × (height - 1) + width × bytes per pixel`, more than 50 million
+ * pixels or 64 MiB of encoded data is INVALID_ARGUMENT.
+ */
+typedef struct mlxrt_media {
+  size_t struct_size;
+  /**
+   * `MLXRT_MEDIA_IMAGE` (audio is not supported yet: UNSUPPORTED).
+   */
+  int32_t kind;
+  /**
+   * `MLXRT_MEDIA_ENCODED` or one of the `MLXRT_PIXEL_*` layouts.
+   */
+  int32_t format;
+  /**
+   * Pixels (raw layouts only; 0 for encoded data).
+   */
+  uint32_t width;
+  uint32_t height;
+  /**
+   * Bytes from one row to the next; 0 = `width × bytes per pixel`.
+   */
+  size_t stride;
+  const uint8_t *bytes;
+  size_t n_bytes;
+} mlxrt_media;
+
+/**
  * Request settings. Fill with `mlxrt_request_params_init`, then set exactly
  * one input (`messages_json`, `prompt` or `prompt_tokens`). Everything is
  * copied by `mlxrt_request_submit`.
@@ -837,6 +894,15 @@ typedef struct mlxrt_request_params {
    * requests of the same namespace and session.
    */
   const char *cache_session_id;
+  /**
+   * Images the messages reference by index: a content part
+   * `{"type": "image", "media": K}` is `media[K]`. Every entry is read
+   * (decoded or converted into the engine's own buffer) before
+   * `mlxrt_request_submit` returns: the memory may be reused at once.
+   * An entry no part references is INVALID_ARGUMENT.
+   */
+  const struct mlxrt_media *media;
+  size_t n_media;
 } mlxrt_request_params;
 
 /**

@@ -1,6 +1,7 @@
 # Shared settings for the scripts; sourced, not run.
 export MLX_VERSION=0.32.4
 export MLX_LM_VERSION=0.32.2
+export MLX_VLM_VERSION=0.7.10
 export SMOLLM2_VERSION=0.1.2
 ROOT="${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 export VENV="${MLXRT_VENV:-$ROOT/.venv}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzes one target for a bounded time:
 #
-#   scripts/fuzz.sh [TARGET] [SECONDS]    (TARGET: request (default) or gguf;
+#   scripts/fuzz.sh [TARGET] [SECONDS]    (TARGET: request (default), gguf or media;
 #                                          SECONDS: default 600)
 #   scripts/fuzz.sh [SECONDS]             (the request target)
 #
@@ -9,6 +9,8 @@
 #   chat template; fuzz/fuzz_targets/request.rs).
 # gguf: the GGUF model-file check, and MLX's GGUF reader on every file the
 #   check accepts (fuzz/fuzz_targets/gguf.rs).
+# media: image decoding (JPEG, PNG, WebP), raw pixel buffers and the image
+#   processor (fuzz/fuzz_targets/media.rs).
 #
 # Uses cargo-fuzz (libFuzzer + AddressSanitizer) on a nightly toolchain and
 # installs both when missing. New inputs go to fuzz/target/corpus/TARGET

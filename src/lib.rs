@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod grammar;
+pub mod media;
 pub mod mlx;
 pub mod model;
 pub mod sample;

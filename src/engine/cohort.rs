@@ -15,7 +15,7 @@ use crate::cache::scheme::KvScheme;
 use crate::cache::{KvCache, LayerCache};
 use crate::error::Result;
 use crate::mlx::{self, Array};
-use crate::model::{LanguageModel, Output};
+use crate::model::{LanguageModel, MediaInput, Output};
 use std::time::Instant;
 
 /// A row entering a cohort, with the prompt length at which the prompt
@@ -30,6 +30,9 @@ pub(crate) struct Cohort {
     total: i32,
     /// Positions already in the cache.
     done: i32,
+    /// A media prompt's cohort (one row): its image rows, spliced in the one
+    /// forward that prefills the whole prompt (the seed's atomic final chunk).
+    media: Option<MediaInput>,
 }
 
 /// What one `Cohort::advance` did.
@@ -56,7 +59,7 @@ impl Cohort {
             c.set_starts(&starts);
             c.reserve(total + 1);
         }
-        Ok(Cohort { set: RowSet::new(rows, cache), marks, total, done: 0 })
+        Ok(Cohort { set: RowSet::new(rows, cache), marks, total, done: 0, media: None })
     }
 
     /// A cohort for one row whose first `done` prompt positions are already in
@@ -64,7 +67,22 @@ impl Cohort {
     pub fn with_prefix((row, mark): Entrant, mut cache: Vec<LayerCache>, done: usize) -> Cohort {
         let total = row.prompt.len() as i32;
         cache.iter_mut().for_each(|c| c.reserve(total + 1));
-        Cohort { set: RowSet::new(vec![row], cache), marks: vec![mark], total, done: done as i32 }
+        Cohort { set: RowSet::new(vec![row], cache), marks: vec![mark], total, done: done as i32, media: None }
+    }
+
+    /// Makes a new one-row cohort a media prompt's: nothing joins it, and
+    /// its prompt is prefilled in one forward with `media` spliced in.
+    pub fn set_media(&mut self, media: MediaInput) -> Result<()> {
+        if self.len() != 1 || self.done != 0 {
+            return Err(crate::Error::internal("a media prompt prefills alone, from its start"));
+        }
+        self.media = Some(media);
+        Ok(())
+    }
+
+    /// Whether this is a media prompt's cohort.
+    pub fn is_atomic(&self) -> bool {
+        self.media.is_some()
     }
 
     pub fn rows(&self) -> &[Row] {
@@ -148,6 +166,21 @@ impl Cohort {
     /// snapshot mark, where its snapshot is taken; other caches are
     /// snapshotted once prefill is over.
     pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32, tracer: &Tracer) -> Result<Progress> {
+        if let Some(media) = &self.media {
+            // The whole prompt in one forward; no snapshot (media prompts
+            // bypass the prompt cache).
+            let t = Instant::now();
+            let x = self.tokens(0, self.total)?;
+            tracer.model_call();
+            let logits = model.forward_media(&x, media, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
+            let logits = logits.reshape(&[1, -1])?;
+            tracer.record(SpanKind::Forward, 1, self.total as usize, t);
+            let t = Instant::now();
+            let first = sample_rows(&mut self.set.rows, &logits, None)?;
+            tracer.record(SpanKind::Sample, 1, 1, t);
+            self.done = self.total;
+            return Ok(Progress { first: Some(first), captures: vec![] });
+        }
         let body_end = self.total - 1;
         let mut captures = vec![];
         if self.done < body_end {

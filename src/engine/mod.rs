@@ -10,6 +10,7 @@ mod batch;
 mod cache_io;
 mod cohort;
 mod delivery;
+mod encoder_cache;
 pub mod log;
 pub mod logprobs;
 mod pacing;
@@ -86,6 +87,8 @@ pub struct EngineConfig {
     pub prompt_cache_dir_bytes: u64,
     /// Shortest sequence worth a snapshot.
     pub prompt_cache_min_tokens: usize,
+    /// Bytes of vision-tower outputs kept for repeated images (0 = none).
+    pub encoder_cache_bytes: usize,
     /// Model-load progress (may abort the load).
     pub progress: Option<crate::model::Progress>,
     /// How full-attention layers store KV (dense by default) and the default
@@ -118,6 +121,7 @@ impl EngineConfig {
             prompt_cache_dir: None,
             prompt_cache_dir_bytes: 16 << 30,
             prompt_cache_min_tokens: 256,
+            encoder_cache_bytes: 256 << 20,
             progress: None,
             kv: KvQuant::default(),
             trace: None,
@@ -194,6 +198,10 @@ pub struct EngineStats {
     pub spec_proposed: u64,
     pub spec_accepted: u64,
     pub spec_verify_steps: u64,
+    /// Images encoded by the vision tower, and images whose tower output
+    /// came from the encoder cache instead.
+    pub tower_runs: u64,
+    pub encoder_cache_hits: u64,
 }
 
 /// State shared between the handle and the scheduler.
@@ -206,6 +214,8 @@ pub(crate) struct Shared {
     pub cache: prompt_cache::CacheStats,
     pub trace: Arc<trace::TraceStats>,
     pub spec: spec::SpecStats,
+    pub tower_runs: AtomicU64,
+    pub encoder_cache_hits: AtomicU64,
 }
 
 pub struct Engine {
@@ -355,6 +365,8 @@ impl Engine {
             spec_proposed: self.shared.spec.proposed.load(Ordering::Relaxed),
             spec_accepted: self.shared.spec.accepted.load(Ordering::Relaxed),
             spec_verify_steps: self.shared.spec.verify_steps.load(Ordering::Relaxed),
+            tower_runs: self.shared.tower_runs.load(Ordering::Relaxed),
+            encoder_cache_hits: self.shared.encoder_cache_hits.load(Ordering::Relaxed),
         }
     }
 
@@ -366,7 +378,7 @@ impl Engine {
         }
         let submitted = Instant::now();
         options.validate()?;
-        let Rendered { prompt, format: output_format, boundary } = self.render_input(&options)?;
+        let Rendered { prompt, format: output_format, boundary, media } = self.render_input(&options)?;
         if prompt.is_empty() {
             return Err(Error::invalid("the prompt is empty"));
         }
@@ -410,12 +422,15 @@ impl Engine {
             kv_need,
             kv_start,
             namespace,
-            use_cache: options.prompt_cache,
+            // Media prompts bypass the prompt cache: their soft-token ids are
+            // the same for every image.
+            use_cache: options.prompt_cache && media.is_none(),
             boundary,
             logprobs: (options.logprobs || options.top_logprobs > 0).then_some(options.top_logprobs),
             output_format,
             speculation: options.speculation.unwrap_or(self.speculation),
             submitted,
+            media,
         };
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         let prepared = Prepared { spec, place: Place(Some(self.shared.clone())), constraint };
@@ -494,17 +509,37 @@ impl Engine {
     /// Renders (chats) and tokenizes the input, once.
     fn render_input(&self, options: &RequestOptions) -> Result<Rendered> {
         let tok = &self.text.tokenizer;
-        let plain = |prompt| Rendered { prompt, format: OutputFormat::PLAIN, boundary: None };
+        let plain = |prompt| Rendered { prompt, format: OutputFormat::PLAIN, boundary: None, media: None };
+        if !options.media.is_empty() && !matches!(options.input, Input::Messages(_)) {
+            return Err(Error::invalid("media buffers need chat messages that reference them"));
+        }
         match &options.input {
             Input::Tokens(ids) => Ok(plain(ids.clone())),
             Input::Prompt(p) => Ok(plain(tok.encode(p, true)?)),
             Input::Messages(m) => {
+                let media = crate::media::parts::extract(m, self.text.media.as_deref(), &options.media, &crate::media::Limits::default())?;
                 let template = self
                     .text
                     .template
                     .as_ref()
                     .ok_or_else(|| Error::invalid("the model has no chat template; send a raw prompt instead"))?;
                 let kwargs = template_kwargs(options);
+                if let Some(x) = media {
+                    let spec = self.text.media.as_deref().expect("extract found a tower");
+                    let rendered = template.render(&x.messages, options.tools.as_ref(), true, Some(&kwargs))?;
+                    let format = OutputFormat::detect(template.source(), options.tools.is_some(), &rendered);
+                    let prompt = tok.encode(&spec.expand(&rendered, x.images.len())?, true)?;
+                    let soft = prompt.iter().filter(|&&t| t == spec.soft_id).count();
+                    if soft != x.images.len() * spec.tokens_per_image {
+                        return Err(Error::internal(format!(
+                            "the prompt has {soft} image soft tokens; {} image(s) need {}",
+                            x.images.len(),
+                            x.images.len() * spec.tokens_per_image
+                        )));
+                    }
+                    let media = Some(Arc::new(crate::media::MediaPrompt { images: x.images }));
+                    return Ok(Rendered { prompt, format, boundary: None, media });
+                }
                 let rendered = template.render(m, options.tools.as_ref(), true, Some(&kwargs))?;
                 let format = OutputFormat::detect(template.source(), options.tools.is_some(), &rendered);
                 // The conversation before its last message is a prefix the
@@ -520,9 +555,9 @@ impl Engine {
                     Some(h) => {
                         let (prompt, within) = tok.encode_split(&rendered, h.len())?;
                         let boundary = (within > 0 && within < prompt.len()).then_some(within);
-                        Ok(Rendered { prompt, format, boundary })
+                        Ok(Rendered { prompt, format, boundary, media: None })
                     }
-                    None => Ok(Rendered { prompt: tok.encode(&rendered, true)?, format, boundary: None }),
+                    None => Ok(Rendered { prompt: tok.encode(&rendered, true)?, format, boundary: None, media: None }),
                 }
             }
         }
@@ -573,6 +608,8 @@ struct Rendered {
     /// For a chat, the prompt length of the conversation before its last
     /// message, when that is a proper prefix of the prompt.
     boundary: Option<usize>,
+    /// The prompt's images, if any.
+    media: Option<Arc<crate::media::MediaPrompt>>,
 }
 
 /// Extra chat-template variables: the caller's, plus `enable_thinking` when

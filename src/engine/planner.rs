@@ -27,6 +27,8 @@ pub(crate) struct Waiting {
     pub cached: usize,
     /// A longer cached prefix is being read from disk.
     pub loading: bool,
+    /// A media prompt: it prefills alone, in one forward.
+    pub media: bool,
 }
 
 /// The running cohort, as the planner sees it.
@@ -37,6 +39,8 @@ pub(crate) struct CohortView {
     pub remaining: usize,
     /// Smallest per-request chunk limit among its rows.
     pub chunk: Option<usize>,
+    /// A media prompt's cohort: nothing joins it.
+    pub atomic: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +95,10 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
         if w.loading || !fits(w, rows, kv) {
             break;
         }
+        // A media prompt starts a cohort of its own, which nothing joins.
+        if s.cohort.is_some_and(|c| c.atomic) || (w.media && (s.cohort.is_some() || admit > 0)) {
+            break;
+        }
         match s.cohort {
             Some(c) if w.prompt_len > c.remaining || w.cached > 0 => break,
             Some(_) => {}
@@ -120,6 +128,9 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
+        if w.media {
+            break;
+        }
     }
     let full = chunk_pref.unwrap_or(l.prefill_chunk).min(l.prefill_chunk).max(1);
     let chunk = if s.decoding == 0 {
@@ -143,7 +154,19 @@ mod tests {
     const L: Limits = Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256, pace_cap: 1000 };
 
     fn w(len: usize, kv: usize) -> Waiting {
-        Waiting { prompt_len: len, kv_need: kv, chunk: None, cached: 0, loading: false }
+        Waiting { prompt_len: len, kv_need: kv, chunk: None, cached: 0, loading: false, media: false }
+    }
+
+    #[test]
+    fn media_prompts_prefill_alone() {
+        let m = Waiting { media: true, ..w(100, 10) };
+        let st = |cohort, q: &[Waiting]| plan(&State { decoding: 2, cohort, waiting: q, kv_reserved: 0 }, &L).admit;
+        assert_eq!(st(None, &[m, w(90, 10)]), Admit::NewCohort(1), "nothing joins a media prompt's new cohort");
+        assert_eq!(st(None, &[w(90, 10), m]), Admit::NewCohort(1), "a media prompt joins no cohort");
+        let running = Some(CohortView { rows: 1, remaining: 500, chunk: None, atomic: false });
+        assert_eq!(st(running, &[m]), Admit::Nothing, "it waits for the running cohort");
+        let atomic = Some(CohortView { atomic: true, ..running.unwrap() });
+        assert_eq!(st(atomic, &[w(10, 10)]), Admit::Nothing, "nothing joins a media cohort");
     }
 
     #[test]
@@ -176,7 +199,7 @@ mod tests {
 
     #[test]
     fn arrivals_join_a_running_cohort_when_they_fit() {
-        let c = Some(CohortView { rows: 1, remaining: 50, chunk: None });
+        let c = Some(CohortView { rows: 1, remaining: 50, chunk: None, atomic: false });
         let q = [w(40, 10), w(60, 10), w(10, 10)];
         let p = plan(&State { decoding: 0, cohort: c, waiting: &q, kv_reserved: 0 }, &L);
         assert_eq!(p, Plan { admit: Admit::Join(1), chunk: 2048 });
@@ -190,7 +213,7 @@ mod tests {
         assert_eq!(p.admit, Admit::FromCache(64));
         let q = [w(90, 10), hit];
         assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::NewCohort(1));
-        let c = Some(CohortView { rows: 1, remaining: 500, chunk: None });
+        let c = Some(CohortView { rows: 1, remaining: 500, chunk: None, atomic: false });
         assert_eq!(plan(&State { decoding: 0, cohort: c, waiting: &[hit], kv_reserved: 0 }, &L).admit, Admit::Nothing);
         let q = [Waiting { loading: true, ..w(90, 10) }, w(10, 10)];
         assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::Nothing);
@@ -209,7 +232,7 @@ mod tests {
         let q = [Waiting { chunk: Some(64), ..w(100, 1) }];
         let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
         assert_eq!(p.chunk, 64);
-        let c = Some(CohortView { rows: 300, remaining: 10, chunk: None });
+        let c = Some(CohortView { rows: 300, remaining: 10, chunk: None, atomic: false });
         let p = plan(&State { decoding: 2, cohort: c, waiting: &[], kv_reserved: 0 }, &L);
         assert_eq!(p, Plan { admit: Admit::Nothing, chunk: 1 });
     }

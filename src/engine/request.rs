@@ -65,6 +65,9 @@ pub struct RequestOptions {
     pub response_format: Option<ResponseFormat>,
     /// Speculative decoding (None = the engine's `speculation`).
     pub speculation: Option<Speculation>,
+    /// Decoded images the messages reference as `{"type": "image",
+    /// "media": K}` (the C ABI's `mlxrt_media` array, copied at submit).
+    pub media: Vec<crate::media::Rgb>,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -89,6 +92,7 @@ impl RequestOptions {
             quantized_kv_start: None,
             response_format: None,
             speculation: None,
+            media: vec![],
         }
     }
 
@@ -324,6 +328,9 @@ pub(crate) struct RequestSpec {
     pub speculation: Speculation,
     /// When `prepare` began (time to first token counts from here).
     pub submitted: Instant,
+    /// The prompt's images (their soft tokens are in `prompt`): the row
+    /// prefills alone, in one forward (`Cohort::advance`).
+    pub media: Option<Arc<crate::media::MediaPrompt>>,
 }
 
 impl RequestSpec {

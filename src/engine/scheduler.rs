@@ -13,6 +13,7 @@
 use super::batch::{DecodeBatch, StepCtx};
 use super::cohort::{Cohort, Entrant};
 use super::delivery::{self, DeliveryTx, Msg};
+use super::encoder_cache::EncoderCache;
 use super::cache_io::IoDone;
 use super::pacing::Pacer;
 use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
@@ -24,7 +25,9 @@ use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::mlx;
 use crate::model::load::TextAssets;
-use crate::model::{self, LanguageModel, LoadOptions, ModelInfo};
+use crate::mlx::Array;
+use crate::model::siglip::Gemma3Vision;
+use crate::model::{self, LanguageModel, LoadOptions, MediaInput, ModelInfo};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -111,6 +114,9 @@ struct Queued {
 
 struct Scheduler<'a> {
     model: Box<dyn LanguageModel>,
+    /// The vision tower, when the model has one, and its recent outputs.
+    vision: Option<Gemma3Vision>,
+    encoder: EncoderCache,
     text: Arc<TextAssets>,
     config: EngineConfig,
     shared: &'a Shared,
@@ -172,6 +178,8 @@ fn main(
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
     let mut s = Scheduler {
         model: loaded.model,
+        vision: loaded.vision,
+        encoder: EncoderCache::new(config.encoder_cache_bytes),
         text,
         shared,
         queue: VecDeque::new(),
@@ -395,13 +403,15 @@ impl Scheduler<'_> {
                     Found::Miss => (0, false),
                 };
                 let j = &q.job.spec;
-                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading }
+                let media = j.media.is_some();
+                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading, media }
             })
             .collect();
         let cohort = self.cohort.as_ref().map(|c| CohortView {
             rows: c.len(),
             remaining: c.remaining().max(0) as usize,
             chunk: c.rows().iter().filter_map(|r| r.prefill_chunk).min(),
+            atomic: c.is_atomic(),
         });
         let state = planner::State { decoding: self.batch.len(), cohort, waiting: &waiting, kv_reserved: self.kv_reserved };
         planner::plan(&state, &self.limits())
@@ -434,7 +444,15 @@ impl Scheduler<'_> {
                 if !entrants.is_empty() {
                     let (t, rows) = (Instant::now(), entrants.len());
                     let tokens = entrants.iter().map(|e| e.0.prompt.len()).sum();
-                    self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?);
+                    let media = match &entrants[..] {
+                        [(row, _)] => self.media_input(row)?,
+                        _ => None,
+                    };
+                    let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?;
+                    if let Some(m) = media {
+                        cohort.set_media(m)?;
+                    }
+                    self.cohort = Some(cohort);
                     self.tracer.record(SpanKind::BatchSetup, rows, tokens, t);
                 }
                 Ok(())
@@ -466,6 +484,40 @@ impl Scheduler<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// A media prompt's image rows and where they go: from the encoder
+    /// cache, or the tower over the images it does not hold (one batch).
+    fn media_input(&mut self, row: &Row) -> Result<Option<MediaInput>> {
+        let Some(m) = &row.media else { return Ok(None) };
+        let (Some(v), Some(spec)) = (&self.vision, &self.text.media) else {
+            return Err(Error::internal("a media prompt reached a model without a tower"));
+        };
+        let mut rows: Vec<Option<Array>> = m.images.iter().map(|img| self.encoder.get(&img.hash)).collect();
+        let missing: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].is_none()).collect();
+        self.shared.encoder_cache_hits.fetch_add((rows.len() - missing.len()) as u64, Ordering::Relaxed);
+        if !missing.is_empty() {
+            let s = v.image_size() as i32;
+            let mut data = Vec::with_capacity(missing.len() * 3 * (s * s) as usize);
+            for &i in &missing {
+                data.extend_from_slice(&m.images[i].data);
+            }
+            let pixels = Array::from_f32(&data, &[missing.len() as i32, 3, s, s])?.transpose(&[0, 2, 3, 1])?;
+            let t = v.tokens_per_image as i32;
+            let out = v.embed(&pixels)?;
+            mlx::eval(&[&out])?;
+            self.shared.tower_runs.fetch_add(missing.len() as u64, Ordering::Relaxed);
+            for (k, &i) in missing.iter().enumerate() {
+                let r = out.slice_axis(0, k as i32 * t, (k as i32 + 1) * t)?.contiguous()?;
+                self.encoder.put(m.images[i].hash, r.share());
+                rows[i] = Some(r);
+            }
+        }
+        let rows: Vec<Array> = rows.into_iter().map(|r| r.expect("filled above")).collect();
+        let features = Array::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?;
+        let at = row.prompt.iter().enumerate().filter(|(_, &t)| t == spec.soft_id).map(|(i, _)| i).collect();
+        let zero = row.prompt.iter().enumerate().filter(|(_, &t)| t == v.pad_id).map(|(i, _)| i).collect();
+        Ok(Some(MediaInput { features, at, zero }))
     }
 
     /// Turns the first `n` queued jobs into rows, reserving their KV memory

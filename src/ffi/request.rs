@@ -100,6 +100,79 @@ pub struct mlxrt_request_params {
     /// conversation; NULL = none): cached state is only shared between
     /// requests of the same namespace and session.
     pub cache_session_id: *const c_char,
+    /// Images the messages reference by index: a content part
+    /// `{"type": "image", "media": K}` is `media[K]`. Every entry is read
+    /// (decoded or converted into the engine's own buffer) before
+    /// `mlxrt_request_submit` returns: the memory may be reused at once.
+    /// An entry no part references is INVALID_ARGUMENT.
+    pub media: *const mlxrt_media,
+    pub n_media: usize,
+}
+
+/// `mlxrt_media.kind`: a picture.
+pub const MLXRT_MEDIA_IMAGE: i32 = 1;
+/// `mlxrt_media.format`: `bytes` hold an encoded file (JPEG, PNG or WebP).
+pub const MLXRT_MEDIA_ENCODED: i32 = 0;
+/// `mlxrt_media.format`: 8-bit pixels, red first, 3 bytes each.
+pub const MLXRT_PIXEL_RGB8: i32 = 1;
+/// `mlxrt_media.format`: 8-bit pixels, red first, 4 bytes each (alpha
+/// ignored).
+pub const MLXRT_PIXEL_RGBA8: i32 = 2;
+/// `mlxrt_media.format`: 8-bit pixels, blue first, 4 bytes each (alpha
+/// ignored): Core Graphics' usual `kCGImageAlphaPremultipliedFirst |
+/// kCGBitmapByteOrder32Little` layout.
+pub const MLXRT_PIXEL_BGRA8: i32 = 3;
+
+/// One image of a request (`mlxrt_request_params.media`). Set `struct_size`
+/// to `sizeof(mlxrt_media)`. Undecodable data, a buffer smaller than
+/// `stride × (height - 1) + width × bytes per pixel`, more than 50 million
+/// pixels or 64 MiB of encoded data is INVALID_ARGUMENT.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct mlxrt_media {
+    pub struct_size: usize,
+    /// `MLXRT_MEDIA_IMAGE` (audio is not supported yet: UNSUPPORTED).
+    pub kind: i32,
+    /// `MLXRT_MEDIA_ENCODED` or one of the `MLXRT_PIXEL_*` layouts.
+    pub format: i32,
+    /// Pixels (raw layouts only; 0 for encoded data).
+    pub width: u32,
+    pub height: u32,
+    /// Bytes from one row to the next; 0 = `width × bytes per pixel`.
+    pub stride: usize,
+    pub bytes: *const u8,
+    pub n_bytes: usize,
+}
+
+/// `params.media` as decoded images.
+fn media_from(p: &mlxrt_request_params) -> crate::Result<Vec<crate::media::Rgb>> {
+    use crate::media::{self, PixelFormat};
+    let list = slice(p.media, p.n_media, "params.media")?;
+    let limits = media::Limits::default();
+    let mut out = Vec::with_capacity(list.len());
+    for (k, m) in list.iter().enumerate() {
+        let at = format!("params.media[{k}]");
+        if m.struct_size < size_of::<mlxrt_media>() {
+            return Err(Error::invalid(format!("{at}.struct_size is {}; set it to sizeof(mlxrt_media)", m.struct_size)));
+        }
+        if m.kind != MLXRT_MEDIA_IMAGE {
+            return Err(Error::unsupported(format!("{at}: media kind {} is not supported (MLXRT_MEDIA_IMAGE)", m.kind)));
+        }
+        let bytes = slice(m.bytes, m.n_bytes, &format!("{at}.bytes"))?;
+        let format = match m.format {
+            MLXRT_MEDIA_ENCODED => {
+                out.push(media::decode(bytes, &limits).map_err(|e| e.context(&at))?);
+                continue;
+            }
+            MLXRT_PIXEL_RGB8 => PixelFormat::Rgb8,
+            MLXRT_PIXEL_RGBA8 => PixelFormat::Rgba8,
+            MLXRT_PIXEL_BGRA8 => PixelFormat::Bgra8,
+            other => return Err(Error::invalid(format!("{at}: unknown format {other}"))),
+        };
+        let img = media::from_pixels(format, m.width as usize, m.height as usize, m.stride, bytes, &limits);
+        out.push(img.map_err(|e| e.context(&at))?);
+    }
+    Ok(out)
 }
 
 /// The first published layout: every field up to `thinking`.
@@ -132,6 +205,8 @@ pub(crate) fn default_params() -> mlxrt_request_params {
         top_logprobs: 0,
         thinking: -1,
         cache_session_id: std::ptr::null(),
+        media: std::ptr::null(),
+        n_media: 0,
     }
 }
 
@@ -187,6 +262,7 @@ pub(crate) fn options_from(p: &mlxrt_request_params) -> crate::Result<RequestOpt
         .enumerate()
         .map(|(i, &s)| req_str(s, &format!("params.stop[{i}]")).map(str::to_owned))
         .collect::<crate::Result<_>>()?;
+    o.media = media_from(p)?;
     if let Some(options) = opt_str(p.options_json, "params.options_json")? {
         json_object(options, "params.options_json")?;
         o.apply_json(options)?;

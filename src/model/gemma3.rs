@@ -13,7 +13,7 @@ use super::attention::{AttnSpec, Attention, Masks};
 use super::layers::{output_positions, Act, Embedding, Head, Mlp, RmsNorm, Rope};
 use super::load::FamilyConfig;
 use super::weights::Weights;
-use super::{LanguageModel, ModelInfo, Output};
+use super::{LanguageModel, MediaInput, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
 use crate::cache::{KvCache, LayerCache, RingCache};
 use crate::error::{Error, Result};
@@ -158,6 +158,27 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
     Ok(Gemma3 { embed, embed_scale: round_bf16((d as f32).sqrt()), blocks, norm, head, info })
 }
 
+impl Gemma3 {
+    /// The layers over input embeddings `h` (`[B, L, hidden]`, unscaled).
+    fn run(&self, h: Array, len: i32, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
+        if cache.len() != self.blocks.len() {
+            return Err(Error::internal("cache has the wrong number of layers"));
+        }
+        let pos = cache[0].positions()?;
+        let masks = Masks::new(cache, len)?;
+        let mut h = h.multiply(&h.scalar_like(self.embed_scale)?)?;
+        for (b, c) in self.blocks.iter().zip(cache.iter_mut()) {
+            let r = b.attn.forward(&b.input_norm.forward(&h)?, c, &pos, &masks)?;
+            h = residual(&h, &b.post_attn_norm.forward(&r)?)?;
+            let r = b.mlp.forward(&b.pre_ff_norm.forward(&h)?)?;
+            h = residual(&h, &b.post_ff_norm.forward(&r)?)?;
+        }
+        let Some(h) = output_positions(h, out)? else { return Ok(None) };
+        let h = self.norm.forward(&h)?;
+        Ok(Some(self.head.forward(&h, &self.embed)?))
+    }
+}
+
 impl LanguageModel for Gemma3 {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -173,22 +194,17 @@ impl LanguageModel for Gemma3 {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        if cache.len() != self.blocks.len() {
-            return Err(Error::internal("cache has the wrong number of layers"));
-        }
-        let pos = cache[0].positions()?;
-        let masks = Masks::new(cache, tokens.dim(1))?;
-        let mut h = self.embed.forward(tokens)?;
-        h = h.multiply(&h.scalar_like(self.embed_scale)?)?;
-        for (b, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            let r = b.attn.forward(&b.input_norm.forward(&h)?, c, &pos, &masks)?;
-            h = residual(&h, &b.post_attn_norm.forward(&r)?)?;
-            let r = b.mlp.forward(&b.pre_ff_norm.forward(&h)?)?;
-            h = residual(&h, &b.post_ff_norm.forward(&r)?)?;
-        }
-        let Some(h) = output_positions(h, out)? else { return Ok(None) };
-        let h = self.norm.forward(&h)?;
-        Ok(Some(self.head.forward(&h, &self.embed)?))
+        let h = self.embed.forward(tokens)?;
+        self.run(h, tokens.dim(1), cache, out)
+    }
+
+    /// As mlx-vlm's gemma3 `get_input_embeddings`: token embeddings, zero at
+    /// `media.zero` (its pad positions), the media rows at `media.at`; then
+    /// the usual √hidden scaling of every position. Attention stays causal
+    /// over image tokens, as mlx-vlm's `generate` runs it.
+    fn forward_media(&self, tokens: &Array, media: &MediaInput, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
+        let h = media.splice(&self.embed.forward(tokens)?)?;
+        self.run(h, tokens.dim(1), cache, out)
     }
 
     fn parameters(&self) -> Vec<&Array> {

@@ -6,9 +6,11 @@
 use super::check;
 use super::layers::{Kernels, QuantSpec};
 use super::llama::{self, LlamaConfig};
+use super::siglip::Gemma3Vision;
 use super::weights::{QuantConfig, Weights};
 use super::{LanguageModel, ModelInfo};
 use crate::error::{Error, Result};
+use crate::media::MediaSpec;
 use crate::mlx::io::{Meta, TensorFile};
 use crate::mlx::{self, Array, Dtype};
 use crate::text::{ChatTemplate, GgufVocab, Tokenizer};
@@ -52,6 +54,8 @@ pub struct TextAssets {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
     pub eos_ids: Vec<u32>,
+    /// How to prepare images, when the model has a vision tower.
+    pub media: Option<Arc<MediaSpec>>,
 }
 
 pub struct LoadedModel {
@@ -62,9 +66,12 @@ pub struct LoadedModel {
     /// Identifies the checkpoint's files (names, sizes, first and last MiB),
     /// so state saved for one model is never loaded for another.
     pub fingerprint: String,
+    /// The vision tower, when the checkpoint has one (scheduler thread;
+    /// `text.media` then says how to prepare images for it).
+    pub vision: Option<Gemma3Vision>,
 }
 
-type Parts = (Box<dyn LanguageModel>, TextAssets);
+type Parts = (Box<dyn LanguageModel>, TextAssets, Option<Gemma3Vision>);
 
 /// Loads `path`: a `.gguf` file or a folder with `config.json`.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
@@ -79,10 +86,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     } else {
         load_gguf(path, scale_dtype, opts).map_err(|e| e.context(ctx()))?
     };
-    let (model, text) = loaded;
+    let (model, text, vision) = loaded;
     opts.report(0.4, "evaluating")?;
     // Materialize the weights in about ten steps, reporting progress.
-    let params = model.parameters();
+    let mut params = model.parameters();
+    params.extend(vision.iter().flat_map(Gemma3Vision::parameters));
     let step = params.len().div_ceil(10).max(1);
     for (i, group) in params.chunks(step).enumerate() {
         mlx::eval(group).map_err(|e| Error::model(e.to_string()).context(ctx()))?;
@@ -91,7 +99,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let parameter_bytes = params.iter().map(|a| a.nbytes()).sum();
     drop(params);
     let fingerprint = fingerprint(path).map_err(|e| Error::from(e).context(ctx()))?;
-    Ok(LoadedModel { model, text, parameter_bytes, fingerprint })
+    Ok(LoadedModel { model, text, parameter_bytes, fingerprint, vision })
 }
 
 /// CRC-32 over the name, size, first and last MiB of each checkpoint file.
@@ -161,9 +169,20 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Re
     opts.report(0.3, "building")?;
     let info = ModelInfo { format: "mlx-folder".into(), ..Default::default() };
     let model = build(model_type, &config, &mut weights, info)?;
+    let vision = match model_type {
+        "gemma3" => Gemma3Vision::load(&config, model.info().hidden_size, &mut weights)?,
+        _ => None,
+    };
+    if vision.is_some() {
+        // The tower is built: its tensors are no longer ignorable.
+        weights.finish_prefixes(&["vision_tower.", "multi_modal_projector."])?;
+    }
     weights.finish(model_type)?;
-    let text = folder_text_assets(dir, &config)?;
-    Ok((model, text))
+    let mut text = folder_text_assets(dir, &config)?;
+    if let Some(v) = &vision {
+        text.media = Some(Arc::new(MediaSpec::load(dir, &config, &text, v.tokens_per_image)?));
+    }
+    Ok((model, text, vision))
 }
 
 /// `model_type`s a folder may have (mlx-lm's names).
@@ -336,7 +355,7 @@ fn folder_text_assets(dir: &Path, config: &Value) -> Result<TextAssets> {
     }
     eos_ids.sort_unstable();
     eos_ids.dedup();
-    Ok(TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids })
+    Ok(TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids, media: None })
 }
 
 // ---------------------------------------------------------------- GGUF
@@ -502,5 +521,5 @@ fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Res
         .transpose()
         .map_err(|e| Error::model(format!("chat template: {e}")))?;
     let eos_ids = vocab.eos_id.into_iter().collect();
-    Ok((model, TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids }))
+    Ok((model, TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids, media: None }, None))
 }

@@ -16,6 +16,7 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod siglip;
 pub mod weights;
 
 use crate::cache::scheme::KvLayer;
@@ -76,6 +77,12 @@ pub trait LanguageModel {
     /// Runs `tokens` (`[B, L]` int32, B = the cache's rows) after what `cache`
     /// holds, appending to it. Rows may be left-padded (see `KvCache`).
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>>;
+    /// `forward` for one row (`B = 1`) whose input embeddings are given at
+    /// some positions (image soft tokens): models with a media tower.
+    fn forward_media(&self, tokens: &Array, media: &MediaInput, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
+        let _ = (tokens, media, cache, out);
+        Err(crate::error::Error::unsupported("this model takes no media input"))
+    }
     /// Every parameter array (for evaluation at load and memory accounting).
     fn parameters(&self) -> Vec<&Array>;
     /// The prefill chunk to use for `rows` rows with `done` positions already
@@ -84,6 +91,40 @@ pub trait LanguageModel {
     fn prefill_chunk(&self, rows: usize, done: usize, requested: usize) -> usize {
         let _ = (rows, done);
         requested
+    }
+}
+
+/// Embeddings that replace some positions' token embeddings in a one-row
+/// forward (`LanguageModel::forward_media`).
+pub struct MediaInput {
+    /// `[n, hidden]`: the rows, in the language model's space, in prompt order.
+    pub features: Array,
+    /// The chunk positions of `features`' rows (ascending).
+    pub at: Vec<usize>,
+    /// Chunk positions whose embedding is zero (Gemma 3: the pad token).
+    pub zero: Vec<usize>,
+}
+
+impl MediaInput {
+    /// `h` (`[1, L, hidden]`) with the positions of `at` replaced by the
+    /// features and those of `zero` zeroed.
+    pub fn splice(&self, h: &Array) -> Result<Array> {
+        let (l, d) = (h.dim(1), h.dim(2));
+        if self.features.dim(0) as usize != self.at.len() || self.at.iter().chain(&self.zero).any(|&p| p >= l as usize) {
+            return Err(crate::error::Error::internal("media rows do not fit the chunk"));
+        }
+        let (mut idx, mut media, mut zero) = (vec![0i32; l as usize], vec![0i32; l as usize], vec![0i32; l as usize]);
+        for (i, &p) in self.at.iter().enumerate() {
+            idx[p] = i as i32;
+            media[p] = 1;
+        }
+        for &p in &self.zero {
+            zero[p] = 1;
+        }
+        let flag = |v: &[i32]| -> Result<Array> { Ok(Array::from_i32(v, &[1, l, 1])?.greater(&Array::scalar_i32(0)?)?) };
+        let rows = self.features.take(&Array::from_i32(&idx, &[l])?, 0)?.reshape(&[1, l, d])?.astype(h.dtype())?;
+        let h = Array::select(&flag(&zero)?, &h.scalar_like(0.0)?, h)?;
+        Ok(Array::select(&flag(&media)?, &rows, &h)?)
     }
 }
 

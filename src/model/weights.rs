@@ -173,6 +173,17 @@ impl Weights {
         }
     }
 
+    /// Fails naming a tensor under one of `prefixes` that is still held: a
+    /// tower that was built must have read all of its tensors.
+    pub fn finish_prefixes(&self, prefixes: &[&str]) -> Result<()> {
+        let mut left: Vec<&String> = self.tensors.keys().filter(|n| prefixes.iter().any(|p| n.starts_with(p))).collect();
+        left.sort();
+        match left.first() {
+            Some(n) => Err(Error::model(format!("the checkpoint has {} tower tensor(s) the tower does not use, e.g. `{n}`", left.len()))),
+            None => Ok(()),
+        }
+    }
+
     /// Fails naming the first few tensors (sorted) that the model did not
     /// take and `ignorable` does not cover: loading is strict, as in mlx-lm,
     /// so a checkpoint built for another architecture (a Qwen3 labelled
