@@ -531,6 +531,18 @@ typedef struct mlxrt_engine_config {
    */
   mlxrt_trace_fn trace_callback;
   void *trace_user_data;
+  /**
+   * 1: paged KV (full-attention layers keep KV in blocks of a pool shared
+   * by all rows: no padding between rows of different lengths, prompt
+   * prefixes shared). 0 (default): off. For now dense KV on models whose
+   * layers are all full attention; others fail `mlxrt_engine_create`.
+   */
+  uint32_t kv_paging;
+  /**
+   * Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
+   * 1024 (default 256).
+   */
+  uint32_t kv_block_size;
 } mlxrt_engine_config;
 
 /**
@@ -614,6 +626,13 @@ typedef struct mlxrt_engine_stats {
    * (indexed by `MLXRT_SPAN_*`), whether or not a trace callback is set.
    */
   struct mlxrt_span_stats spans[MLXRT_SPAN_KINDS];
+  /**
+   * With `kv_paging`: KV blocks in use (by rows or prompt-cache entries;
+   * a shared block once) and free, summed over the paged layers' pools
+   * (0 without paging). Then `kv_bytes` counts the blocks in use.
+   */
+  uint64_t kv_blocks_used;
+  uint64_t kv_blocks_free;
 } mlxrt_engine_stats;
 
 /**

@@ -221,6 +221,9 @@ pub enum KvView {
     /// Some rows before their start (float), the others quantized (`quant`
     /// is `Affine` or `Turbo`): `use_float` is `[B, 1, 1, 1]` bool.
     Mixed { keys: Array, values: Array, quant: Box<KvView>, use_float: Array },
+    /// A paged layer's pool and the batch's block tables (`kv_paging`):
+    /// causal over each row's own length, whatever mask is passed.
+    Paged(super::paged::layer::PagedView),
 }
 
 impl KvView {
@@ -236,6 +239,7 @@ impl KvView {
                 quant: Box::new(quant.share()),
                 use_float: use_float.share(),
             },
+            KvView::Paged(p) => KvView::Paged(p.share()),
         }
     }
 
@@ -259,6 +263,7 @@ impl KvView {
             KvView::Mixed { keys, values, quant: q, use_float } => {
                 Ok(Array::select(use_float, &dense(keys, values)?, &q.attend(queries, scale, mask, kernels)?)?)
             }
+            KvView::Paged(p) => p.attend(queries, scale, kernels),
         }
     }
 }

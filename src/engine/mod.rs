@@ -94,6 +94,14 @@ pub struct EngineConfig {
     /// it must be quick and must not call into the engine. None = spans are
     /// only summarised in the stats.
     pub trace: Option<TraceFn>,
+    /// Paged KV (`cache::paged`): full-attention layers keep their keys and
+    /// values in blocks of a pool shared by all rows, so rows of different
+    /// lengths pad nothing and prompt-cache hits share blocks. Off by
+    /// default while it is being built: for now dense KV (`kv` none) on
+    /// models whose layers are all full attention; others are refused.
+    pub kv_paging: bool,
+    /// Positions per KV block with paging: a multiple of 32 from 32 to 1024.
+    pub kv_block_size: usize,
 }
 
 impl EngineConfig {
@@ -116,6 +124,8 @@ impl EngineConfig {
             progress: None,
             kv: KvQuant::default(),
             trace: None,
+            kv_paging: false,
+            kv_block_size: 256,
         }
     }
 
@@ -134,6 +144,15 @@ impl EngineConfig {
                 return Err(Error::invalid(format!("{name} must be at least 1")));
             }
         }
+        if !crate::cache::paged::valid_block_size(self.kv_block_size.min(i32::MAX as usize) as i32) {
+            return Err(Error::invalid(format!(
+                "kv_block_size {} is not a multiple of 32 from 32 to 1024",
+                self.kv_block_size
+            )));
+        }
+        if self.kv_paging && self.kv.scheme.is_quantized() {
+            return Err(Error::unsupported("kv_paging with a quantized KV scheme is not implemented yet"));
+        }
         Ok(())
     }
 }
@@ -150,6 +169,8 @@ pub(crate) struct StatsCell {
     pub active_memory: AtomicUsize,
     pub peak_memory: AtomicUsize,
     pub cache_memory: AtomicUsize,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_free: AtomicU64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -184,6 +205,11 @@ pub struct EngineStats {
     pub model_calls: u64,
     /// The scheduler's spans so far, per kind (indexed by `SpanKind as usize`).
     pub spans: [SpanStats; SPAN_KINDS],
+    /// With `kv_paging`: KV blocks in use (held by rows or prompt-cache
+    /// entries; a shared block once) and free, summed over the paged
+    /// layers' pools. 0 without paging.
+    pub kv_blocks_used: u64,
+    pub kv_blocks_free: u64,
 }
 
 /// State shared between the handle and the scheduler.
@@ -334,6 +360,8 @@ impl Engine {
             iterations: self.shared.trace.iterations.load(Ordering::Relaxed),
             model_calls: self.shared.trace.model_calls.load(Ordering::Relaxed),
             spans: self.shared.trace.spans(),
+            kv_blocks_used: s.kv_blocks_used.load(Ordering::Relaxed),
+            kv_blocks_free: s.kv_blocks_free.load(Ordering::Relaxed),
         }
     }
 

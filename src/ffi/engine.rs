@@ -187,6 +187,14 @@ pub struct mlxrt_engine_config {
     /// none (the spans are still summarised in `mlxrt_engine_stats`).
     pub trace_callback: mlxrt_trace_fn,
     pub trace_user_data: *mut c_void,
+    /// 1: paged KV (full-attention layers keep KV in blocks of a pool shared
+    /// by all rows: no padding between rows of different lengths, prompt
+    /// prefixes shared). 0 (default): off. For now dense KV on models whose
+    /// layers are all full attention; others fail `mlxrt_engine_create`.
+    pub kv_paging: u32,
+    /// Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
+    /// 1024 (default 256).
+    pub kv_block_size: u32,
 }
 
 /// The first published layout: every field up to `progress_user_data`.
@@ -222,6 +230,8 @@ fn default_config() -> mlxrt_engine_config {
         quantized_kv_start: d.kv.start,
         trace_callback: None,
         trace_user_data: std::ptr::null_mut(),
+        kv_paging: d.kv_paging as u32,
+        kv_block_size: d.kv_block_size as u32,
     }
 }
 
@@ -323,6 +333,12 @@ pub extern "C" fn mlxrt_engine_create(
             other => return Err(Error::invalid(format!("config.kv_scheme {other} is not a MLXRT_KV_SCHEME_* value"))),
         };
         cfg.kv = KvQuant { scheme, start: c.quantized_kv_start };
+        cfg.kv_paging = match c.kv_paging {
+            0 => false,
+            1 => true,
+            other => return Err(Error::invalid(format!("config.kv_paging {other} is not 0 or 1"))),
+        };
+        cfg.kv_block_size = c.kv_block_size as usize;
         if let Some(f) = c.trace_callback {
             let ud = UserData(c.trace_user_data);
             cfg.trace = Some(Arc::new(move |s: &Span| {
@@ -399,6 +415,11 @@ pub struct mlxrt_engine_stats {
     /// The scheduler's trace spans since the engine started, per kind
     /// (indexed by `MLXRT_SPAN_*`), whether or not a trace callback is set.
     pub spans: [mlxrt_span_stats; MLXRT_SPAN_KINDS],
+    /// With `kv_paging`: KV blocks in use (by rows or prompt-cache entries;
+    /// a shared block once) and free, summed over the paged layers' pools
+    /// (0 without paging). Then `kv_bytes` counts the blocks in use.
+    pub kv_blocks_used: u64,
+    pub kv_blocks_free: u64,
 }
 
 /// The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
@@ -451,6 +472,8 @@ pub extern "C" fn mlxrt_engine_get_stats(
             iterations: s.iterations,
             model_calls: s.model_calls,
             spans: s.spans.map(Into::into),
+            kv_blocks_used: s.kv_blocks_used,
+            kv_blocks_free: s.kv_blocks_free,
         };
         write_versioned(out, stats, "out")
     })

@@ -178,8 +178,9 @@ fn write(pool: &Array, rows: &Array, dest: &[i32], stock: bool) -> Result<Array>
     Ok(Array(ffi::paged_write(pool.raw(), rows.raw(), dest.raw(), stock)?))
 }
 
-/// The address of `a`'s data, evaluating it (tests: an in-place write keeps it).
-pub(crate) fn data_address(a: &Array) -> Result<u64> {
+/// The address of `a`'s data, evaluating it (an in-place write keeps it:
+/// how the tests see that [`paged_write`] did not copy the pool).
+pub fn data_address(a: &Array) -> Result<u64> {
     Ok(ffi::paged_data_address(a.raw())?)
 }
 

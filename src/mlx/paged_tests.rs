@@ -7,7 +7,6 @@
 use super::fast::Mask;
 use super::test_data::{isas, randn, worst_error};
 use super::*;
-use super::paged::data_address;
 
 /// A random permutation of 0..n (splitmix-driven Fisher-Yates).
 fn shuffled(n: usize, seed: u64) -> Vec<i32> {
