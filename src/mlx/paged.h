@@ -54,6 +54,32 @@ class PagedFloatSdpa : public mlx::core::UnaryPrimitive {
   const Kernels* kernels_;
 };
 
+// The same over affine-quantized pools (MLX's layout, as QuantizedSdpa):
+// inputs q; key words [N, H, bs, D * bits / 32] uint32, scales and biases
+// [N, H, bs, D / group] f32; the value planes likewise (Dv); table; lens.
+class PagedQuantizedSdpa : public mlx::core::UnaryPrimitive {
+ public:
+  PagedQuantizedSdpa(mlx::core::Stream s, float scale, int group, int bits, bool causal,
+                     int window, const Kernels* k)
+      : UnaryPrimitive(s), scale_(scale), group_(group), bits_(bits), causal_(causal),
+        window_(window), kernels_(k) {}
+
+  void eval_cpu(const std::vector<array>& inputs, array& out) override;
+  void eval_gpu(const std::vector<array>& inputs, array& out) override;
+  const char* name() const override { return "PagedQuantizedSdpa"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
+
+  Isa isa() const { return kernels_->isa; }
+
+ private:
+  float scale_;
+  int group_, bits_;
+  bool causal_;
+  int window_;
+  const Kernels* kernels_;
+};
+
 // Inputs: pool [N, H, bs, X], rows [n, X] of its dtype, dest [n] int32 (a
 // row of the pool viewed as [N * H * bs, X]). Output: the pool with those
 // rows replaced, in the pool's own buffer when it can be donated (no other
@@ -83,6 +109,14 @@ class PagedWrite : public mlx::core::UnaryPrimitive {
 std::unique_ptr<array> paged_float_sdpa(const array& q, const array& k_pool, const array& v_pool,
                                         const array& table, const array& lens, float scale,
                                         bool causal, int32_t window, uint8_t isa);
+// As paged_float_sdpa over affine pools (`group` 32, 64 or 128, `bits` 4
+// or 8); null where the kernels do not apply.
+std::unique_ptr<array> paged_quantized_sdpa(const array& q, const array& kw, const array& ks,
+                                            const array& kb, const array& vw, const array& vs,
+                                            const array& vb, const array& table,
+                                            const array& lens, float scale, bool causal,
+                                            int32_t window, int32_t group, int32_t bits,
+                                            uint8_t isa);
 // `pool` with rows `rows` written at `dest` (see PagedWrite): the primitive
 // on the CPU, else (or with `stock`) MLX's scatter.
 std::unique_ptr<array> paged_write(const array& pool, const array& rows, const array& dest, bool stock);
@@ -91,5 +125,7 @@ uint64_t paged_data_address(const array& a);
 // The `Isa` code of the kernel that computes `a`, or 0 if `a` is not the
 // output of a PagedFloatSdpa.
 uint8_t paged_node_isa(const array& a);
+// The same for PagedQuantizedSdpa.
+uint8_t paged_q_node_isa(const array& a);
 
 }  // namespace mlxrt::paged

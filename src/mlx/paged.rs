@@ -126,6 +126,91 @@ pub fn paged_sdpa_stock(
     window: Option<i32>,
 ) -> Result<Array> {
     check(k_pool, t)?;
+    let (mask, gather) = gathered(q, t, causal, window)?;
+    let (k, v) = (gather(k_pool)?, gather(v_pool)?);
+    sdpa_stock(q, &k, &v, scale, Mask::Array(&mask), None)
+}
+
+/// [`paged_sdpa`] over affine-quantized pools (MLX's layout, as
+/// [`super::quantized_sdpa`]: per plane `[N, Hkv, block, ·]` packed words,
+/// f32 scales and biases, of keys then values). On the CPU mlxrt's
+/// quantized attention kernel; else [`paged_quantized_sdpa_stock`].
+#[allow(clippy::too_many_arguments)]
+pub fn paged_quantized_sdpa_isa(
+    q: &Array,
+    k: [&Array; 3],
+    v: [&Array; 3],
+    t: &BlockTables,
+    scale: f32,
+    causal: bool,
+    window: Option<i32>,
+    group_size: i32,
+    bits: i32,
+    isa: QmmIsa,
+) -> Result<Array> {
+    check(k[0], t)?;
+    let w = window.unwrap_or(0);
+    let out = ffi::paged_quantized_sdpa(
+        q.raw(),
+        k[0].raw(),
+        k[1].raw(),
+        k[2].raw(),
+        v[0].raw(),
+        v[1].raw(),
+        v[2].raw(),
+        t.table.raw(),
+        t.lens.raw(),
+        scale,
+        causal,
+        w,
+        group_size,
+        bits,
+        isa as u8,
+    )?;
+    if out.is_null() {
+        return paged_quantized_sdpa_stock(q, k, v, t, scale, causal, window, group_size, bits);
+    }
+    Ok(Array(out))
+}
+
+/// The MLX-op form of [`paged_quantized_sdpa_isa`]: each plane's blocks
+/// gathered per row, the length/causal/window mask, then
+/// [`super::quantized_sdpa_ops`].
+#[allow(clippy::too_many_arguments)]
+pub fn paged_quantized_sdpa_stock(
+    q: &Array,
+    k: [&Array; 3],
+    v: [&Array; 3],
+    t: &BlockTables,
+    scale: f32,
+    causal: bool,
+    window: Option<i32>,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    check(k[0], t)?;
+    let (mask, gather) = gathered(q, t, causal, window)?;
+    let k = [gather(k[0])?, gather(k[1])?, gather(k[2])?];
+    let v = [gather(v[0])?, gather(v[1])?, gather(v[2])?];
+    let (k, v) = ([&k[0], &k[1], &k[2]], [&v[0], &v[1], &v[2]]);
+    super::quantized_sdpa_ops(q, k, v, scale, Mask::Array(&mask), group_size, bits)
+}
+
+/// The kernel variant that computes `a`, or `None` when `a` is not the
+/// output of mlxrt's paged quantized attention kernel.
+pub fn paged_quantized_isa_of(a: &Array) -> Option<QmmIsa> {
+    QmmIsa::from_code(ffi::paged_q_node_isa(a.raw())).filter(|i| *i != QmmIsa::Auto)
+}
+
+/// The fallback's bool mask `[B, 1, L, T]` (`T` the longest row: each row's
+/// length, causal bounds and window) and a gather of one plane's blocks
+/// into `[B, Hkv, T, ·]`.
+fn gathered<'a>(
+    q: &Array,
+    t: &'a BlockTables,
+    causal: bool,
+    window: Option<i32>,
+) -> Result<(Array, impl Fn(&Array) -> Result<Array> + 'a)> {
     if window.is_some_and(|w| w > 0) && !causal {
         return Err(MlxError("paged attention: a window needs the causal mask".into()));
     }
@@ -133,15 +218,6 @@ pub fn paged_sdpa_stock(
     let tmax = t.host_lens.iter().copied().max().unwrap_or(1).max(1);
     let ids: Vec<i32> = t.host_table.iter().map(|&id| id.max(0)).collect();
     let ids = Array::from_i32(&ids, &[b * t.max_blocks])?;
-    let gather = |pool: &Array| -> Result<Array> {
-        let (h, x) = (pool.dim(1), pool.dim(3));
-        pool.take(&ids, 0)?
-            .reshape(&[b, t.max_blocks, h, t.block, x])?
-            .transpose(&[0, 2, 1, 3, 4])?
-            .reshape(&[b, h, t.max_blocks * t.block, x])?
-            .slice_axis(2, 0, tmax)
-    };
-    let (k, v) = (gather(k_pool)?, gather(v_pool)?);
     let w = window.filter(|&w| w > 0);
     let mut keep = Vec::with_capacity((b * l * tmax) as usize);
     for &len in &t.host_lens {
@@ -152,7 +228,15 @@ pub fn paged_sdpa_stock(
         }
     }
     let mask = Array::from_bytes(&keep, &[b, 1, l, tmax], Dtype::Bool)?;
-    sdpa_stock(q, &k, &v, scale, Mask::Array(&mask), None)
+    let gather = move |pool: &Array| -> Result<Array> {
+        let (h, x) = (pool.dim(1), pool.dim(3));
+        pool.take(&ids, 0)?
+            .reshape(&[b, t.max_blocks, h, t.block, x])?
+            .transpose(&[0, 2, 1, 3, 4])?
+            .reshape(&[b, h, t.max_blocks * t.block, x])?
+            .slice_axis(2, 0, tmax)
+    };
+    Ok((mask, gather))
 }
 
 /// `pool` `[N, H, block, X]` with `rows[i]` (`[n, X]`) written at row

@@ -21,6 +21,25 @@ pub(crate) mod ffi {
             window: i32,
             isa: u8,
         ) -> Result<UniquePtr<array>>;
+        #[allow(clippy::too_many_arguments)]
+        fn paged_quantized_sdpa(
+            q: &array,
+            kw: &array,
+            ks: &array,
+            kb: &array,
+            vw: &array,
+            vs: &array,
+            vb: &array,
+            table: &array,
+            lens: &array,
+            scale: f32,
+            causal: bool,
+            window: i32,
+            group: i32,
+            bits: i32,
+            isa: u8,
+        ) -> Result<UniquePtr<array>>;
+        fn paged_q_node_isa(a: &array) -> u8;
         fn paged_write(pool: &array, rows: &array, dest: &array, stock: bool) -> Result<UniquePtr<array>>;
         fn paged_data_address(a: &array) -> Result<u64>;
         fn paged_node_isa(a: &array) -> u8;

@@ -195,3 +195,131 @@ fn writes_land_in_place_when_the_pool_is_not_shared() {
     assert_eq!(fresh.to_vec_f32().unwrap(), got);
     assert!(paged_write(&written, &second, &[n * h * block]).is_err());
 }
+
+// ---- affine-quantized pools ----
+
+/// `pool_of` for any 4-byte dtype (packed words, scales, biases); other
+/// blocks hold zeros.
+fn pool_bytes(rows: &[Array], tables: &[Vec<i32>], n: i32, block: i32) -> Array {
+    let (h, x, dtype) = (rows[0].dim(1), rows[0].dim(3), rows[0].dtype());
+    let row = (x * 4) as usize;
+    let mut data = vec![0u8; (n * h * block) as usize * row];
+    for (r, table) in rows.iter().zip(tables) {
+        let len = r.dim(2);
+        let v = r.contiguous().unwrap().to_bytes().unwrap();
+        for hi in 0..h {
+            for t in 0..len {
+                let id = table[(t / block) as usize];
+                let dst = ((id * h + hi) * block + t % block) as usize * row;
+                let src = (hi * len + t) as usize * row;
+                data[dst..dst + row].copy_from_slice(&v[src..src + row]);
+            }
+        }
+    }
+    Array::from_bytes(&data, &[n, h, block, x], dtype).unwrap()
+}
+
+type Planes = [Array; 3];
+
+fn quantized(x: &Array, bits: i32) -> Planes {
+    let (w, s, b) = quantize(x, 64, bits).unwrap();
+    [w, s, b]
+}
+
+fn pools(rows: &[Planes], tables: &[Vec<i32>], n: i32, block: i32) -> Planes {
+    let plane = |i: usize| pool_bytes(&rows.iter().map(|p| p[i].share()).collect::<Vec<_>>(), tables, n, block);
+    [plane(0), plane(1), plane(2)]
+}
+
+fn refs(p: &Planes) -> [&Array; 3] {
+    [&p[0], &p[1], &p[2]]
+}
+
+#[test]
+fn one_row_of_quantized_blocks_is_bitwise_the_contiguous_kernel() {
+    let block = 256;
+    for isa in isas() {
+        for bits in [4, 8] {
+            for (ci, &(l, t)) in [(1, 700), (64, 600), (3, 257)].iter().enumerate() {
+                let seed = 500 + ci as u64 * 10 + bits as u64;
+                let (h, rep, d) = (2, 3, 64);
+                let q = randn(&[1, h * rep, l, d], seed);
+                let k = quantized(&randn(&[1, h, t, d], seed + 1).mul_scalar(1.5).unwrap(), bits);
+                let v = quantized(&randn(&[1, h, t, d], seed + 2), bits);
+                let nb = (t + block - 1) / block;
+                let table: Vec<i32> = shuffled(nb as usize + 2, seed)[..nb as usize].to_vec();
+                let (kp, vp) = (pools(&[k.clone_planes()], &[table.clone()], nb + 2, block), pools(&[v.clone_planes()], &[table.clone()], nb + 2, block));
+                let bt = BlockTables::new(&[table], &[t], block).unwrap();
+                let paged = paged_quantized_sdpa_isa(&q, refs(&kp), refs(&vp), &bt, 0.125, true, None, 64, bits, isa).unwrap();
+                assert_eq!(paged_quantized_isa_of(&paged), Some(isa), "paged quantized kernel not taken");
+                let flat = quantized_sdpa_isa(&q, refs(&k), refs(&v), 0.125, Mask::Causal, 64, bits, isa).unwrap();
+                assert_eq!(qsdpa_isa_of(&flat), Some(isa));
+                assert_eq!(bits_of(&paged), bits_of(&flat), "{isa:?} bits={bits} L={l} T={t}");
+            }
+        }
+    }
+}
+
+fn bits_of(a: &Array) -> Vec<u32> {
+    bits(a)
+}
+
+trait ClonePlanes {
+    fn clone_planes(&self) -> Planes;
+}
+impl ClonePlanes for Planes {
+    fn clone_planes(&self) -> Planes {
+        [self[0].share(), self[1].share(), self[2].share()]
+    }
+}
+
+#[test]
+fn quantized_rows_of_random_lengths_match_mlx_for_every_isa_and_the_fallback() {
+    use super::test_data::attention_bound;
+    let mut worst = 0f32;
+    let mut kinds: Vec<Option<QmmIsa>> = isas().into_iter().map(Some).collect();
+    kinds.push(None);
+    for isa in kinds {
+        for (i, &(block, l, bits)) in [(32, 1, 4), (64, 1, 8), (96, 5, 4), (128, 20, 8)].iter().enumerate() {
+            let seed = 2000 + i as u64 * 100;
+            let (b, h, rep, d) = (3, 2, 2, 64);
+            let lens: Vec<i32> = (0..b).map(|r| l + ((seed as i32 * 7 + r * 131) % 500)).collect();
+            let need: Vec<i32> = lens.iter().map(|n| (n + block - 1) / block).collect();
+            let total: i32 = need.iter().sum();
+            let ids = shuffled(total as usize + 3, seed);
+            let (mut tables, mut at) = (vec![], 0);
+            for &n in &need {
+                tables.push(ids[at..at + n as usize].to_vec());
+                at += n as usize;
+            }
+            let kf: Vec<Array> = lens.iter().enumerate().map(|(r, &n)| randn(&[1, h, n, d], seed + r as u64).mul_scalar(1.5).unwrap()).collect();
+            let vf: Vec<Array> = lens.iter().enumerate().map(|(r, &n)| randn(&[1, h, n, d], seed + 10 + r as u64)).collect();
+            let ks: Vec<Planes> = kf.iter().map(|x| quantized(x, bits)).collect();
+            let vs: Vec<Planes> = vf.iter().map(|x| quantized(x, bits)).collect();
+            let (kp, vp) = (pools(&ks, &tables, total + 3, block), pools(&vs, &tables, total + 3, block));
+            let q = randn(&[b, h * rep, l, d], seed + 50);
+            let bt = BlockTables::new(&tables, &lens, block).unwrap();
+            let got = match isa {
+                Some(isa) => {
+                    let o = paged_quantized_sdpa_isa(&q, refs(&kp), refs(&vp), &bt, 0.125, true, None, 64, bits, isa).unwrap();
+                    assert_eq!(paged_quantized_isa_of(&o), Some(isa));
+                    o
+                }
+                None => paged_quantized_sdpa_stock(&q, refs(&kp), refs(&vp), &bt, 0.125, true, None, 64, bits).unwrap(),
+            };
+            for r in 0..b {
+                let qi = q.slice_axis(0, r, r + 1).unwrap();
+                let gi = got.slice_axis(0, r, r + 1).unwrap();
+                let (k, v) = (&ks[r as usize], &vs[r as usize]);
+                let want = quantized_sdpa_ops(&qi, refs(k), refs(v), 0.125, Mask::Causal, 64, bits).unwrap();
+                let keys = dequantize(&k[0], &k[1], &k[2], 64, bits).unwrap();
+                let vals = dequantize(&v[0], &v[1], &v[2], 64, bits).unwrap().abs().unwrap();
+                let bound = attention_bound(&qi, &keys, &vals, 0.125, &Mask::Causal);
+                let err = worst_error(&gi, &want, &bound);
+                assert!(err <= TOL, "{isa:?} block={block} L={l} bits={bits} row {r}: {err:e}");
+                worst = worst.max(err);
+            }
+        }
+    }
+    eprintln!("worst |paged quantized - mlx| / bound: {worst:e}");
+}
