@@ -47,11 +47,11 @@ fn find_mlx(root: &Path) -> PathBuf {
     );
 }
 
-/// mlxrt's CPU primitives (quantized matmul, SwiGLU, quantized-KV and float
-/// attention, RMSNorm and RoPE, the TurboQuant encoder) and their per-instruction-set kernels. The kernels pick
+/// mlxrt's CPU primitives (quantized matmul, SwiGLU, quantized-KV, float
+/// and paged attention, the paged KV write, RMSNorm and RoPE, the TurboQuant encoder) and their per-instruction-set kernels. The kernels pick
 /// their instruction set per function (`target` attributes), so all files
 /// share the crate's compiler flags.
-const KERNEL_FILES: [&str; 27] = [
+const KERNEL_FILES: [&str; 29] = [
     "src/mlx/qmm.h",
     "src/mlx/qmm.cc",
     "src/mlx/qmm_kernels.h",
@@ -79,10 +79,12 @@ const KERNEL_FILES: [&str; 27] = [
     "src/mlx/fused.cc",
     "src/mlx/tqenc.h",
     "src/mlx/tqenc.cc",
+    "src/mlx/paged.h",
+    "src/mlx/paged.cc",
 ];
 
 /// The cxx bridges to MLX and to those primitives.
-const BRIDGES: [&str; 8] = [
+const BRIDGES: [&str; 9] = [
     "src/mlx/sys.rs",
     "src/mlx/qmm_sys.rs",
     "src/mlx/swiglu_sys.rs",
@@ -91,6 +93,7 @@ const BRIDGES: [&str; 8] = [
     "src/mlx/fattn_sys.rs",
     "src/mlx/fused_sys.rs",
     "src/mlx/tqenc_sys.rs",
+    "src/mlx/paged_sys.rs",
 ];
 
 /// Where Debian/Ubuntu (libopenblas0-pthread), Fedora and source installs put

@@ -21,6 +21,8 @@
 //!   (`concurrent_ttft_ms`, and `concurrent_total_ms`: first submit to the
 //!   last first token); `cached_tokens` of each.
 //!
+//! Any scenario may set `"kv_paging": true` (and `"kv_block_size": N`).
+//!
 //! A warm-up request runs first (untimed). Every output also holds
 //! `provenance` (bench/provenance.rs), and the engine's `spans` summary
 //! (count, total and p95 ms per span kind) and `model_calls`.
@@ -138,6 +140,11 @@ fn main() {
     }
     if let Some(r) = s.get("max_rows").and_then(Value::as_u64) {
         cfg.max_rows = r as usize;
+    }
+    // Paged KV (off unless the scenario says so).
+    cfg.kv_paging = s.get("kv_paging").and_then(Value::as_bool).unwrap_or(false);
+    if let Some(b) = s.get("kv_block_size").and_then(Value::as_u64) {
+        cfg.kv_block_size = b as usize;
     }
     let e = Engine::new(cfg).expect("load");
     run_all(&e, &[(100..132).collect()], 4); // warm-up (too short to be cached)

@@ -581,6 +581,18 @@ typedef struct mlxrt_engine_config {
    * Drafted tokens per verify step for prompt lookup (0 = 10).
    */
   uint32_t speculation_tokens;
+  /**
+   * 1: paged KV (full-attention layers keep KV in blocks of a pool shared
+   * by all rows: no padding between rows of different lengths, prompt
+   * prefixes shared). 0 (default): off. For now dense KV on models whose
+   * layers are all full attention; others fail `mlxrt_engine_create`.
+   */
+  uint32_t kv_paging;
+  /**
+   * Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
+   * 1024 (default 256).
+   */
+  uint32_t kv_block_size;
 } mlxrt_engine_config;
 
 /**
@@ -671,6 +683,13 @@ typedef struct mlxrt_engine_stats {
   uint64_t spec_proposed;
   uint64_t spec_accepted;
   uint64_t spec_verify_steps;
+  /**
+   * With `kv_paging`: KV blocks in use (by rows or prompt-cache entries;
+   * a shared block once) and free, summed over the paged layers' pools
+   * (0 without paging). Then `kv_bytes` counts the blocks in use.
+   */
+  uint64_t kv_blocks_used;
+  uint64_t kv_blocks_free;
 } mlxrt_engine_stats;
 
 /**

@@ -4,7 +4,9 @@
 //! get exactly one terminal event and nothing after it, its sink must be
 //! dropped exactly once, and the engine must return to its memory baseline.
 //! Runs on a tiny random-weight Llama (tests/oracle/make_tiny.py) so that
-//! the scheduler, not the model, is what is exercised.
+//! the scheduler, not the model, is what is exercised. Run twice: with
+//! contiguous KV, and with paged KV (`kv_paging`), where every block must be
+//! free again at the end.
 
 mod common;
 
@@ -51,7 +53,18 @@ impl Drop for DropCount {
 
 #[test]
 fn two_hundred_requests_with_random_cancels() {
+    stress(false);
+}
+
+#[test]
+fn two_hundred_requests_with_random_cancels_paged() {
+    stress(true);
+}
+
+fn stress(paging: bool) {
     let mut cfg = EngineConfig::new(tiny_model());
+    cfg.kv_paging = paging;
+    cfg.kv_block_size = 32;
     cfg.max_rows = 8;
     cfg.prefill_chunk = 16;
     cfg.step_token_budget = 32;
@@ -123,7 +136,27 @@ fn two_hundred_requests_with_random_cancels() {
     assert!(cancelled >= 20, "expected many cancellations, got {cancelled}");
     let after = wait_idle(&engine);
     assert_eq!(drops.load(Ordering::SeqCst), 200, "every sink dropped exactly once");
-    assert_eq!((after.in_flight, after.kv_bytes, after.kv_reserved), (0, 0, 0), "{after:?}");
+    assert_eq!((after.in_flight, after.kv_reserved), (0, 0), "{after:?}");
+    if paging {
+        // Prompt-cache entries hold blocks (and with paging `kv_bytes` counts
+        // them); once they are gone, every block is free. (The pools keep
+        // their capacity: no memory baseline.)
+        assert!(after.kv_blocks_used > 0 || after.prompt_cache_memory_bytes == 0, "{after:?}");
+        engine.clear_prompt_cache(false).unwrap();
+        let mut s = engine.stats();
+        for _ in 0..100 {
+            if s.kv_blocks_used == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            s = engine.stats();
+        }
+        assert_eq!((s.kv_blocks_used, s.kv_bytes), (0, 0), "blocks still in use after every request ended: {s:?}");
+        assert!(s.kv_blocks_free > 0, "{s:?}");
+        eprintln!("stress (paged): {cancelled} of 200 cancelled; {} blocks free", s.kv_blocks_free);
+        return;
+    }
+    assert_eq!(after.kv_bytes, 0, "{after:?}");
     // Less what the prompt cache keeps (snapshots of the longer prompts).
     let kept = after.prompt_cache_memory_bytes as i64 - baseline.prompt_cache_memory_bytes as i64;
     let grown = after.active_memory as i64 - baseline.active_memory as i64 - kept;

@@ -229,6 +229,9 @@ pub enum KvView {
     /// Some rows before their start (float), the others quantized (`quant`
     /// is `Affine` or `Turbo`): `use_float` is `[B, 1, 1, 1]` bool.
     Mixed { keys: Array, values: Array, quant: Box<KvView>, use_float: Array },
+    /// A paged layer's pool and the batch's block tables (`kv_paging`):
+    /// causal over each row's own length, whatever mask is passed.
+    Paged(super::paged::layer::PagedView),
 }
 
 impl KvView {
@@ -244,6 +247,7 @@ impl KvView {
                 quant: Box::new(quant.share()),
                 use_float: use_float.share(),
             },
+            KvView::Paged(p) => KvView::Paged(p.share()),
         }
     }
 
@@ -267,6 +271,7 @@ impl KvView {
             KvView::Mixed { keys, values, quant: q, use_float } => {
                 Ok(Array::select(use_float, &dense(keys, values)?, &q.attend(queries, scale, mask, kernels)?)?)
             }
+            KvView::Paged(p) => p.attend(queries, scale, kernels),
         }
     }
 }

@@ -1,20 +1,25 @@
 //! The cache of one model layer, whatever its kind: keys and values of a
 //! full-attention layer (`KvCache`), the ring of a sliding-window layer
-//! (`RingCache`), or the recurrent state of a linear-attention layer
-//! (`StateCache`). The engine drives every
+//! (`RingCache`), the recurrent state of a linear-attention layer
+//! (`StateCache`), or with `kv_paging` a full-attention layer's blocks in
+//! the engine's pool (`PagedKv`). The engine drives every
 //! kind through the same methods; a model builds the kinds it needs
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
 use super::kv::QuantRow;
+use super::paged::{LayerPool, PagedKv, PagedSnapshot};
 use super::scheme::KvScheme;
 use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
+use std::cell::RefCell;
+use std::rc::Rc;
 
 pub enum LayerCache {
     Kv(KvCache),
     Ring(RingCache),
     State(StateCache),
+    Paged(PagedKv),
 }
 
 impl LayerCache {
@@ -24,6 +29,7 @@ impl LayerCache {
             LayerCache::Kv(c) => LayerCache::Kv(c.empty_like(rows)),
             LayerCache::Ring(c) => LayerCache::Ring(RingCache::new(rows, c.window())),
             LayerCache::State(_) => LayerCache::State(StateCache::new(rows)),
+            LayerCache::Paged(c) => LayerCache::Paged(c.empty_like(rows)),
         }
     }
 
@@ -36,17 +42,22 @@ impl LayerCache {
     /// marks themselves. A prompt-cache entry of a model with any
     /// non-trimmable layer is only usable at exactly its length.
     pub fn trimmable(&self) -> bool {
-        matches!(self, LayerCache::Kv(c) if !c.is_quantized())
+        match self {
+            LayerCache::Kv(c) => !c.is_quantized(),
+            LayerCache::Paged(_) => true,
+            _ => false,
+        }
     }
 
     /// Whether a forward of `width` more positions can be cut back afterwards
     /// (speculative decoding's rollback, `trim`). A recurrent state cannot:
-    /// a model with one does not speculate (no snapshot and replay yet).
+    /// a model with one does not speculate (no snapshot and replay yet); nor
+    /// do paged caches yet.
     pub fn can_trim_after(&self, width: i32) -> bool {
         match self {
             LayerCache::Kv(c) => c.can_trim_after(width),
             LayerCache::Ring(c) => c.can_trim_after(width),
-            LayerCache::State(_) => false,
+            LayerCache::State(_) | LayerCache::Paged(_) => false,
         }
     }
 
@@ -57,6 +68,7 @@ impl LayerCache {
             LayerCache::Kv(c) => c.trim(n),
             LayerCache::Ring(c) => c.trim(n),
             LayerCache::State(_) => return Err(Error::internal("a recurrent state cannot be trimmed")),
+            LayerCache::Paged(_) => return Err(Error::internal("a paged cache cannot be trimmed yet")),
         }
         Ok(())
     }
@@ -80,6 +92,7 @@ impl LayerCache {
             LayerCache::Kv(c) => c.set_padding(pads),
             LayerCache::Ring(c) => c.set_padding(pads),
             LayerCache::State(c) => c.set_padding(pads),
+            LayerCache::Paged(c) => c.set_padding(pads),
         }
     }
 
@@ -89,6 +102,7 @@ impl LayerCache {
             LayerCache::Kv(c) => c.timeline(),
             LayerCache::Ring(c) => c.timeline(),
             LayerCache::State(c) => c.timeline(),
+            LayerCache::Paged(c) => c.timeline(),
         }
     }
 
@@ -114,6 +128,7 @@ impl LayerCache {
     pub fn positions(&self) -> Result<Positions> {
         match self {
             LayerCache::Ring(c) => c.positions(),
+            LayerCache::Paged(c) => c.positions(),
             c => c.kv()?.positions(),
         }
     }
@@ -123,6 +138,7 @@ impl LayerCache {
             LayerCache::Kv(c) => Ok(c),
             LayerCache::Ring(_) => Err(Error::internal("a full-attention layer got a sliding-window cache")),
             LayerCache::State(_) => Err(Error::internal("an attention layer got a recurrent-state cache")),
+            LayerCache::Paged(_) => Err(Error::internal("a paged layer read as a contiguous KV cache")),
         }
     }
 
@@ -131,6 +147,7 @@ impl LayerCache {
             LayerCache::Kv(c) => Ok(c),
             LayerCache::Ring(_) => Err(Error::internal("a full-attention layer got a sliding-window cache")),
             LayerCache::State(_) => Err(Error::internal("an attention layer got a recurrent-state cache")),
+            LayerCache::Paged(_) => Err(Error::internal("a paged layer read as a contiguous KV cache")),
         }
     }
 
@@ -155,6 +172,7 @@ impl LayerCache {
             (LayerCache::Kv(a), LayerCache::Kv(b)) => a.extend(b),
             (LayerCache::Ring(a), LayerCache::Ring(b)) => a.extend(b),
             (LayerCache::State(a), LayerCache::State(b)) => a.extend(b),
+            (LayerCache::Paged(a), LayerCache::Paged(b)) => a.extend(b),
             _ => Err(Error::internal("extending a cache with one of another kind")),
         }
     }
@@ -165,15 +183,51 @@ impl LayerCache {
             LayerCache::Kv(c) => c.filter(keep),
             LayerCache::Ring(c) => c.filter(keep),
             LayerCache::State(c) => c.filter(keep),
+            LayerCache::Paged(c) => c.filter(keep),
         }
     }
 
-    /// The arrays to evaluate so that the cache content is materialized.
+    /// The arrays to evaluate so that the cache content is materialized
+    /// (none for a paged layer: see `pool_state`).
     pub fn state(&self) -> Vec<&Array> {
         match self {
             LayerCache::Kv(c) => c.state(),
             LayerCache::Ring(c) => c.state(),
             LayerCache::State(c) => c.state(),
+            LayerCache::Paged(_) => vec![],
+        }
+    }
+
+    /// Handles on a paged layer's pool arrays (they live in the engine's
+    /// pool, not in the cache), to evaluate so that its writes are done.
+    pub fn pool_state(&self) -> Vec<Array> {
+        match self {
+            LayerCache::Paged(c) => c.state(),
+            _ => vec![],
+        }
+    }
+
+    /// The paged cache of a full-attention layer, if this is one.
+    pub fn paged_mut(&mut self) -> Option<&mut PagedKv> {
+        match self {
+            LayerCache::Paged(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// A one-row dense KV cache (a prompt-cache hit restored from disk)
+    /// moved into blocks of `pool`; other caches as they are.
+    pub fn into_paged(self, pool: &Rc<RefCell<LayerPool>>) -> Result<LayerCache> {
+        match self {
+            LayerCache::Kv(c) if !c.is_quantized() && c.rows() == 1 => {
+                let mut p = PagedKv::new(1, pool.clone());
+                if c.row_len(0) > 0 {
+                    let (k, v) = c.row_view(0, 0, c.row_len(0))?;
+                    p.update(&k, &v)?;
+                }
+                Ok(LayerCache::Paged(p))
+            }
+            c => Ok(c),
         }
     }
 
@@ -182,6 +236,7 @@ impl LayerCache {
             LayerCache::Kv(c) => c.nbytes(),
             LayerCache::Ring(c) => c.nbytes(),
             LayerCache::State(c) => c.nbytes(),
+            LayerCache::Paged(c) => c.nbytes(),
         }
     }
 
@@ -191,6 +246,7 @@ impl LayerCache {
             LayerCache::Kv(c) => c.nbytes_by_kind(),
             LayerCache::Ring(c) => (c.nbytes(), 0),
             LayerCache::State(_) => (0, 0),
+            LayerCache::Paged(c) => (c.nbytes(), 0),
         }
     }
 
@@ -223,6 +279,7 @@ impl LayerCache {
                 let (conv, state) = c.row_state(row, len)?;
                 LayerSnapshot::State { conv, state, len }
             }
+            LayerCache::Paged(c) => LayerSnapshot::Paged(c.snapshot_row(row, len)?),
         })
     }
 }
@@ -245,6 +302,9 @@ pub enum LayerSnapshot {
     /// `[kind (1 affine, 2 TurboQuant), bits | key bits, group size | value
     /// bits, start]`.
     Quant { planes: Vec<Array>, float: Option<(Array, Array)>, meta: Array },
+    /// A paged layer's blocks (shared, not copied). On disk it is stored as
+    /// `Kv` (see `PagedSnapshot::gather`) and comes back as one.
+    Paged(PagedSnapshot),
 }
 
 /// Tensor names of the packed planes of a `LayerSnapshot::Quant`.
@@ -306,12 +366,15 @@ impl LayerSnapshot {
                 let float = float.as_ref().map(|(k, v)| (k.share(), v.share()));
                 Ok(LayerCache::Kv(KvCache::from_quant(QuantRow { planes, float, scheme, start })?))
             }
+            LayerSnapshot::Paged(p) => Ok(LayerCache::Paged(PagedKv::from_snapshot(p, n)?)),
         }
     }
 
-    /// The tensors with their names in an entry file (`<layer>.<name>`).
+    /// The tensors with their names in an entry file (`<layer>.<name>`);
+    /// none for a paged layer (its blocks are gathered to be stored).
     pub fn tensors(&self) -> Vec<(&'static str, &Array)> {
         match self {
+            LayerSnapshot::Paged(_) => vec![],
             LayerSnapshot::Kv { keys, values } => vec![("keys", keys), ("values", values)],
             LayerSnapshot::State { conv, state, .. } => vec![("conv", conv), ("state", state)],
             LayerSnapshot::Ring { keys, values, window, .. } => {
@@ -389,7 +452,10 @@ impl LayerSnapshot {
     }
 
     pub fn nbytes(&self) -> usize {
-        self.tensors().iter().map(|(_, a)| a.nbytes()).sum()
+        match self {
+            LayerSnapshot::Paged(p) => p.nbytes(),
+            _ => self.tensors().iter().map(|(_, a)| a.nbytes()).sum(),
+        }
     }
 }
 

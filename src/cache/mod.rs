@@ -5,6 +5,7 @@
 
 pub mod kv;
 pub mod layer;
+pub mod paged;
 pub mod prefix;
 pub mod quant_attention;
 pub mod ring;

@@ -11,6 +11,7 @@ use super::row::Row;
 use super::row_set::{keep_rows, RowSet};
 use super::trace::{SpanKind, Tracer};
 use super::FinishReason;
+use crate::cache::paged::{PagedKv, PagedPools};
 use crate::cache::scheme::KvScheme;
 use crate::cache::{KvCache, LayerCache};
 use crate::error::Result;
@@ -48,12 +49,20 @@ impl Cohort {
     /// A cohort of new rows whose full-attention layers store KV as
     /// `scheme` says (each row from its own `quantized_kv_start`), with room
     /// reserved for the prompt and the first decoded tokens.
-    pub fn new(model: &dyn LanguageModel, scheme: KvScheme, entrants: Vec<Entrant>) -> Result<Cohort> {
+    /// With `pools` (`kv_paging`) the full-attention layers are paged.
+    pub fn new(model: &dyn LanguageModel, scheme: KvScheme, pools: Option<&PagedPools>, entrants: Vec<Entrant>) -> Result<Cohort> {
         let (rows, marks): (Vec<Row>, Vec<_>) = entrants.into_iter().unzip();
         let total = rows.iter().map(|r| r.prompt.len() as i32).max().unwrap_or(0);
         let pads: Vec<i32> = rows.iter().map(|r| total - r.prompt.len() as i32).collect();
         let starts: Vec<i32> = rows.iter().map(|r| r.kv_start).collect();
         let mut cache = new_cache(model, scheme, rows.len())?;
+        if let Some(p) = pools {
+            for (c, pool) in cache.iter_mut().zip(&p.layers) {
+                if let Some(pool) = pool {
+                    *c = LayerCache::Paged(PagedKv::new(rows.len(), pool.clone()));
+                }
+            }
+        }
         for c in &mut cache {
             c.set_padding(&pads);
             c.set_starts(&starts);
@@ -200,7 +209,8 @@ impl Cohort {
             model.forward(&x, self.set.cache_mut(), Output::CacheOnly)?;
             tracer.record(SpanKind::Forward, rows, tokens, t);
             let t = Instant::now();
-            let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).collect();
+            let pools: Vec<Array> = self.set.cache().iter().flat_map(LayerCache::pool_state).collect();
+            let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).chain(&pools).collect();
             mlx::eval(&state)?;
             tracer.record(SpanKind::Evaluate, rows, tokens, t);
             self.done = to;

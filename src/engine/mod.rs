@@ -102,6 +102,14 @@ pub struct EngineConfig {
     /// Speculative decoding for requests that do not choose (off by default;
     /// see `spec`).
     pub speculation: Speculation,
+    /// Paged KV (`cache::paged`): full-attention layers keep their keys and
+    /// values in blocks of a pool shared by all rows, so rows of different
+    /// lengths pad nothing and prompt-cache hits share blocks. Off by
+    /// default while it is being built: for now dense KV (`kv` none) on
+    /// models whose layers are all full attention; others are refused.
+    pub kv_paging: bool,
+    /// Positions per KV block with paging: a multiple of 32 from 32 to 1024.
+    pub kv_block_size: usize,
 }
 
 impl EngineConfig {
@@ -126,6 +134,8 @@ impl EngineConfig {
             kv: KvQuant::default(),
             trace: None,
             speculation: Speculation::Off,
+            kv_paging: false,
+            kv_block_size: 256,
         }
     }
 
@@ -144,6 +154,15 @@ impl EngineConfig {
                 return Err(Error::invalid(format!("{name} must be at least 1")));
             }
         }
+        if !crate::cache::paged::valid_block_size(self.kv_block_size.min(i32::MAX as usize) as i32) {
+            return Err(Error::invalid(format!(
+                "kv_block_size {} is not a multiple of 32 from 32 to 1024",
+                self.kv_block_size
+            )));
+        }
+        if self.kv_paging && self.kv.scheme.is_quantized() {
+            return Err(Error::unsupported("kv_paging with a quantized KV scheme is not implemented yet"));
+        }
         Ok(())
     }
 }
@@ -160,6 +179,8 @@ pub(crate) struct StatsCell {
     pub active_memory: AtomicUsize,
     pub peak_memory: AtomicUsize,
     pub cache_memory: AtomicUsize,
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_free: AtomicU64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -202,6 +223,11 @@ pub struct EngineStats {
     /// came from the encoder cache instead.
     pub tower_runs: u64,
     pub encoder_cache_hits: u64,
+    /// With `kv_paging`: KV blocks in use (held by rows or prompt-cache
+    /// entries; a shared block once) and free, summed over the paged
+    /// layers' pools. 0 without paging.
+    pub kv_blocks_used: u64,
+    pub kv_blocks_free: u64,
 }
 
 /// State shared between the handle and the scheduler.
@@ -367,6 +393,8 @@ impl Engine {
             spec_verify_steps: self.shared.spec.verify_steps.load(Ordering::Relaxed),
             tower_runs: self.shared.tower_runs.load(Ordering::Relaxed),
             encoder_cache_hits: self.shared.encoder_cache_hits.load(Ordering::Relaxed),
+            kv_blocks_used: s.kv_blocks_used.load(Ordering::Relaxed),
+            kv_blocks_free: s.kv_blocks_free.load(Ordering::Relaxed),
         }
     }
 

@@ -23,6 +23,7 @@ use super::row::Row;
 use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
+use crate::cache::paged::PagedPools;
 use crate::mlx;
 use crate::model::load::TextAssets;
 use crate::mlx::Array;
@@ -129,6 +130,8 @@ struct Scheduler<'a> {
     pacer: Pacer,
     pcache: Option<PromptCache>,
     tracer: Tracer,
+    /// The block pools of the paged layers (`kv_paging`).
+    pools: Option<PagedPools>,
 }
 
 fn main(
@@ -153,10 +156,11 @@ fn main(
         let opts = LoadOptions { cpu_f32_scales: true, kernels: config.kernels, progress: config.progress.clone() };
         let m = model::load(&config.model_path, &opts)?;
         config.kv.validate(&m.model.kv_layers())?;
+        let pools = paged_pools(&config, m.model.as_ref())?;
         log_startup(&config, &m, t0.elapsed());
-        Ok(m)
+        Ok((m, pools))
     })();
-    let loaded = match loaded {
+    let (loaded, pools) = match loaded {
         Ok(l) => l,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -192,8 +196,26 @@ fn main(
         pcache,
         tracer: Tracer::new(config.trace.clone(), shared.trace.clone()),
         config,
+        pools,
     };
     s.run(rx);
+}
+
+/// The block pools with `kv_paging`: one per layer, for models whose layers
+/// are all full attention (sliding windows and recurrent states are not
+/// paged yet).
+fn paged_pools(config: &EngineConfig, model: &dyn LanguageModel) -> Result<Option<PagedPools>> {
+    if !config.kv_paging {
+        return Ok(None);
+    }
+    let caches = model.new_cache(1);
+    let full = model.kv_layers().iter().all(|l| l.is_some_and(|l| l.window.is_none()));
+    if !full || !caches.iter().all(|c| matches!(c, crate::cache::LayerCache::Kv(_))) {
+        return Err(Error::unsupported(
+            "kv_paging: this model has sliding-window or recurrent layers, which are not paged yet",
+        ));
+    }
+    Ok(Some(PagedPools::new(config.kv_block_size as i32, &vec![true; caches.len()])))
 }
 
 /// The prompt cache, if enabled. Its files are stamped with what must match
@@ -448,7 +470,7 @@ impl Scheduler<'_> {
                         [(row, _)] => self.media_input(row)?,
                         _ => None,
                     };
-                    let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, entrants)?;
+                    let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), entrants)?;
                     if let Some(m) = media {
                         cohort.set_media(m)?;
                     }
@@ -471,6 +493,19 @@ impl Scheduler<'_> {
                         self.rows_ended(1, freed);
                     }
                     Ok(Some(cache)) => {
+                        // Paged: a hit restored from disk is moved into blocks
+                        // (one from memory shares its blocks already).
+                        let cache = match &self.pools {
+                            Some(p) => cache
+                                .into_iter()
+                                .zip(&p.layers)
+                                .map(|(c, pool)| match pool {
+                                    Some(pool) => c.into_paged(pool),
+                                    None => Ok(c),
+                                })
+                                .collect::<Result<Vec<_>>>()?,
+                            None => cache,
+                        };
                         row.cached = tokens;
                         let e = self.entrant(row);
                         self.cohort = Some(Cohort::with_prefix(e, cache, tokens));
@@ -478,7 +513,7 @@ impl Scheduler<'_> {
                     // Evicted since the probe: start from scratch.
                     Ok(None) => {
                         let e = self.entrant(row);
-                        self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, vec![e])?);
+                        self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?);
                     }
                 }
                 Ok(())
@@ -674,6 +709,11 @@ impl Scheduler<'_> {
         let kv = self.batch.kv_bytes() + self.cohort.as_ref().map_or(0, Cohort::kv_bytes);
         s.queued.store(self.queue.len(), Ordering::Relaxed);
         s.active.store(self.batch.len() + cohort_rows, Ordering::Relaxed);
+        // Paged: each block in use once, whoever holds it.
+        let blocks = self.pools.as_ref().map(PagedPools::stats).unwrap_or_default();
+        let kv = if self.pools.is_some() { blocks.bytes_used as usize } else { kv };
+        s.kv_blocks_used.store(blocks.used, Ordering::Relaxed);
+        s.kv_blocks_free.store(blocks.free, Ordering::Relaxed);
         s.kv_bytes.store(kv, Ordering::Relaxed);
         let (dense, quant) = self.batch.kv_bytes_by_kind();
         let (cd, cq) = self.cohort.as_ref().map_or((0, 0), Cohort::kv_bytes_by_kind);

@@ -196,6 +196,14 @@ pub struct mlxrt_engine_config {
     pub speculation: i32,
     /// Drafted tokens per verify step for prompt lookup (0 = 10).
     pub speculation_tokens: u32,
+    /// 1: paged KV (full-attention layers keep KV in blocks of a pool shared
+    /// by all rows: no padding between rows of different lengths, prompt
+    /// prefixes shared). 0 (default): off. For now dense KV on models whose
+    /// layers are all full attention; others fail `mlxrt_engine_create`.
+    pub kv_paging: u32,
+    /// Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
+    /// 1024 (default 256).
+    pub kv_block_size: u32,
 }
 
 /// `mlxrt_engine_config.speculation`: decode one token per step.
@@ -238,6 +246,8 @@ fn default_config() -> mlxrt_engine_config {
         speculation: MLXRT_SPECULATION_OFF,
         speculation_tokens: 0,
         trace_user_data: std::ptr::null_mut(),
+        kv_paging: d.kv_paging as u32,
+        kv_block_size: d.kv_block_size as u32,
     }
 }
 
@@ -349,6 +359,12 @@ pub extern "C" fn mlxrt_engine_create(
             MLXRT_SPECULATION_NGRAM => Speculation::Ngram { num_tokens: n, min_match: NGRAM_MIN_MATCH },
             other => return Err(Error::invalid(format!("config.speculation {other} is not a MLXRT_SPECULATION_* value"))),
         };
+        cfg.kv_paging = match c.kv_paging {
+            0 => false,
+            1 => true,
+            other => return Err(Error::invalid(format!("config.kv_paging {other} is not 0 or 1"))),
+        };
+        cfg.kv_block_size = c.kv_block_size as usize;
         if let Some(f) = c.trace_callback {
             let ud = UserData(c.trace_user_data);
             cfg.trace = Some(Arc::new(move |s: &Span| {
@@ -430,6 +446,11 @@ pub struct mlxrt_engine_stats {
     pub spec_proposed: u64,
     pub spec_accepted: u64,
     pub spec_verify_steps: u64,
+    /// With `kv_paging`: KV blocks in use (by rows or prompt-cache entries;
+    /// a shared block once) and free, summed over the paged layers' pools
+    /// (0 without paging). Then `kv_bytes` counts the blocks in use.
+    pub kv_blocks_used: u64,
+    pub kv_blocks_free: u64,
 }
 
 /// The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
@@ -485,6 +506,8 @@ pub extern "C" fn mlxrt_engine_get_stats(
             spec_proposed: s.spec_proposed,
             spec_accepted: s.spec_accepted,
             spec_verify_steps: s.spec_verify_steps,
+            kv_blocks_used: s.kv_blocks_used,
+            kv_blocks_free: s.kv_blocks_free,
         };
         write_versioned(out, stats, "out")
     })

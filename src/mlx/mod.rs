@@ -12,6 +12,10 @@ mod fused_sys;
 mod fused_tests;
 pub mod io;
 mod ops;
+mod paged;
+mod paged_sys;
+#[cfg(test)]
+mod paged_tests;
 mod qmm;
 mod qmm_sys;
 #[cfg(test)]
@@ -39,6 +43,10 @@ mod tqsdpa_tests;
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
 pub use fattn::{fattn_isa_of, fused_sdpa, fused_sdpa_isa, sdpa_stock};
 pub use fused::{fused_rms_norm, fused_rope, fused_rope_at, is_fused_node, rope_inv_freqs, rope_inv_freqs_of};
+pub use paged::{
+    data_address, paged_isa_of, paged_quantized_isa_of, paged_quantized_sdpa_isa, paged_quantized_sdpa_stock, paged_sdpa,
+    paged_sdpa_isa, paged_sdpa_stock, paged_write, paged_write_stock, BlockTables,
+};
 pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
     blas_info, fast_qmm_is_int8, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_int8,

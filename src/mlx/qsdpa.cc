@@ -115,9 +115,10 @@ void run_task(const Task& job, int i) {
   // Under the causal mask, keys past every row's last visible one (and
   // with a window, before its first) add exactly 0 to rows that see some
   // key; rows that see none need all of them (their softmax is uniform).
-  int begin = 0, end = p.T;
+  const int T = p.lens ? p.lens[b] : p.T;
+  int begin = 0, end = T;
   if (p.causal) {
-    auto last = [&](int m) { return p.T - p.L + m % p.L; };
+    auto last = [&](int m) { return T - p.L + m % p.L; };
     auto first = [&](int m) { return p.window > 0 ? std::max(0, last(m) - p.window + 1) : 0; };
     int lo = last(m0), hi = lo, from = first(m0);
     for (int m = m0; m < m0 + rows; ++m) {

@@ -64,7 +64,8 @@ float* aligned(std::vector<float>& buf, size_t n);
 // at pos[d] (null: d).
 float* group_queries(const array& q, int H, float scale, const int* pos, std::vector<float>& buf);
 
-// Attention of M = rep * L query rows per (b, kv head) over T keys, chunk by
+// Attention of M = rep * L query rows per (b, kv head) over T keys (or
+// lens[b]), chunk by
 // chunk over the quantized matmul's pool (flash decoding: per-task partial
 // softmax sums, merged at the end). Row m of kv head h is query head
 // h * rep + m / L at position m % L; the output is [B, H * rep, L, dv].
@@ -82,6 +83,9 @@ struct Split {
   int rep;
   float* out;
   int window = 0;     // causal only: a row sees its last `window` keys (0: all)
+  // Keys of batch row b: lens[b] (<= T) instead of T, for the causal bounds
+  // and the end (null: every row has T). Paged KV: rows of many lengths.
+  const int32_t* lens = nullptr;
 };
 void flash_attention(const Split& s);
 

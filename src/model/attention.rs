@@ -161,6 +161,7 @@ impl Attention {
                     _ => KvView::Dense { keys, values }.attend(&q, self.scale, masks.window()?, self.kernels)?,
                 }
             }
+            (None, LayerCache::Paged(c)) => c.update(&k, &v)?.attend(&q, self.scale, &AttnMask::Causal, self.kernels)?,
             (None, c) => c.kv_mut()?.update_with(&k, &v, self.kernels)?.attend(&q, self.scale, masks.full()?, self.kernels)?,
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };
