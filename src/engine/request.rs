@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use super::delivery::Outlet;
 use super::logprobs::{TokenLogprob, MAX_TOP};
-use crate::grammar::{Constraint, ResponseFormat};
+use crate::grammar::{Constraint, ResponseFormat, ToolChoice};
 use crate::sample::SamplingParams;
 use crate::text::OutputFormat;
 use serde_json::{Map, Value};
@@ -62,6 +62,9 @@ pub struct RequestOptions {
     pub quantized_kv_start: Option<i32>,
     /// Structured output: the shape the output must have (None = free text).
     pub response_format: Option<ResponseFormat>,
+    /// Whether the model must call a tool (`Required`, `Named`: the output
+    /// is then one call with arguments valid against the tool's schema).
+    pub tool_choice: ToolChoice,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -85,6 +88,7 @@ impl RequestOptions {
             thinking: None,
             quantized_kv_start: None,
             response_format: None,
+            tool_choice: ToolChoice::Auto,
         }
     }
 
@@ -93,7 +97,7 @@ impl RequestOptions {
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
     /// `cache_session_id`, `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
-    /// `quantized_kv_start`, `response_format`). Unknown fields are an error so a
+    /// `quantized_kv_start`, `response_format`, `tool_choice`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -170,6 +174,7 @@ impl RequestOptions {
                     }
                 }
                 "response_format" => self.response_format = ResponseFormat::from_json(&v)?,
+                "tool_choice" => self.tool_choice = ToolChoice::from_json(&v)?,
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -178,7 +183,7 @@ impl RequestOptions {
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
                          prefill_chunk, cache_namespace, cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, \
-                         quantized_kv_start, response_format)"
+                         quantized_kv_start, response_format, tool_choice)"
                     )))
                 }
             }

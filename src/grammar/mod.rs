@@ -4,8 +4,11 @@
 
 mod env;
 mod format;
+mod tools;
 
 pub use format::ResponseFormat;
+pub use tools::ToolChoice;
+pub(crate) use tools::call_format;
 pub(crate) use env::GrammarEnv;
 
 use crate::error::{Error, Result};
