@@ -861,7 +861,8 @@ typedef struct mlxrt_request_params {
    * repetition_penalty, repetition_context_size, seed, stop, tools,
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
    * cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
-   * (see `mlxrt_engine_config.quantized_kv_start`), response_format (below). Unknown fields are an
+   * (see `mlxrt_engine_config.quantized_kv_start`), response_format and
+   * tool_choice (below). Unknown fields are an
    * error. Tool definitions (`tools`, an array of JSON schemas as in
    * OpenAI's API) are given to the chat template; tool calls the model
    * makes come back as TOOL_CALL events.
@@ -877,7 +878,13 @@ typedef struct mlxrt_request_params {
    * text. A constraint that cannot be compiled fails the submit with
    * MLXRT_STATUS_INVALID_ARGUMENT and the compiler's message. The stream
    * ends with a complete document (STOP, even with ignore_eos) or LENGTH;
-   * a stop string may still cut it.
+   * a stop string may still cut it. `tool_choice` (with `tools`):
+   * `"auto"` (default) and `"none"` leave the output free; `"required"`
+   * or `{"type": "function", "function": {"name": "..."}}` constrain it
+   * to one call, in the template's tool-call format, whose arguments are
+   * valid against that tool's `parameters` schema (finish reason
+   * TOOL_CALLS); a template without a tool-call format is
+   * MLXRT_STATUS_INVALID_ARGUMENT.
    */
   const char *options_json;
   /**

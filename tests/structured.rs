@@ -161,3 +161,64 @@ fn constrained_and_free_rows_batch_together() {
     let s = wait_idle(&e);
     assert_eq!((s.active, s.kv_reserved), (0, 0), "{s:?}");
 }
+
+/// SmolLM2 as an MLX folder whose chat template describes Hermes tool calls
+/// (`<tool_call>` tags), made once from the GGUF.
+fn hermes_model() -> PathBuf {
+    let dir = repo_root().join("target/oracle/smollm2-hermes-tools");
+    if !dir.join("model.safetensors").exists() {
+        py(&[repo_root().join("tests/oracle/gguf_to_mlx.py").to_str().unwrap(), model_path().to_str().unwrap(), dir.to_str().unwrap()]);
+    }
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["chat_template"] = json!(
+        "{% if tools %}<|im_start|>system\nCall one tool as <tool_call>{\"name\": NAME, \"arguments\": ARGS}</tool_call>. \
+         Tools: {{ tools | tojson }}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n\
+         {% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    );
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    dir
+}
+
+/// `tool_choice` "required" or a named function: exactly one tool call,
+/// arguments valid against that tool's schema, finish TOOL_CALLS; a model
+/// without a tool-call format refuses it.
+#[test]
+fn required_tool_calls_have_valid_arguments() {
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["C", "F"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+            "a": {"type": "integer", "minimum": 0, "maximum": 999}, "b": {"type": "integer", "minimum": 0, "maximum": 999}},
+            "required": ["a", "b"], "additionalProperties": false}}}
+    ]);
+    let e = mlxrt::engine::Engine::new(mlxrt::engine::EngineConfig::new(hermes_model())).expect("the Hermes-template folder loads");
+    for (choice, want) in [(json!("required"), None), (json!({"type": "function", "function": {"name": "add"}}), Some("add"))] {
+        let mut o = chat("What is the weather in Paris?");
+        o.apply_json(&json!({"tools": tools, "tool_choice": choice, "max_tokens": 64}).to_string()).unwrap();
+        let ev = run(&e, o);
+        let calls: Vec<(String, String)> = ev
+            .iter()
+            .filter_map(|e| match e {
+                Event::ToolCall { name, arguments, .. } => Some((name.clone(), arguments.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 1, "{choice}: {ev:?}");
+        let (name, args) = &calls[0];
+        if let Some(w) = want {
+            assert_eq!(name, w);
+        }
+        let tool = tools.as_array().unwrap().iter().find(|t| t["function"]["name"] == name.as_str()).unwrap_or_else(|| panic!("{name}"));
+        let args: Value = serde_json::from_str(args).unwrap();
+        assert!(jsonschema::validator_for(&tool["function"]["parameters"]).unwrap().is_valid(&args), "{name}: {args}");
+        assert_eq!(finish_of(&ev), FinishReason::ToolCalls, "{ev:?}");
+    }
+    // SmolLM2's own template has no tool-call format.
+    let plain = engine();
+    let mut o = chat("Hi");
+    o.apply_json(&json!({"tools": tools, "tool_choice": "required"}).to_string()).unwrap();
+    let err = plain.submit(o, Box::new(|_: &Event| {})).err().expect("refused");
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    assert!(err.message.contains("no tool-call format"), "{err}");
+}

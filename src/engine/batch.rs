@@ -3,6 +3,9 @@
 //! from the still-unread tokens of the current one; `collect` then reads the
 //! current tokens and emits them, and `retire` drops the rows that ended
 //! (after the scheduler took the prompt-cache snapshots they offered).
+//! With a constrained row (structured output) the draw waits: `schedule`
+//! starts only the forward, and `collect` builds the draw once the rows'
+//! matchers have taken the current tokens and computed the next masks.
 
 use super::logprobs::StepLogprobs;
 use super::row::Row;

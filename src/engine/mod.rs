@@ -434,7 +434,13 @@ impl Engine {
         }
         let own_start = self.kv.scheme.is_quantized() && kv_start != self.kv.start;
         let namespace = cache_scope(&options, own_start.then_some(kv_start));
-        let constraint = match &options.response_format {
+        let tool_call = crate::grammar::call_format(&options.tool_choice, options.tools.as_ref(), output_format.tools)?;
+        let format = match (&options.response_format, tool_call) {
+            (Some(_), Some(_)) => return Err(Error::invalid("response_format and a required tool_choice exclude each other")),
+            (Some(f), None) => Some(f.clone()),
+            (None, call) => call,
+        };
+        let constraint = match &format {
             Some(f) => Some(crate::grammar::Constraint::compile(self.grammar_env()?, f)?),
             None => None,
         };

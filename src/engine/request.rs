@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use super::delivery::Outlet;
 use super::logprobs::{TokenLogprob, MAX_TOP};
-use crate::grammar::{Constraint, ResponseFormat};
+use crate::grammar::{Constraint, ResponseFormat, ToolChoice};
 use super::spec::Speculation;
 use crate::sample::SamplingParams;
 use crate::text::OutputFormat;
@@ -68,6 +68,9 @@ pub struct RequestOptions {
     /// Decoded images the messages reference as `{"type": "image",
     /// "media": K}` (the C ABI's `mlxrt_media` array, copied at submit).
     pub media: Vec<crate::media::Rgb>,
+    /// Whether the model must call a tool (`Required`, `Named`: the output
+    /// is then one call with arguments valid against the tool's schema).
+    pub tool_choice: ToolChoice,
 }
 
 pub(crate) const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -93,6 +96,7 @@ impl RequestOptions {
             response_format: None,
             speculation: None,
             media: vec![],
+            tool_choice: ToolChoice::Auto,
         }
     }
 
@@ -101,7 +105,7 @@ impl RequestOptions {
     /// `repetition_context_size`, `seed`, `stop`, `tools`,
     /// `chat_template_kwargs`, `ignore_eos`, `prefill_chunk`, `cache_namespace`,
     /// `cache_session_id`, `prompt_cache`, `logprobs`, `top_logprobs`, `thinking`,
-    /// `quantized_kv_start`, `response_format`, `speculation`). Unknown fields are an error so a
+    /// `quantized_kv_start`, `response_format`, `speculation`, `tool_choice`). Unknown fields are an error so a
     /// typo never silently does nothing.
     pub fn apply_json(&mut self, json: &str) -> Result<()> {
         let v: Value = serde_json::from_str(json).map_err(|e| Error::new(crate::ErrorKind::InvalidJson, format!("options: {e}")))?;
@@ -179,6 +183,7 @@ impl RequestOptions {
                 }
                 "response_format" => self.response_format = ResponseFormat::from_json(&v)?,
                 "speculation" => self.speculation = if v.is_null() { None } else { Some(Speculation::from_json(&v)?) },
+                "tool_choice" => self.tool_choice = ToolChoice::from_json(&v)?,
                 "ignore_eos" => {
                     self.stop_at_eos = !v.as_bool().ok_or_else(|| Error::invalid("option `ignore_eos` must be a boolean"))?
                 }
@@ -187,7 +192,7 @@ impl RequestOptions {
                         "unknown option `{other}` (known: max_tokens, temperature, top_p, top_k, min_p, \
                          repetition_penalty, repetition_context_size, seed, stop, tools, chat_template_kwargs, ignore_eos, \
                          prefill_chunk, cache_namespace, cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, \
-                         quantized_kv_start, response_format, speculation)"
+                         quantized_kv_start, response_format, speculation, tool_choice)"
                     )))
                 }
             }

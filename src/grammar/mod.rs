@@ -4,8 +4,11 @@
 
 mod env;
 mod format;
+mod tools;
 
 pub use format::ResponseFormat;
+pub use tools::ToolChoice;
+pub(crate) use tools::call_format;
 pub(crate) use env::GrammarEnv;
 
 use crate::error::{Error, Result};
@@ -105,4 +108,74 @@ pub(crate) fn mask_logits(rows: Vec<Option<&mut Constraint>>, logits: &Array) ->
     let allowed = Array::from_bytes(&allowed, &[b as i32, v as i32], Dtype::Bool)?;
     let forbidden = Array::scalar_f32(f32::NEG_INFINITY)?.astype(logits.dtype())?;
     Ok((Some(Array::select(&allowed, logits, &forbidden)?), failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::tiny_byte_level;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    /// The tiny tokenizer (ids 0, 1 special, 1 = EOS) with 4 padded ids.
+    fn env() -> (GrammarEnv, Arc<crate::text::Tokenizer>) {
+        let tok = Arc::new(tiny_byte_level());
+        let width = tok.vocab_size() + 4;
+        (GrammarEnv::new(tok.clone(), width, &[1]).unwrap(), tok)
+    }
+
+    fn id(tok: &crate::text::Tokenizer, s: &str) -> u32 {
+        let ids = tok.encode(s, false).unwrap();
+        assert_eq!(ids.len(), 1, "{s:?} is one token");
+        ids[0]
+    }
+
+    #[test]
+    fn masks_follow_the_grammar_and_end_tokens_only_at_the_end() {
+        let (env, tok) = env();
+        let mut c = Constraint::compile(&env, &ResponseFormat::Regex("[0-9]{2}".into())).unwrap();
+        let allowed = |c: &mut Constraint| c.mask().unwrap().to_list();
+        let digits: Vec<u32> = (0..10).map(|d| id(&tok, &d.to_string())).collect();
+        let mut want = digits.clone();
+        want.sort();
+        assert_eq!(allowed(&mut c), want, "only digits first; no special, padded or end token");
+        c.consume(digits[4]).unwrap();
+        assert!(!c.is_done());
+        c.consume(digits[2]).unwrap();
+        assert!(c.is_done(), "two digits complete the regex");
+        assert_eq!(allowed(&mut c), vec![1], "then only the end token");
+        assert!(Constraint::compile(&env, &ResponseFormat::Regex("[0-9]".into())).unwrap().consume(id(&tok, "x")).is_err());
+    }
+
+    #[test]
+    fn compile_errors_are_invalid_arguments() {
+        let (env, _) = env();
+        for f in [
+            ResponseFormat::JsonSchema(json!({"type": "frobnicate"})),
+            ResponseFormat::Regex("(".into()),
+            ResponseFormat::Lark("start: nowhere".into()),
+        ] {
+            let e = Constraint::compile(&env, &f).err().unwrap();
+            assert_eq!(e.kind, crate::ErrorKind::InvalidArgument, "{f:?}");
+            assert!(e.message.starts_with("response_format: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn only_constrained_rows_are_masked() {
+        let (env, tok) = env();
+        let width = tok.vocab_size() + 4;
+        let mut c = Constraint::compile(&env, &ResponseFormat::Regex("b".into())).unwrap();
+        let values: Vec<f32> = (0..2 * width).map(|i| (i % 7) as f32 - 3.0).collect();
+        let logits = Array::from_f32(&values, &[2, width as i32]).unwrap();
+        let (masked, failed) = mask_logits(vec![None, Some(&mut c)], &logits).unwrap();
+        assert!(failed.is_empty());
+        let out = masked.unwrap().to_vec_f32().unwrap();
+        assert_eq!(&out[..width], &values[..width], "a free row is untouched");
+        let b = id(&tok, "b") as usize;
+        for (i, &v) in out[width..].iter().enumerate() {
+            assert_eq!(v, if i == b { values[width + i] } else { f32::NEG_INFINITY }, "id {i}");
+        }
+        assert!(mask_logits(vec![None, None], &logits).unwrap().0.is_none(), "no constraint, no work");
+    }
 }

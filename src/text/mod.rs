@@ -15,6 +15,8 @@ mod tokenizer;
 
 #[cfg(test)]
 mod oracle_tests;
+#[cfg(test)]
+pub(crate) use tokenizer::tests::tiny_byte_level;
 
 pub use channels::{ChannelParser, OutputFormat, Piece, ToolFormat};
 pub use detok::IncrementalDecoder;
