@@ -197,7 +197,7 @@ impl DecodeBatch {
             // The step just scheduled fed this token: the row's KV covers its
             // whole history, which the next turn of a chat starts with.
             if row.use_cache {
-                let history = row.history();
+                let history = row.cache_history();
                 if held[i] == history.len() {
                     offers.push(Offer { row: i, namespace: row.namespace.clone(), tokens: history });
                 }
