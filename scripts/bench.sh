@@ -8,6 +8,7 @@
 #   scripts/bench.sh families [options]           -> families.json
 #   scripts/bench.sh kv_memory [options]          -> kv_memory.json
 #   scripts/bench.sh scheduler [options]          -> scheduler.json (mlxrt only)
+#   scripts/bench.sh media [--rounds N]           -> media.json (mlxrt vs mlx-vlm)
 #   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
 #     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
 #      --build-only: just build llama.cpp's tools, cached, and exit)
@@ -85,6 +86,11 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_prompt_cache
     "$VENV/bin/python" bench/prompt_cache.py --model "$MLXRT_MODEL" \
       --mlxrt-cmd "target/release/examples/mlxrt_prompt_cache {model} {scenario}" "$@"
+    ;;
+  media)
+    cargo build --release --quiet --example mlxrt_media
+    "$VENV/bin/python" bench/media.py --gguf "$MLXRT_MODEL" \
+      --mlxrt-cmd "target/release/examples/mlxrt_media {model} {images}" "$@"
     ;;
   families)
     cargo build --release --quiet --example mlxrt_single_stream
