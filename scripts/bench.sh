@@ -11,6 +11,7 @@
 #   scripts/bench.sh structured [options]         -> structured.json (mlxrt only;
 #     --rounds N, --max-tokens N, --out FILE)
 #   scripts/bench.sh speculative [ROUNDS [N]]     -> speculative.json (mlxrt only)
+#   scripts/bench.sh media [--rounds N]           -> media.json (mlxrt vs mlx-vlm)
 #   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
 #     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
 #      --build-only: just build llama.cpp's tools, cached, and exit)
@@ -89,6 +90,11 @@ case "$which" in
     "$VENV/bin/python" bench/prompt_cache.py --model "$MLXRT_MODEL" \
       --mlxrt-cmd "target/release/examples/mlxrt_prompt_cache {model} {scenario}" "$@"
     ;;
+  media)
+    cargo build --release --quiet --example mlxrt_media
+    "$VENV/bin/python" bench/media.py --gguf "$MLXRT_MODEL" \
+      --mlxrt-cmd "target/release/examples/mlxrt_media {model} {images}" "$@"
+    ;;
   families)
     cargo build --release --quiet --example mlxrt_single_stream
     "$VENV/bin/python" bench/families.py --gguf "$MLXRT_MODEL" "$@"
@@ -117,5 +123,5 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_speculative
     target/release/examples/mlxrt_speculative "$MLXRT_MODEL" bench/results/speculative.json "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, structured, speculative, vs_llama_cpp)" >&2; exit 2 ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, structured, speculative, media, vs_llama_cpp)" >&2; exit 2 ;;
 esac

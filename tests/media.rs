@@ -348,3 +348,29 @@ fn c_abi_media_buffers() {
     let out = this_library(&mut cmd).output().unwrap();
     assert!(out.status.success(), "test_media failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
+
+/// Prefix identity: the prompt cache keys media prompts by their images'
+/// content, so the same image and text hit (all but the last token, no tower
+/// run, the same tokens) and the same text with another image does not.
+#[test]
+fn prompt_cache_keys_media_prompts_by_image_content() {
+    let dir = oracle();
+    let mut cfg = EngineConfig::new(dir.join("model"));
+    cfg.prompt_cache_min_tokens = 8;
+    cfg.encoder_cache_bytes = 0; // so that only the prompt cache can skip the tower
+    let e = Engine::new(cfg).unwrap();
+    let all = cases(&dir);
+    let (one, other) = (all.iter().find(|c| c.name == "one_png").unwrap(), all.iter().find(|c| c.name == "other_png").unwrap());
+    let go = |c: &MediaCase| {
+        let ev = run(&e, request(c.messages.clone(), c.tokens.len() as u32));
+        let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{}: {ev:?}", c.name) };
+        (tokens_of(&ev), usage.cached_tokens as usize, wait_idle(&e).tower_runs)
+    };
+    let (t, cached, runs) = go(one);
+    assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), 0, 1), "cold");
+    let (t, cached, runs) = go(one);
+    assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), one.prompt.len() - 1, 1), "same image and text: a hit, no tower run");
+    assert_eq!(one.prompt, other.prompt, "the two cases differ only in their image");
+    let (t, cached, runs) = go(other);
+    assert_eq!((t.as_slice(), cached, runs), (other.tokens.as_slice(), 0, 2), "same text, another image: no hit");
+}

@@ -142,6 +142,16 @@ class RequestParams {
   RequestParams &logprobs(uint32_t top = 0) { c_.logprobs = 1; c_.top_logprobs = top; return *this; }
   /// For models with a thinking mode: think or not (default: the template's).
   RequestParams &thinking(bool on) { c_.thinking = on ? 1 : 0; return *this; }
+  /// Adds an image for a `{"type": "image", "media": K}` message part and
+  /// returns K: an encoded file (JPEG, PNG, WebP) in `bytes`. Not copied
+  /// here: the bytes must stay valid until submit returns (mlxrt copies them).
+  size_t image_data(const uint8_t *bytes, size_t n) { return add_media(MLXRT_MEDIA_ENCODED, 0, 0, 0, bytes, n); }
+  /// The same for raw pixels: `format` is MLXRT_PIXEL_RGB8, _RGBA8 or _BGRA8,
+  /// rows `stride` bytes apart (0 = packed).
+  size_t image_pixels(int32_t format, uint32_t width, uint32_t height, const uint8_t *bytes, size_t n,
+                      size_t stride = 0) {
+    return add_media(format, width, height, stride, bytes, n);
+  }
   mlxrt_request_params &raw() { return c_; }
 
   /// Calls f(const mlxrt_request_params &) with a C struct pointing into
@@ -163,6 +173,8 @@ class RequestParams {
     std::string options = merged_options();
     if (options_ || response_format_) c.options_json = options.c_str();
     if (namespace_) c.cache_namespace = namespace_->c_str();
+    c.media = media_.empty() ? nullptr : media_.data();
+    c.n_media = media_.size();
     return std::forward<F>(f)(static_cast<const mlxrt_request_params &>(c));
   }
 
@@ -181,6 +193,19 @@ class RequestParams {
     return o;
   }
 
+  size_t add_media(int32_t format, uint32_t width, uint32_t height, size_t stride, const uint8_t *bytes, size_t n) {
+    mlxrt_media m{};
+    m.struct_size = sizeof m;
+    m.kind = MLXRT_MEDIA_IMAGE;
+    m.format = format;
+    m.width = width;
+    m.height = height;
+    m.stride = stride;
+    m.bytes = bytes;
+    m.n_bytes = n;
+    media_.push_back(m);
+    return media_.size() - 1;
+  }
   static void json_string(std::string &out, std::string_view s) {
     static const char hex[] = "0123456789abcdef";
     out += '"';
@@ -215,6 +240,7 @@ class RequestParams {
   std::optional<std::string> messages_json_, prompt_, options_, namespace_, response_format_;
   std::optional<std::vector<uint32_t>> tokens_;
   std::vector<std::string> stop_;
+  std::vector<mlxrt_media> media_;
 };
 
 /// A view of an array inside an event (valid as long as the event).

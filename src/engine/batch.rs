@@ -228,7 +228,7 @@ impl DecodeBatch {
                 // Its KV is as good as a finished row's: offer what it holds
                 // of its history (the token just fed was never accepted).
                 if row.use_cache {
-                    let mut history = row.history();
+                    let mut history = row.cache_history();
                     history.truncate(held[i]);
                     offers.push(Offer { row: i, namespace: row.namespace.clone(), tokens: history });
                 }
@@ -261,7 +261,7 @@ impl DecodeBatch {
             // The step just scheduled fed this token: the row's KV covers its
             // whole history, which the next turn of a chat starts with.
             if row.use_cache {
-                let history = row.history();
+                let history = row.cache_history();
                 if held[i] == history.len() {
                     offers.push(Offer { row: i, namespace: row.namespace.clone(), tokens: history });
                 }

@@ -79,11 +79,12 @@ impl Cohort {
         Cohort { set: RowSet::new(vec![row], cache), marks: vec![mark], total, done: done as i32, media: None }
     }
 
-    /// Makes a new one-row cohort a media prompt's: nothing joins it, and
-    /// its prompt is prefilled in one forward with `media` spliced in.
+    /// Makes a one-row cohort a media prompt's: nothing joins it, and the
+    /// rest of its prompt is prefilled in one step with `media` (rows at
+    /// prompt positions) spliced in.
     pub fn set_media(&mut self, media: MediaInput) -> Result<()> {
-        if self.len() != 1 || self.done != 0 {
-            return Err(crate::Error::internal("a media prompt prefills alone, from its start"));
+        if self.len() != 1 {
+            return Err(crate::Error::internal("a media prompt prefills alone"));
         }
         self.media = Some(media);
         Ok(())
@@ -175,20 +176,8 @@ impl Cohort {
     /// snapshot mark, where its snapshot is taken; other caches are
     /// snapshotted once prefill is over.
     pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32, tracer: &Tracer) -> Result<Progress> {
-        if let Some(media) = &self.media {
-            // The whole prompt in one forward; no snapshot (media prompts
-            // bypass the prompt cache).
-            let t = Instant::now();
-            let x = self.tokens(0, self.total)?;
-            tracer.model_call();
-            let logits = model.forward_media(&x, media, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
-            let logits = logits.reshape(&[1, -1])?;
-            tracer.record(SpanKind::Forward, 1, self.total as usize, t);
-            let t = Instant::now();
-            let first = sample_rows(&mut self.set.rows, &logits, None)?;
-            tracer.record(SpanKind::Sample, 1, 1, t);
-            self.done = self.total;
-            return Ok(Progress { first: Some(first), captures: vec![] });
+        if self.media.is_some() {
+            return self.advance_media(model, tracer);
         }
         let body_end = self.total - 1;
         let mut captures = vec![];
@@ -238,6 +227,40 @@ impl Cohort {
         Ok(Progress { first: Some(first), captures })
     }
 
+    /// A media prompt's rest in one step (the seed's atomic final chunk):
+    /// the body in one forward, its snapshot for the prompt cache if wanted
+    /// (all of the prompt but its last token), then the last position.
+    fn advance_media(&mut self, model: &dyn LanguageModel, tracer: &Tracer) -> Result<Progress> {
+        let media = self.media.as_ref().expect("a media cohort");
+        let (body_end, mut captures) = (self.total - 1, vec![]);
+        if self.done < body_end {
+            let (t, n) = (Instant::now(), (body_end - self.done) as usize);
+            let x = self.tokens(self.done, body_end)?;
+            let m = media.window(self.done as usize, body_end as usize)?;
+            tracer.model_call();
+            model.forward_media(&x, &m, self.set.cache_mut(), Output::CacheOnly)?;
+            let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).collect();
+            mlx::eval(&state)?;
+            tracer.record(SpanKind::Forward, 1, n, t);
+            self.done = body_end;
+            if self.marks[0] == Some(body_end as usize) {
+                captures.push(self.capture(0, tracer));
+            }
+        }
+        let t = Instant::now();
+        let x = self.tokens(body_end, self.total)?;
+        let m = self.media.as_ref().expect("a media cohort").window(body_end as usize, self.total as usize)?;
+        tracer.model_call();
+        let logits = model.forward_media(&x, &m, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
+        let logits = logits.reshape(&[1, -1])?;
+        tracer.record(SpanKind::Forward, 1, 1, t);
+        let t = Instant::now();
+        let first = sample_rows(&mut self.set.rows, &logits, None)?;
+        tracer.record(SpanKind::Sample, 1, 1, t);
+        self.done = self.total;
+        Ok(Progress { first: Some(first), captures })
+    }
+
     /// Row `i`'s prompt up to its mark.
     fn capture(&self, i: usize, tracer: &Tracer) -> Result<Capture> {
         let r = &self.set.rows[i];
@@ -245,7 +268,7 @@ impl Cohort {
         let t = Instant::now();
         let snapshot = self.set.snapshot(i, b, false)?;
         tracer.record(SpanKind::Snapshot, 1, b, t);
-        Ok(Capture { namespace: r.namespace.clone(), tokens: r.prompt[..b].to_vec(), snapshot })
+        Ok(Capture { namespace: r.namespace.clone(), tokens: r.key()[..b].to_vec(), snapshot })
     }
 
     fn trimmable(&self) -> bool {

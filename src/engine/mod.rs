@@ -444,6 +444,7 @@ impl Engine {
             Some(f) => Some(crate::grammar::Constraint::compile(self.grammar_env()?, f)?),
             None => None,
         };
+        let prompt_ids = prompt.clone();
         let spec = RequestSpec {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             cancelled: AtomicBool::new(false),
@@ -456,14 +457,16 @@ impl Engine {
             kv_need,
             kv_start,
             namespace,
-            // Media prompts bypass the prompt cache: their soft-token ids are
-            // the same for every image.
-            use_cache: options.prompt_cache && media.is_none(),
+            use_cache: options.prompt_cache,
             boundary,
             logprobs: (options.logprobs || options.top_logprobs > 0).then_some(options.top_logprobs),
             output_format,
             speculation: options.speculation.unwrap_or(self.speculation),
             submitted,
+            cache_key: match (&media, &self.text.media) {
+                (Some(m), Some(spec)) => Some(crate::media::prefix_key(&prompt_ids, spec.soft_id, spec.tokens_per_image, &m.images)),
+                _ => None,
+            },
             media,
         };
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);

@@ -336,9 +336,18 @@ pub(crate) struct RequestSpec {
     /// The prompt's images (their soft tokens are in `prompt`): the row
     /// prefills alone, in one forward (`Cohort::advance`).
     pub media: Option<Arc<crate::media::MediaPrompt>>,
+    /// For a media prompt, its prompt-cache key (`media::prefix_key`): the
+    /// prompt with each image soft token replaced by an id derived from the
+    /// image's content hash and the token's place in the image.
+    pub cache_key: Option<Vec<u32>>,
 }
 
 impl RequestSpec {
+    /// What the prompt cache keys this prompt by.
+    pub fn key(&self) -> &[u32] {
+        self.cache_key.as_deref().unwrap_or(&self.prompt)
+    }
+
     pub fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
     }

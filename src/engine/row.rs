@@ -107,9 +107,11 @@ impl Row {
         self.constraint.as_mut()
     }
 
-    /// Prompt and generated ids so far.
-    pub fn history(&self) -> Vec<u32> {
-        self.history.iter().map(|&t| t as u32).collect()
+    /// Prompt and generated ids so far, as the prompt cache keys them
+    /// (`RequestSpec::key` for the prompt, then the generated ids).
+    pub fn cache_history(&self) -> Vec<u32> {
+        let key = self.spec.key();
+        key.iter().copied().chain(self.history[self.spec.prompt.len()..].iter().map(|&t| t as u32)).collect()
     }
 
     /// Prompt and generated ids so far, as fed to the model.

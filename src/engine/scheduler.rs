@@ -263,7 +263,14 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
 fn probe(pcache: &mut Option<PromptCache>, tracer: &Tracer, job: &Job) -> Found {
     let Some(c) = pcache.as_mut().filter(|_| job.spec.use_cache) else { return Found::Miss };
     let t = Instant::now();
-    let found = c.lookup(&job.spec.namespace, &job.spec.prompt);
+    let key = job.spec.key();
+    let mut found = c.lookup(&job.spec.namespace, key);
+    // A media prompt resumes only outside an image's span.
+    if let Found::Hit(n) = found {
+        if job.spec.cache_key.is_some() && n > 0 && n < key.len() && key[n - 1] >= 0x8000_0000 && key[n] >= 0x8000_0000 {
+            found = Found::Miss;
+        }
+    }
     tracer.record(SpanKind::LookupRestore, 1, if let Found::Hit(n) = found { n } else { 0 }, t);
     found
 }
@@ -483,7 +490,7 @@ impl Scheduler<'_> {
                 let Some(mut row) = self.open(1).pop() else { return Ok(()) };
                 let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
                 let t = Instant::now();
-                let claimed = pc.claim(&row.namespace, &row.prompt, tokens);
+                let claimed = pc.claim(&row.namespace, row.key(), tokens);
                 self.tracer.record(SpanKind::LookupRestore, 1, tokens, t);
                 match claimed {
                     Err(e) => {
@@ -507,13 +514,23 @@ impl Scheduler<'_> {
                             None => cache,
                         };
                         row.cached = tokens;
+                        let media = self.media_input(&row)?;
                         let e = self.entrant(row);
-                        self.cohort = Some(Cohort::with_prefix(e, cache, tokens));
+                        let mut cohort = Cohort::with_prefix(e, cache, tokens);
+                        if let Some(m) = media {
+                            cohort.set_media(m)?;
+                        }
+                        self.cohort = Some(cohort);
                     }
                     // Evicted since the probe: start from scratch.
                     Ok(None) => {
+                        let media = self.media_input(&row)?;
                         let e = self.entrant(row);
-                        self.cohort = Some(Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?);
+                        let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?;
+                        if let Some(m) = media {
+                            cohort.set_media(m)?;
+                        }
+                        self.cohort = Some(cohort);
                     }
                 }
                 Ok(())
@@ -521,16 +538,24 @@ impl Scheduler<'_> {
         }
     }
 
-    /// A media prompt's image rows and where they go: from the encoder
-    /// cache, or the tower over the images it does not hold (one batch).
+    /// A media prompt's image rows for its positions past `row.cached` and
+    /// where they go (prompt positions): from the encoder cache, or the tower
+    /// over the images it does not hold (one batch). Images wholly in the
+    /// cached prefix are not needed.
     fn media_input(&mut self, row: &Row) -> Result<Option<MediaInput>> {
         let Some(m) = &row.media else { return Ok(None) };
         let (Some(v), Some(spec)) = (&self.vision, &self.text.media) else {
             return Err(Error::internal("a media prompt reached a model without a tower"));
         };
-        let mut rows: Vec<Option<Array>> = m.images.iter().map(|img| self.encoder.get(&img.hash)).collect();
-        let missing: Vec<usize> = (0..rows.len()).filter(|&i| rows[i].is_none()).collect();
-        self.shared.encoder_cache_hits.fetch_add((rows.len() - missing.len()) as u64, Ordering::Relaxed);
+        let soft: Vec<usize> = row.prompt.iter().enumerate().filter(|(_, &t)| t == spec.soft_id).map(|(i, _)| i).collect();
+        let t = v.tokens_per_image;
+        // Image i's span ends at soft[(i + 1) t - 1]: needed when past the cache.
+        let needed: Vec<bool> = (0..m.images.len()).map(|i| soft[(i + 1) * t - 1] >= row.cached).collect();
+        let mut rows: Vec<Option<Array>> =
+            m.images.iter().zip(&needed).map(|(img, &n)| if n { self.encoder.get(&img.hash) } else { None }).collect();
+        let missing: Vec<usize> = (0..rows.len()).filter(|&i| needed[i] && rows[i].is_none()).collect();
+        let hits = rows.iter().filter(|r| r.is_some()).count();
+        self.shared.encoder_cache_hits.fetch_add(hits as u64, Ordering::Relaxed);
         if !missing.is_empty() {
             let s = v.image_size() as i32;
             let mut data = Vec::with_capacity(missing.len() * 3 * (s * s) as usize);
@@ -548,9 +573,12 @@ impl Scheduler<'_> {
                 rows[i] = Some(r);
             }
         }
-        let rows: Vec<Array> = rows.into_iter().map(|r| r.expect("filled above")).collect();
-        let features = Array::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?;
-        let at = row.prompt.iter().enumerate().filter(|(_, &t)| t == spec.soft_id).map(|(i, _)| i).collect();
+        let rows: Vec<Array> = rows.into_iter().flatten().collect();
+        let at: Vec<usize> = needed.iter().enumerate().filter(|(_, &n)| n).flat_map(|(i, _)| soft[i * t..(i + 1) * t].to_vec()).collect();
+        let features = match &rows[..] {
+            [] => Array::zeros(&[0, 1], crate::mlx::Dtype::F32)?,
+            _ => Array::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?,
+        };
         let zero = row.prompt.iter().enumerate().filter(|(_, &t)| t == v.pad_id).map(|(i, _)| i).collect();
         Ok(Some(MediaInput { features, at, zero }))
     }

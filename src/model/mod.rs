@@ -106,6 +106,22 @@ pub struct MediaInput {
 }
 
 impl MediaInput {
+    /// The part for positions `from..to`, renumbered from `from`.
+    pub fn window(&self, from: usize, to: usize) -> Result<MediaInput> {
+        let keep: Vec<usize> = (0..self.at.len()).filter(|&k| (from..to).contains(&self.at[k])).collect();
+        let features = if keep.len() == self.at.len() {
+            self.features.share()
+        } else {
+            let idx: Vec<i32> = keep.iter().map(|&k| k as i32).collect();
+            self.features.take(&Array::from_i32(&idx, &[idx.len() as i32])?, 0)?
+        };
+        Ok(MediaInput {
+            features,
+            at: keep.iter().map(|&k| self.at[k] - from).collect(),
+            zero: self.zero.iter().filter(|p| (from..to).contains(*p)).map(|p| p - from).collect(),
+        })
+    }
+
     /// `h` (`[1, L, hidden]`) with the positions of `at` replaced by the
     /// features and those of `zero` zeroed.
     pub fn splice(&self, h: &Array) -> Result<Array> {
@@ -122,8 +138,11 @@ impl MediaInput {
             zero[p] = 1;
         }
         let flag = |v: &[i32]| -> Result<Array> { Ok(Array::from_i32(v, &[1, l, 1])?.greater(&Array::scalar_i32(0)?)?) };
-        let rows = self.features.take(&Array::from_i32(&idx, &[l])?, 0)?.reshape(&[1, l, d])?.astype(h.dtype())?;
         let h = Array::select(&flag(&zero)?, &h.scalar_like(0.0)?, h)?;
+        if self.at.is_empty() {
+            return Ok(h);
+        }
+        let rows = self.features.take(&Array::from_i32(&idx, &[l])?, 0)?.reshape(&[1, l, d])?.astype(h.dtype())?;
         Ok(Array::select(&flag(&media)?, &rows, &h)?)
     }
 }

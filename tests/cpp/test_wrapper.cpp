@@ -96,6 +96,20 @@ int main(int argc, char **argv) {
 
   mlxrt::Engine engine{mlxrt::EngineConfig(argv[1]).max_rows(4)};
 
+  {  // images: the buffer reaches the library (a short one is named), and the
+     // default model, which has no vision tower, refuses the image part
+    const uint8_t px[4] = {1, 2, 3, 4};
+    const char *chat = "[{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"media\": 0}]}]";
+    mlxrt::RequestParams short_buf;
+    CHECK(short_buf.image_pixels(MLXRT_PIXEL_BGRA8, 2, 2, px, sizeof px) == 0);
+    short_buf.messages_json(chat);
+    CHECK(status_of([&] { engine.generate(short_buf); }) == MLXRT_STATUS_INVALID_ARGUMENT);
+    mlxrt::RequestParams one;
+    one.image_pixels(MLXRT_PIXEL_RGBA8, 1, 1, px, sizeof px);
+    one.messages_json(chat);
+    CHECK(status_of([&] { engine.generate(one); }) == MLXRT_STATUS_UNSUPPORTED);
+  }
+
   {  // streaming; the handler is released once
     Log log;
     mlxrt::Request r = engine.submit(mlxrt::RequestParams().user("What is the capital of France?").max_tokens(16),

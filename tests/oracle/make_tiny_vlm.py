@@ -25,6 +25,8 @@ x mm_tokens_per_image + "<eoi>\\n\\n"); the forward is mlx-vlm's
 runs it (causal, no 4-D mask), greedy with no EOS stop.
 
 Usage: make_tiny_vlm.py --out DIR --gguf SmolLM2.gguf [--steps 8] [--seed 0]
+           [--bench]   (bench/media.py's checkpoint: a SigLIP tower of realistic
+                        shape at 224 px, 6 layers of width 384; model/ and images/ only)
 """
 import argparse
 import json
@@ -242,17 +244,35 @@ def reference(model, folder, images, steps):
     return out, texts
 
 
+def use_bench_preset():
+    """A tower whose cost dominates an image prompt's TTFT, as in real checkpoints:
+    224 px, patch 14 (256 patches), 6 layers of width 384, 64 soft tokens."""
+    global IMAGE_SIZE, PATCH, MM_TOKENS
+    IMAGE_SIZE, PATCH, MM_TOKENS = 224, 14, 64
+    CONFIG.update(mm_tokens_per_image=MM_TOKENS)
+    CONFIG["text_config"].update(mm_tokens_per_image=MM_TOKENS)
+    CONFIG["vision_config"].update(hidden_size=384, num_hidden_layers=6, intermediate_size=1536,
+                                   num_attention_heads=6, patch_size=PATCH, image_size=IMAGE_SIZE)
+    PREPROCESSOR.update(image_seq_length=MM_TOKENS, size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--gguf", required=True, type=Path, help="source of the tokenizer")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bench", action="store_true")
     a = ap.parse_args()
     import mlx_vlm
+    if a.bench:
+        use_bench_preset()
     images = make_images(a.out / "images")
     model = build_model(a.seed)
     save_checkpoint(model, a.out / "model", a.gguf)
+    if a.bench:
+        print(f"wrote {a.out} (bench preset, mlx-vlm {mlx_vlm.__version__})")
+        return
     out, texts = reference(model, a.out / "model", images, a.steps)
     mx.eval(out)
     import os
