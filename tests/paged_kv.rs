@@ -1,8 +1,7 @@
-//! Paged KV (`kv_paging`) on the real model (SmolLM2): the same greedy tokens
-//! as the contiguous cache, which tests/parity.rs holds to mlx-lm's, for
-//! rows of different lengths decoding together and for a prompt-cache hit
-//! that maps its blocks; blocks return to the pool; the options are
-//! validated.
+//! Paged KV (`kv_paging`) on the real model (SmolLM2): mlx-lm's greedy
+//! tokens, and the contiguous cache's, for rows of different lengths
+//! prefilling and decoding together and for a prompt-cache hit that maps
+//! its blocks; blocks return to the pool; the options are validated.
 
 mod common;
 
@@ -106,4 +105,26 @@ fn paging_options_are_validated() {
     let mut c = config(true, 256, false);
     c.kv = KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 64 }, start: 0 };
     assert!(Engine::new(c).is_err(), "paging with quantized KV is not implemented yet");
+}
+
+#[test]
+fn rows_decoding_together_give_mlx_lm_tokens() {
+    // mlx-lm's greedy tokens for the parity prompts (recorded by
+    // tests/parity.rs), all submitted at once to a paged engine.
+    let reference = repo_root().join("target/oracle/parity_reference.safetensors");
+    assert!(
+        reference.exists(),
+        "{} is missing: run `cargo test --release --test parity` first (it records mlx-lm's reference)",
+        reference.display()
+    );
+    let cases = reference_cases(&reference);
+    assert!(cases.len() >= 5, "need at least 5 parity prompts, got {}", cases.len());
+    let e = Engine::new(config(true, 64, false)).unwrap();
+    let rxs: Vec<_> = cases.iter().map(|c| submit(&e, token_request(&c.prompt, c.tokens.len(), None))).collect();
+    let lens: Vec<usize> = cases.iter().map(|c| c.prompt.len()).collect();
+    assert!(lens.iter().any(|&l| l != lens[0]), "prompts of different lengths: {lens:?}");
+    for (c, rx) in cases.iter().zip(&rxs) {
+        assert_eq!(tokens_of(&collect(rx)), c.tokens, "{}: paged engine tokens differ from mlx-lm", c.name);
+    }
+    assert_eq!(wait_idle(&e).kv_blocks_used, 0);
 }
