@@ -84,6 +84,39 @@ fn a_prompt_cache_hit_maps_blocks_and_gives_the_cold_tokens() {
     assert_eq!(s.kv_blocks_used, 0, "blocks held after the cache was cleared: {s:?}");
 }
 
+#[test]
+fn a_paged_entry_saved_to_disk_comes_back_into_blocks() {
+    // Saved gathered as dense keys/values; a new engine reads the file and
+    // writes it into fresh blocks: the same tokens as a cold run.
+    let dir = std::env::temp_dir().join(format!("mlxrt-paged-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let long = "Explain how a refrigerator keeps food cold, step by step. ".repeat(25);
+    let req = |n: u32| {
+        let mut o = chat(&long);
+        o.max_tokens = n;
+        o.stop_at_eos = false;
+        o
+    };
+    let on_disk = || {
+        let mut c = config(true, 64, true);
+        c.prompt_cache_dir = Some(dir.clone());
+        Engine::new(c).unwrap()
+    };
+    let e = on_disk();
+    let (cold, _) = tokens_and_cached(&e, req(10));
+    e.flush_prompt_cache().unwrap();
+    drop(e);
+    let e = on_disk();
+    // Four tokens more: its whole history is a new entry, of its own caches.
+    let (warm, cached) = tokens_and_cached(&e, req(14));
+    assert!(cached > 256, "the entry was read from disk ({cached} tokens)");
+    assert_eq!(warm[..10], cold[..], "tokens from a disk entry written into blocks differ");
+    // The restored row was paged: its snapshot holds blocks.
+    assert!(wait_idle(&e).kv_blocks_used > 0, "the disk hit was not moved into blocks");
+    drop(e);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Stats once nothing holds blocks any more (published after each unit of work).
 fn engine_stats_settled(e: &Engine) -> mlxrt::engine::EngineStats {
     for _ in 0..100 {
