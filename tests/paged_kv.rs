@@ -1,8 +1,7 @@
-//! Paged KV (`kv_paging`) on the real model (SmolLM2): the same greedy tokens
-//! as the contiguous cache, which tests/parity.rs holds to mlx-lm's, for
-//! rows of different lengths decoding together and for a prompt-cache hit
-//! that maps its blocks; blocks return to the pool; the options are
-//! validated.
+//! Paged KV (`kv_paging`) on the real model (SmolLM2): mlx-lm's greedy
+//! tokens, and the contiguous cache's, for rows of different lengths
+//! prefilling and decoding together and for a prompt-cache hit that maps
+//! its blocks; blocks return to the pool; the options are validated.
 
 mod common;
 
@@ -85,6 +84,39 @@ fn a_prompt_cache_hit_maps_blocks_and_gives_the_cold_tokens() {
     assert_eq!(s.kv_blocks_used, 0, "blocks held after the cache was cleared: {s:?}");
 }
 
+#[test]
+fn a_paged_entry_saved_to_disk_comes_back_into_blocks() {
+    // Saved gathered as dense keys/values; a new engine reads the file and
+    // writes it into fresh blocks: the same tokens as a cold run.
+    let dir = std::env::temp_dir().join(format!("mlxrt-paged-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let long = "Explain how a refrigerator keeps food cold, step by step. ".repeat(25);
+    let req = |n: u32| {
+        let mut o = chat(&long);
+        o.max_tokens = n;
+        o.stop_at_eos = false;
+        o
+    };
+    let on_disk = || {
+        let mut c = config(true, 64, true);
+        c.prompt_cache_dir = Some(dir.clone());
+        Engine::new(c).unwrap()
+    };
+    let e = on_disk();
+    let (cold, _) = tokens_and_cached(&e, req(10));
+    e.flush_prompt_cache().unwrap();
+    drop(e);
+    let e = on_disk();
+    // Four tokens more: its whole history is a new entry, of its own caches.
+    let (warm, cached) = tokens_and_cached(&e, req(14));
+    assert!(cached > 256, "the entry was read from disk ({cached} tokens)");
+    assert_eq!(warm[..10], cold[..], "tokens from a disk entry written into blocks differ");
+    // The restored row was paged: its snapshot holds blocks.
+    assert!(wait_idle(&e).kv_blocks_used > 0, "the disk hit was not moved into blocks");
+    drop(e);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Stats once nothing holds blocks any more (published after each unit of work).
 fn engine_stats_settled(e: &Engine) -> mlxrt::engine::EngineStats {
     for _ in 0..100 {
@@ -106,4 +138,26 @@ fn paging_options_are_validated() {
     let mut c = config(true, 256, false);
     c.kv = KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 64 }, start: 0 };
     assert!(Engine::new(c).is_err(), "paging with quantized KV is not implemented yet");
+}
+
+#[test]
+fn rows_decoding_together_give_mlx_lm_tokens() {
+    // mlx-lm's greedy tokens for the parity prompts (recorded by
+    // tests/parity.rs), all submitted at once to a paged engine.
+    let reference = repo_root().join("target/oracle/parity_reference.safetensors");
+    assert!(
+        reference.exists(),
+        "{} is missing: run `cargo test --release --test parity` first (it records mlx-lm's reference)",
+        reference.display()
+    );
+    let cases = reference_cases(&reference);
+    assert!(cases.len() >= 5, "need at least 5 parity prompts, got {}", cases.len());
+    let e = Engine::new(config(true, 64, false)).unwrap();
+    let rxs: Vec<_> = cases.iter().map(|c| submit(&e, token_request(&c.prompt, c.tokens.len(), None))).collect();
+    let lens: Vec<usize> = cases.iter().map(|c| c.prompt.len()).collect();
+    assert!(lens.iter().any(|&l| l != lens[0]), "prompts of different lengths: {lens:?}");
+    for (c, rx) in cases.iter().zip(&rxs) {
+        assert_eq!(tokens_of(&collect(rx)), c.tokens, "{}: paged engine tokens differ from mlx-lm", c.name);
+    }
+    assert_eq!(wait_idle(&e).kv_blocks_used, 0);
 }
