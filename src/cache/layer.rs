@@ -491,7 +491,7 @@ mod tests {
                 super::super::KvView::Dense { keys, values } => (keys, values),
                 _ => panic!("dense cache"),
             },
-            LayerCache::State(_) => unreachable!(),
+            LayerCache::State(_) | LayerCache::Paged(_) => unreachable!("the test makes no such caches"),
         };
         (keys.to_vec_f32().unwrap(), values.to_vec_f32().unwrap())
     }
