@@ -118,6 +118,8 @@ fn main() {
     cfg.kernels = provenance::kernels();
     cfg.prompt_cache_bytes = 0;
     let e = Engine::new(cfg).expect("engine");
+    let loadavg = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
+    let load_before = loadavg();
     let (plain, ngram) = (Speculation::Off, Speculation::Ngram { num_tokens: gamma, min_match: 2 });
 
     let (_, reference) = run(&e, request(plain, max_tokens));
@@ -172,6 +174,7 @@ fn main() {
         "proposed_per_run": proposed as f64 / runs as f64,
         "draft_speedup": null,
         "draft_note": "draft-model speculation (issue 15 S2) is not implemented yet",
+        "host_load_average": {"before": load_before, "after": loadavg(), "cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
         "provenance": provenance::json(provenance::kernels()),
     });
     let text = serde_json::to_string_pretty(&out).unwrap();
