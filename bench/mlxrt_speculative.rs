@@ -152,8 +152,8 @@ fn main() {
     let runs = 2 * rounds as u64;
     // Both sides are this engine: speculation on (mlxrt) and off (reference).
     let prov = provenance::json(provenance::kernels());
-    let mut reference = prov.clone();
-    reference["side"] = json!("mlxrt plain decoding (same engine and run, speculation off)");
+    let mut plain_side = prov.clone();
+    plain_side["side"] = json!("mlxrt plain decoding (same engine and run, speculation off)");
     let out = json!({
         "benchmark": "speculative",
         "task": "rewrite a Python snippet with one variable renamed, whole code out (chat template, greedy, EOS on)",
@@ -179,7 +179,7 @@ fn main() {
         "draft_speedup": null,
         "draft_note": "draft-model speculation (issue 15 S2) is not implemented yet",
         "host_load_average": {"before": load_before, "after": loadavg(), "cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
-        "provenance": {"mlxrt": prov.clone(), "reference": reference},
+        "provenance": {"mlxrt": prov, "reference": plain_side},
     });
     let text = serde_json::to_string_pretty(&out).unwrap();
     std::fs::write(&args[2], format!("{text}\n")).expect("write results");
