@@ -118,6 +118,8 @@ fn main() {
     cfg.kernels = provenance::kernels();
     cfg.prompt_cache_bytes = 0;
     let e = Engine::new(cfg).expect("engine");
+    let loadavg = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string();
+    let load_before = loadavg();
     let (plain, ngram) = (Speculation::Off, Speculation::Ngram { num_tokens: gamma, min_match: 2 });
 
     let (_, reference) = run(&e, request(plain, max_tokens));
@@ -148,6 +150,10 @@ fn main() {
     }
     let (ma, mb) = (median(&a), median(&b));
     let runs = 2 * rounds as u64;
+    // Both sides are this engine: speculation on (mlxrt) and off (reference).
+    let prov = provenance::json(provenance::kernels());
+    let mut plain_side = prov.clone();
+    plain_side["side"] = json!("mlxrt plain decoding (same engine and run, speculation off)");
     let out = json!({
         "benchmark": "speculative",
         "task": "rewrite a Python snippet with one variable renamed, whole code out (chat template, greedy, EOS on)",
@@ -172,7 +178,8 @@ fn main() {
         "proposed_per_run": proposed as f64 / runs as f64,
         "draft_speedup": null,
         "draft_note": "draft-model speculation (issue 15 S2) is not implemented yet",
-        "provenance": provenance::json(provenance::kernels()),
+        "host_load_average": {"before": load_before, "after": loadavg(), "cpus": std::thread::available_parallelism().map_or(0, |n| n.get())},
+        "provenance": {"mlxrt": prov, "reference": plain_side},
     });
     let text = serde_json::to_string_pretty(&out).unwrap();
     std::fs::write(&args[2], format!("{text}\n")).expect("write results");

@@ -137,6 +137,45 @@ fn smollm2_max_tokens_and_stop_strings_end_inside_an_accepted_run() {
     assert_eq!(done(&s).2.completion_tokens, done(&p).2.completion_tokens, "stop {stop:?}: tokens counted");
 }
 
+/// A cancel while a row speculates ends it between steps: its tokens are a
+/// prefix of the plain ones, and the request ends `Cancelled`. And an
+/// end-of-sequence token inside an accepted run ends the request there.
+#[test]
+fn smollm2_cancel_and_eos_while_speculating() {
+    let e = engine();
+    let plain = run(&e, rewrite_request(400));
+    assert_eq!(done(&plain).0, FinishReason::Stop, "the rewrite ends with EOS before 400 tokens");
+    let spec = run(&e, ngram(rewrite_request(400)));
+    assert_eq!(tokens_of(&spec), tokens_of(&plain), "up to and including EOS");
+    assert_eq!(done(&spec).0, FinishReason::Stop);
+    assert_eq!(done(&spec).2.completion_tokens, done(&plain).2.completion_tokens);
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let handle = e
+        .submit(ngram(rewrite_request(400)), Box::new(move |ev: &Event| {
+            let _ = tx.send(ev.clone());
+        }))
+        .unwrap();
+    let mut events = vec![];
+    loop {
+        let ev = rx.recv_timeout(std::time::Duration::from_secs(300)).expect("event");
+        if tokens_of(std::slice::from_ref(&ev)).len() + tokens_of(&events).len() >= 40 {
+            handle.cancel();
+        }
+        let end = ev.is_terminal();
+        events.push(ev);
+        if end {
+            break;
+        }
+    }
+    let (finish, _, u) = done(&events);
+    let got = tokens_of(&events);
+    assert_eq!(finish, FinishReason::Cancelled, "{u:?}");
+    assert!(got.len() >= 40 && got.len() < tokens_of(&plain).len(), "{} tokens", got.len());
+    assert_eq!(got, tokens_of(&plain)[..got.len()], "a cancelled run's tokens are the plain prefix");
+    check_counts("cancelled", &u);
+}
+
 #[test]
 fn smollm2_seeded_sampling_is_reproducible() {
     let e = engine();

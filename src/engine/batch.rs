@@ -199,6 +199,7 @@ impl DecodeBatch {
     /// (what their KV holds of it) to the prompt cache.
     pub fn collect(&mut self, text: &TextAssets, ctx_len: usize, tracer: &Tracer) -> Result<Vec<Offer>> {
         // Each row's tokens in order: one per row, or a verify step's run.
+        let verified = self.run.is_some();
         let (runs, mut lps): (Vec<Vec<u32>>, Vec<Option<_>>) = if let Some(run) = self.run.take() {
             (vec![run], vec![None])
         } else {
@@ -239,7 +240,10 @@ impl DecodeBatch {
             }
             // A row that ends inside a run ends exactly there.
             let mut ended = false;
-            for &tok in run {
+            for (j, &tok) in run.iter().enumerate() {
+                if verified && j > 0 {
+                    row.count_accepted_draft(); // before `accept` may send DONE
+                }
                 match row.accept(tok, lps[i].take(), text, ctx_len) {
                     Ok(false) => {}
                     Ok(true) => {

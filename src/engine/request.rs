@@ -255,7 +255,9 @@ pub struct Usage {
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
     /// Speculative decoding: drafted tokens, how many of them the model
-    /// accepted (never more), and verify steps run (0 without speculation).
+    /// accepted and the request emitted (never more: drafts after an end
+    /// inside a run are not counted), and verify steps run (0 without
+    /// speculation).
     pub spec_proposed: u32,
     pub spec_accepted: u32,
     pub spec_verify_steps: u32,

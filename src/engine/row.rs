@@ -119,6 +119,14 @@ impl Row {
         &self.history
     }
 
+    /// A verified draft is handed over (its request's `spec_accepted`
+    /// counts only drafts it emitted, not the rest of a run cut short).
+    pub fn count_accepted_draft(&mut self) {
+        if let Some(s) = &mut self.speculation {
+            s.accepted += 1;
+        }
+    }
+
     /// Tokens generated so far.
     pub fn generated(&self) -> u32 {
         self.generated

@@ -227,8 +227,8 @@ pub(crate) fn try_round(
         }
     }
     let spec = set.rows[0].speculation.as_mut().expect("checked above");
+    // (Its `accepted` grows as `DecodeBatch::collect` hands the drafts over.)
     spec.proposed += k as u32;
-    spec.accepted += a as u32;
     spec.verify_steps += 1;
     spec.gamma = if a == k { (spec.gamma + 2).min(spec.gamma_max) } else { spec.gamma.saturating_sub(1).max(2).min(spec.gamma_max) };
     stats.proposed.fetch_add(k as u64, Ordering::Relaxed);
