@@ -861,8 +861,10 @@ typedef struct mlxrt_request_params {
    * repetition_penalty, repetition_context_size, seed, stop, tools,
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
    * cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
-   * (see `mlxrt_engine_config.quantized_kv_start`), response_format and
-   * tool_choice (below). Unknown fields are an
+   * (see `mlxrt_engine_config.quantized_kv_start`), speculation (`"off"`,
+   * `"ngram"` or `{"type": "ngram", "num_tokens": n, "min_match": m}`; see
+   * `mlxrt_engine_config.speculation`), response_format and tool_choice
+   * (below). Unknown fields are an
    * error. Tool definitions (`tools`, an array of JSON schemas as in
    * OpenAI's API) are given to the chat template; tool calls the model
    * makes come back as TOOL_CALL events.
