@@ -590,7 +590,7 @@ typedef struct mlxrt_engine_config {
   uint32_t kv_paging;
   /**
    * Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
-   * 1024 (default 256).
+   * 1024 (default 256). Ignored without paging.
    */
   uint32_t kv_block_size;
 } mlxrt_engine_config;

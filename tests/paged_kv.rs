@@ -135,6 +135,7 @@ fn paging_options_are_validated() {
         let err = Engine::new(config(true, bad, false)).err().expect("a bad block size is refused");
         assert!(err.to_string().contains("kv_block_size"), "{err}");
     }
+    assert!(Engine::new(config(false, 0, false)).is_ok(), "the block size is ignored without paging");
     let mut c = config(true, 256, false);
     c.kv = KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 64 }, start: 0 };
     assert!(Engine::new(c).is_err(), "paging with quantized KV is not implemented yet");
@@ -142,15 +143,9 @@ fn paging_options_are_validated() {
 
 #[test]
 fn rows_decoding_together_give_mlx_lm_tokens() {
-    // mlx-lm's greedy tokens for the parity prompts (recorded by
-    // tests/parity.rs), all submitted at once to a paged engine.
-    let reference = repo_root().join("target/oracle/parity_reference.safetensors");
-    assert!(
-        reference.exists(),
-        "{} is missing: run `cargo test --release --test parity` first (it records mlx-lm's reference)",
-        reference.display()
-    );
-    let cases = reference_cases(&reference);
+    // mlx-lm's greedy tokens for the parity prompts (the parity oracle),
+    // all submitted at once to a paged engine.
+    let cases = reference_cases(&parity_oracle().reference);
     assert!(cases.len() >= 5, "need at least 5 parity prompts, got {}", cases.len());
     let e = Engine::new(config(true, 64, false)).unwrap();
     let rxs: Vec<_> = cases.iter().map(|c| submit(&e, token_request(&c.prompt, c.tokens.len(), None))).collect();

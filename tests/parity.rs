@@ -8,33 +8,11 @@ use common::*;
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
 use mlxrt::mlx;
 use mlxrt::model::{load, Kernels, LoadOptions, LoadedModel};
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
-const STEPS: usize = 64;
-const LOGIT_STEPS: &str = "0,1,8,31,63";
+const STEPS: usize = PARITY_STEPS;
 /// Max |Δ| allowed between mlxrt's and mlx-lm's last-position logits (f32).
 const LOGIT_TOL: f32 = 1e-3;
-
-struct Oracle {
-    folder: PathBuf,
-    reference: PathBuf,
-}
-
-/// Converts the GGUF to an MLX folder and records mlx-lm's outputs, once.
-fn oracle() -> &'static Oracle {
-    static ORACLE: OnceLock<Oracle> = OnceLock::new();
-    ORACLE.get_or_init(|| {
-        let dir = repo_root().join("target/oracle");
-        std::fs::create_dir_all(&dir).unwrap();
-        let folder = dir.join("smollm2-mlx");
-        let reference = dir.join("parity_reference.safetensors");
-        let scripts = repo_root().join("tests/oracle");
-        py(&[scripts.join("gguf_to_mlx.py").to_str().unwrap(), model_path().to_str().unwrap(), folder.to_str().unwrap()]);
-        mlxlm_reference(&folder, &scripts.join("parity_prompts.json"), STEPS, LOGIT_STEPS, &reference, &["--f32-scales"]);
-        Oracle { folder, reference }
-    })
-}
 
 /// The parity prompts' mlx-lm references (at least 5).
 fn cases(reference: &Path) -> Vec<Case> {
@@ -44,7 +22,7 @@ fn cases(reference: &Path) -> Vec<Case> {
 }
 
 fn check_against_reference(m: &LoadedModel, label: &str, tol: f32) -> Vec<Vec<Vec<f32>>> {
-    let o = oracle();
+    let o = parity_oracle();
     let mut all = vec![];
     for c in cases(&o.reference) {
         // The engine's prefill: all but the last token at once.
@@ -62,7 +40,7 @@ fn gguf_and_folder_match_mlx_lm_and_each_other() {
     // mlxrt's CPU kernels (the default) stay within LOGIT_TOL of mlx-lm with
     // identical tokens; MLX's stock kernels (what mlx-lm runs, on the same
     // BLAS: `common::py`) give mlx-lm's logits exactly.
-    let o = oracle();
+    let o = parity_oracle();
     let gguf = load(&model_path(), &LoadOptions::default()).unwrap();
     let from_gguf = check_against_reference(&gguf, "gguf", LOGIT_TOL);
     drop(gguf);
@@ -80,7 +58,7 @@ fn gguf_and_folder_match_mlx_lm_and_each_other() {
 fn chat_prompts_tokenize_like_mlx_lm() {
     // mlx-lm rendered the messages with the (converted) template and tokenized
     // them; the engine must produce the same ids from the same messages.
-    let o = oracle();
+    let o = parity_oracle();
     let prompts: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(repo_root().join("tests/oracle/parity_prompts.json")).unwrap())
             .unwrap();
@@ -98,7 +76,7 @@ fn chat_prompts_tokenize_like_mlx_lm() {
 fn engine_generates_the_reference_tokens() {
     // The engine's pipelined decode loop, sampler and delivery must give the
     // same greedy tokens as mlx-lm (EOS ignored, exactly STEPS tokens).
-    let o = oracle();
+    let o = parity_oracle();
     let e = Engine::new(EngineConfig::new(model_path())).unwrap();
     for c in cases(&o.reference).iter().take(3) {
         let mut opts = RequestOptions::new(Input::Tokens(c.prompt.clone()));
@@ -116,7 +94,7 @@ fn engine_generates_the_reference_tokens() {
 fn logprobs_follow_mlx_lm() {
     // Per-token log-probabilities are mlx-lm's: log-softmax of the logits;
     // greedy picks the most likely token.
-    let o = oracle();
+    let o = parity_oracle();
     let e = Engine::new(EngineConfig::new(model_path())).unwrap();
     for c in cases(&o.reference).iter().take(2) {
         let mut opts = RequestOptions::new(Input::Tokens(c.prompt.clone()));

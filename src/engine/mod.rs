@@ -154,7 +154,7 @@ impl EngineConfig {
                 return Err(Error::invalid(format!("{name} must be at least 1")));
             }
         }
-        if !crate::cache::paged::valid_block_size(self.kv_block_size.min(i32::MAX as usize) as i32) {
+        if self.kv_paging && !crate::cache::paged::valid_block_size(self.kv_block_size.min(i32::MAX as usize) as i32) {
             return Err(Error::invalid(format!(
                 "kv_block_size {} is not a multiple of 32 from 32 to 1024",
                 self.kv_block_size

@@ -202,7 +202,7 @@ pub struct mlxrt_engine_config {
     /// layers are all full attention; others fail `mlxrt_engine_create`.
     pub kv_paging: u32,
     /// Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
-    /// 1024 (default 256).
+    /// 1024 (default 256). Ignored without paging.
     pub kv_block_size: u32,
 }
 

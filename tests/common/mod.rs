@@ -147,6 +147,35 @@ pub fn mlxlm_reference(model: &Path, prompts: &Path, steps: usize, logit_steps: 
     py(&args);
 }
 
+/// Greedy steps of the parity references, and the steps whose logits they keep.
+pub const PARITY_STEPS: usize = 64;
+const PARITY_LOGIT_STEPS: &str = "0,1,8,31,63";
+
+/// The default model as an MLX folder (converted from the GGUF by
+/// tests/oracle) and mlx-lm's greedy tokens and logits for
+/// tests/oracle/parity_prompts.json on it.
+pub struct ParityOracle {
+    pub folder: PathBuf,
+    pub reference: PathBuf,
+}
+
+/// Makes the parity oracle, once per test binary (tests/parity.rs and the
+/// tests that compare other engine settings with mlx-lm).
+pub fn parity_oracle() -> &'static ParityOracle {
+    static ORACLE: std::sync::OnceLock<ParityOracle> = std::sync::OnceLock::new();
+    ORACLE.get_or_init(|| {
+        let dir = repo_root().join("target/oracle");
+        std::fs::create_dir_all(&dir).unwrap();
+        let folder = dir.join("smollm2-mlx");
+        let reference = dir.join("parity_reference.safetensors");
+        let scripts = repo_root().join("tests/oracle");
+        py(&[scripts.join("gguf_to_mlx.py").to_str().unwrap(), model_path().to_str().unwrap(), folder.to_str().unwrap()]);
+        let prompts = scripts.join("parity_prompts.json");
+        mlxlm_reference(&folder, &prompts, PARITY_STEPS, PARITY_LOGIT_STEPS, &reference, &["--f32-scales"]);
+        ParityOracle { folder, reference }
+    })
+}
+
 /// Runs tests/oracle/make_tiny.py: a tiny random-weight model of `family`
 /// (mlx-lm's own class) into `out`; `extra` adds options.
 pub fn make_tiny(family: &str, out: &Path, extra: &[&str]) {
