@@ -92,11 +92,11 @@ impl Speculation {
 /// A speculating row's settings and counters.
 #[derive(Debug)]
 pub(crate) struct SpecState {
-    /// Drafts per step now, and at most: a step that accepts every draft
-    /// raises it by 2, one that rejects some lowers it by 1 (not below 2;
-    /// as Hugging Face's assisted generation), so the verify width follows
-    /// the runs this row actually copies (each drafted position costs a
-    /// fraction of a decode step).
+    /// Drafts per step now, and at most: it starts at `START_GAMMA`, a step
+    /// that accepts every draft raises it by 2, one that rejects some sets it
+    /// to the accepted count + 1 (not below 2), so the verify width follows
+    /// the runs this row actually copies: on a CPU each drafted position
+    /// costs a fifth of a decode step or so (a width-11 verify ~3 steps).
     gamma: usize,
     gamma_max: usize,
     min_match: usize,
@@ -107,12 +107,16 @@ pub(crate) struct SpecState {
     pub verify_steps: u32,
 }
 
+/// Drafts in a row's first verify step (at most the configured count): a
+/// long first draft that fails costs more than it could win.
+const START_GAMMA: usize = 4;
+
 impl SpecState {
     pub fn new(s: Speculation, seed: u64) -> Option<SpecState> {
         match s {
             Speculation::Off => None,
             Speculation::Ngram { num_tokens, min_match } => Some(SpecState {
-                gamma: num_tokens,
+                gamma: num_tokens.min(START_GAMMA),
                 gamma_max: num_tokens,
                 min_match,
                 seed,
@@ -230,7 +234,7 @@ pub(crate) fn try_round(
     // (Its `accepted` grows as `DecodeBatch::collect` hands the drafts over.)
     spec.proposed += k as u32;
     spec.verify_steps += 1;
-    spec.gamma = if a == k { (spec.gamma + 2).min(spec.gamma_max) } else { spec.gamma.saturating_sub(1).max(2).min(spec.gamma_max) };
+    spec.gamma = if a == k { (spec.gamma + 2).min(spec.gamma_max) } else { (a + 1).clamp(2, spec.gamma.max(2)).min(spec.gamma_max) };
     stats.proposed.fetch_add(k as u64, Ordering::Relaxed);
     stats.accepted.fetch_add(a as u64, Ordering::Relaxed);
     stats.verify_steps.fetch_add(1, Ordering::Relaxed);
