@@ -573,8 +573,8 @@ typedef struct mlxrt_engine_config {
    * Speculative decoding for requests whose `options_json` does not set
    * `speculation`: `MLXRT_SPECULATION_OFF` (default) or
    * `MLXRT_SPECULATION_NGRAM` (prompt lookup: drafts from the prompt and
-   * output, checked in one forward pass; greedy output unchanged). Runs
-   * while a request decodes alone (see README, "Speculative decoding").
+   * output, checked in one forward pass; greedy output unchanged). Rows
+   * speculate inside the decode batch (see README, "Speculative decoding").
    */
   int32_t speculation;
   /**

@@ -358,13 +358,21 @@ impl KvCache {
     fn cut_row(&self, planes: Option<&Planes>, row: usize, from: i32, to: i32, copy: bool) -> Result<Vec<Array>> {
         let planes = planes.and_then(|d| d.contents(self.t.len()).transpose());
         let planes = planes.ok_or_else(|| Error::internal("slicing an empty cache"))??;
-        let (p, r) = (self.t.pads()[row], row as i32);
+        let r = row as i32;
         if to > self.row_len(row) || from > to {
             return Err(Error::internal(format!("row {row} has {} positions, asked {from}..{to}", self.row_len(row))));
         }
+        let slots = self.t.slots(row, from, to);
+        let (first, last) = (slots.first().copied().unwrap_or(0), slots.last().map_or(0, |s| s + 1));
+        // Holes (rejected drafts, see `Timeline`) between the positions: a
+        // gathered copy.
+        let gather = (last - first != to - from).then(|| Array::from_i32(&slots, &[slots.len() as i32])).transpose()?;
         let cut = |a: &Array| -> Result<Array> {
             let s = a.shape();
-            let v = a.slice(&[r, 0, p + from, 0], &[r + 1, s[1], p + to, s[3]], &[1, 1, 1, 1])?;
+            if let Some(idx) = &gather {
+                return Ok(a.slice_axis(0, r, r + 1)?.take(idx, 2)?);
+            }
+            let v = a.slice(&[r, 0, first, 0], &[r + 1, s[1], first + (to - from), s[3]], &[1, 1, 1, 1])?;
             Ok(if copy { v.contiguous()? } else { v })
         };
         planes.iter().map(cut).collect()
@@ -441,20 +449,24 @@ impl KvCache {
     }
 
     /// The mask for `n` new tokens attending to everything cached plus
-    /// themselves (causally), without the padding.
+    /// themselves (causally), without the padding and holes.
     pub fn mask(&self, n: i32) -> Result<AttnMask> {
         let (len, pad) = (self.t.len(), self.t.pads());
-        if pad.iter().all(|&p| p == 0) {
+        if pad.iter().all(|&p| p == 0) && !self.t.has_holes() {
             return Ok(if n > 1 { AttnMask::Causal } else { AttnMask::None });
         }
         let total = len + n;
         let b = self.rows() as i32;
         let keys = Array::arange(0, total)?.reshape(&[1, 1, 1, total])?;
         let queries = Array::arange(len, total)?.reshape(&[1, 1, n, 1])?;
-        let pad = Array::from_i32(pad, &[b, 1, 1, 1])?;
         let causal = queries.greater_equal(&keys)?;
-        let not_pad = keys.greater_equal(&pad)?;
-        Ok(AttnMask::Array(causal.logical_and(&not_pad)?))
+        let attended = if self.t.has_holes() {
+            let flags: Vec<i32> = self.t.attended(total).into_iter().map(i32::from).collect();
+            Array::from_i32(&flags, &[b, 1, 1, total])?.astype(Dtype::Bool)?
+        } else {
+            keys.greater_equal(&Array::from_i32(pad, &[b, 1, 1, 1])?)?
+        };
+        Ok(AttnMask::Array(causal.logical_and(&attended)?))
     }
 
     /// Appends `k`, `v` (`[B, kv_heads, L, head_dim]`) for every row and
@@ -528,6 +540,11 @@ impl KvCache {
     /// Forgets the last `n` positions of every row (see `can_trim_after`).
     pub fn trim(&mut self, n: i32) {
         self.t.trim(n);
+    }
+
+    /// Makes slots `from..to` holes of `row` (see `Timeline::punch`).
+    pub fn punch(&mut self, row: usize, from: i32, to: i32) {
+        self.t.punch(row, from, to);
     }
 
     /// Prepends `n` padding positions to every row.
@@ -745,5 +762,51 @@ mod tests {
         for (a, b) in got.iter().zip(&want) {
             assert!((a - b).abs() < 1e-6, "{got:?} vs {want:?}");
         }
+    }
+
+    #[test]
+    fn holes_are_masked_and_skipped_by_row_slices() {
+        // Two rows of three positions, then a verify step of width 3 of
+        // which row 0 keeps all and row 1 one position.
+        let mut c = KvCache::new(1);
+        c.update_and_fetch(&kv(0.0, 3), &kv(0.0, 3)).unwrap();
+        let mut b = KvCache::new(1);
+        b.update_and_fetch(&kv(100.0, 3), &kv(100.0, 3)).unwrap();
+        c.extend(b).unwrap();
+        let step = Array::concatenate(&[&kv(10.0, 3), &kv(200.0, 3)], 0).unwrap();
+        c.update_and_fetch(&step, &step).unwrap();
+        c.punch(1, 4, 6);
+        assert_eq!((c.len(), c.row_len(0), c.row_len(1)), (6, 6, 4));
+        let Positions::PerRow(p) = c.positions().unwrap() else { panic!("holes make rows ragged") };
+        assert_eq!(p.to_vec_i32().unwrap(), vec![6, 4]);
+        let (k, _) = c.row_slice(1, 0, 4).unwrap();
+        assert_eq!(k.to_vec_f32().unwrap(), vec![100.0, -100.0, 101.0, -101.0, 102.0, -102.0, 200.0, -200.0]);
+        let (k, _) = c.row_view(1, 2, 4).unwrap();
+        assert_eq!(k.to_vec_f32().unwrap(), vec![102.0, -102.0, 200.0, -200.0]);
+        let AttnMask::Array(m) = c.mask(1).unwrap() else { panic!("needs a mask") };
+        assert_eq!(m.to_vec_i32().unwrap(), vec![1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1]);
+
+        // Row 1 attends exactly like the same positions without holes.
+        let q = kv(0.5, 1);
+        let mut alone = KvCache::new(1);
+        alone.update_and_fetch(&kv(100.0, 3), &kv(100.0, 3)).unwrap();
+        alone.update_and_fetch(&kv(200.0, 1), &kv(200.0, 1)).unwrap();
+        let (k1, v1) = alone.update_and_fetch(&kv(7.0, 1), &kv(8.0, 1)).unwrap();
+        let want = fast::scaled_dot_product_attention(&q, &k1, &v1, 0.3, fast::Mask::None).unwrap();
+        let (k_new, v_new) = (kv(7.0, 1).broadcast_to(&[2, 1, 1, 2]).unwrap(), kv(8.0, 1).broadcast_to(&[2, 1, 1, 2]).unwrap());
+        let mask = c.mask(1).unwrap();
+        let (k, v) = c.update_and_fetch(&k_new, &v_new).unwrap();
+        let qb = Array::concatenate(&[&q, &q], 0).unwrap();
+        let got = fast::scaled_dot_product_attention(&qb, &k, &v, 0.3, mask.as_mask()).unwrap();
+        let got = got.slice_axis(0, 1, 2).unwrap().to_vec_f32().unwrap();
+        let want = want.to_vec_f32().unwrap();
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() < 1e-6, "{got:?} vs {want:?}");
+        }
+        // Dropping row 0 keeps row 1's holes.
+        c.filter(&[1]).unwrap();
+        assert_eq!((c.len(), c.row_len(0)), (7, 5));
+        let (k, _) = c.row_slice(0, 3, 5).unwrap();
+        assert_eq!(k.to_vec_f32().unwrap(), vec![200.0, -200.0, 7.0, -7.0]);
     }
 }

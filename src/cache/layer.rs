@@ -9,6 +9,7 @@
 use super::kv::QuantRow;
 use super::paged::{LayerPool, PagedKv, PagedSnapshot};
 use super::scheme::KvScheme;
+use super::state::StateCheckpoint;
 use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
@@ -50,9 +51,9 @@ impl LayerCache {
     }
 
     /// Whether a forward of `width` more positions can be cut back afterwards
-    /// (speculative decoding's rollback, `trim`). A recurrent state cannot:
-    /// a model with one does not speculate (no snapshot and replay yet); nor
-    /// do paged caches yet.
+    /// (speculative decoding's rollback, `trim`). A recurrent state cannot
+    /// (it is checkpointed and replayed instead: `checkpoint`, `rewind`);
+    /// nor can paged caches yet.
     pub fn can_trim_after(&self, width: i32) -> bool {
         match self {
             LayerCache::Kv(c) => c.can_trim_after(width),
@@ -71,6 +72,44 @@ impl LayerCache {
             LayerCache::Paged(_) => return Err(Error::internal("a paged cache cannot be trimmed yet")),
         }
         Ok(())
+    }
+
+    /// A recurrent-state layer's checkpoint, to `rewind` to after a verify
+    /// step (None for other layers: they are cut back instead).
+    pub fn checkpoint(&self) -> Option<StateCheckpoint> {
+        match self {
+            LayerCache::State(c) => Some(c.checkpoint()),
+            _ => None,
+        }
+    }
+
+    /// Undoes the last `n` positions: back to `cp` for a recurrent state,
+    /// else `trim`.
+    pub fn rewind(&mut self, cp: Option<StateCheckpoint>, n: i32) -> Result<()> {
+        match (self, cp) {
+            (LayerCache::State(c), Some(cp)) => {
+                c.rewind(cp);
+                Ok(())
+            }
+            (c, _) => c.trim(n),
+        }
+    }
+
+    /// Whether rows may keep holes (`Timeline::punch`): a dense
+    /// full-attention KV cache, whose mask and positions follow them.
+    pub fn can_punch(&self) -> bool {
+        matches!(self, LayerCache::Kv(c) if !c.is_quantized())
+    }
+
+    /// Makes slots `from..to` holes of `row` (see `can_punch`).
+    pub fn punch(&mut self, row: usize, from: i32, to: i32) -> Result<()> {
+        match self {
+            LayerCache::Kv(c) if !c.is_quantized() => {
+                c.punch(row, from, to);
+                Ok(())
+            }
+            _ => Err(Error::internal("only a dense KV cache holds holes")),
+        }
     }
 
     /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).

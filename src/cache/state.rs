@@ -12,6 +12,13 @@ use super::Timeline;
 use crate::error::{Error, Result};
 use crate::mlx::Array;
 
+/// A `StateCache` as it was (see `StateCache::checkpoint`).
+pub struct StateCheckpoint {
+    conv: Option<Array>,
+    state: Option<Array>,
+    t: Timeline,
+}
+
 pub struct StateCache {
     /// `[B, kernel - 1, channels]`: the convolution's inputs carried over.
     conv: Option<Array>,
@@ -75,6 +82,18 @@ impl StateCache {
 
     pub fn recurrent(&self) -> Option<&Array> {
         self.state.as_ref()
+    }
+
+    /// The state as it is now, to go back to with `rewind` (a speculative
+    /// verify step whose drafts were rejected replays the accepted ones
+    /// from it). Arrays are immutable: this keeps references, not copies.
+    pub fn checkpoint(&self) -> StateCheckpoint {
+        StateCheckpoint { conv: self.conv.as_ref().map(Array::share), state: self.state.as_ref().map(Array::share), t: self.t.clone() }
+    }
+
+    /// Back to the state of `checkpoint`.
+    pub fn rewind(&mut self, cp: StateCheckpoint) {
+        (self.conv, self.state, self.t) = (cp.conv, cp.state, cp.t);
     }
 
     /// Stores the state after `n` more positions.

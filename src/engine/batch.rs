@@ -69,9 +69,9 @@ pub(crate) struct DecodeBatch {
     /// Logits of the scheduled step whose draw waits for `collect`: with a
     /// constrained row, the masks need the tokens `collect` reads.
     undrawn: Option<Array>,
-    /// Instead of `current`: the tokens a verify step (`spec`) hands to the
-    /// batch's one row.
-    run: Option<Vec<u32>>,
+    /// Instead of `current`: the tokens a verify step (`spec`) hands to
+    /// each row.
+    runs: Option<Vec<Vec<u32>>>,
 }
 
 /// Draws one token per row from `logits` (`[B, vocab]`). `unread` holds the
@@ -164,8 +164,9 @@ impl DecodeBatch {
         let Some(drawn) = self.pending.take() else { return Ok(()) };
         let tracer = step.tracer;
         if let Some(round) = spec::try_round(&mut self.set, &drawn, model, step.text, step.ctx_len, tracer, step.spec)? {
-            let next = Array::from_i32(&[round.next as i32], &[1])?.astype(crate::mlx::Dtype::U32)?;
-            self.run = Some(round.run);
+            let next: Vec<i32> = round.next.iter().map(|&t| t as i32).collect();
+            let next = Array::from_i32(&next, &[next.len() as i32])?.astype(crate::mlx::Dtype::U32)?;
+            self.runs = Some(round.runs);
             self.pending = Some(Drawn { tokens: next, logprobs: None });
             return Ok(());
         }
@@ -199,9 +200,10 @@ impl DecodeBatch {
     /// (what their KV holds of it) to the prompt cache.
     pub fn collect(&mut self, text: &TextAssets, ctx_len: usize, tracer: &Tracer) -> Result<Vec<Offer>> {
         // Each row's tokens in order: one per row, or a verify step's run.
-        let verified = self.run.is_some();
-        let (runs, mut lps): (Vec<Vec<u32>>, Vec<Option<_>>) = if let Some(run) = self.run.take() {
-            (vec![run], vec![None])
+        let verified = self.runs.is_some();
+        let (runs, mut lps): (Vec<Vec<u32>>, Vec<Option<_>>) = if let Some(runs) = self.runs.take() {
+            let n = runs.len();
+            (runs, vec![None; n])
         } else {
             let Some(current) = self.current.take() else { return Ok(vec![]) };
             let t = Instant::now();
@@ -263,10 +265,11 @@ impl DecodeBatch {
                 continue;
             }
             // The step just scheduled fed this token: the row's KV covers its
-            // whole history, which the next turn of a chat starts with.
+            // whole history, which the next turn of a chat starts with (and
+            // more when it ended inside a verify step's accepted run).
             if row.use_cache {
                 let history = row.cache_history();
-                if held[i] == history.len() {
+                if held[i] >= history.len() {
                     offers.push(Offer { row: i, namespace: row.namespace.clone(), tokens: history });
                 }
             }

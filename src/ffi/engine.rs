@@ -191,8 +191,8 @@ pub struct mlxrt_engine_config {
     /// Speculative decoding for requests whose `options_json` does not set
     /// `speculation`: `MLXRT_SPECULATION_OFF` (default) or
     /// `MLXRT_SPECULATION_NGRAM` (prompt lookup: drafts from the prompt and
-    /// output, checked in one forward pass; greedy output unchanged). Runs
-    /// while a request decodes alone (see README, "Speculative decoding").
+    /// output, checked in one forward pass; greedy output unchanged). Rows
+    /// speculate inside the decode batch (see README, "Speculative decoding").
     pub speculation: i32,
     /// Drafted tokens per verify step for prompt lookup (0 = 10).
     pub speculation_tokens: u32,

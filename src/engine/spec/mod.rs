@@ -4,15 +4,22 @@
 //! prefix the model agrees with plus the model's own next token (`accept`).
 //! The KV cache is cut back past the rejected drafts (`LayerCache::trim`).
 //!
-//! Where it runs: the decode batch's rows share one contiguous timeline, which
-//! cannot hold rows that accepted different numbers of tokens, so a verify
-//! step runs only when the batch has one row; with more, every row decodes
-//! plainly (one token per step) until it is alone again. A row does not
-//! speculate while it asks for log-probabilities, when a layer cannot be cut
-//! back after the step (a recurrent-state layer: hybrid models never
-//! speculate; a sliding-window ring that would wrap; quantized KV crossing
-//! the row's `quantized_kv_start`), or when lookup finds nothing (then that
-//! step is a plain one).
+//! Where it runs: inside the decode batch, per row. A verify step feeds
+//! every row the same width (its pending token, its drafts, filler); rows
+//! that do not speculate, or drafted nothing this step, take the plain
+//! step's token from the first position. Each row accepts on its own; the
+//! batch keeps the longest run and the shorter rows' rejected slots become
+//! holes they never attend to again (`Timeline::punch`). With several rows
+//! that needs dense full-attention KV caches (`LayerCache::can_punch`); a
+//! row alone only needs caches that can be cut back after the step
+//! (`LayerCache::can_trim_after`), or a recurrent state (hybrid models),
+//! which is checkpointed before the step and, after a rejection, rewound
+//! and fed the accepted run once more (a second, shorter forward). No
+//! verify step runs while a row asks for log-probabilities or is
+//! constrained (structured output: a mask per position), when a layer
+//! cannot be cut back (a sliding-window ring that would wrap; quantized KV
+//! crossing the row's `quantized_kv_start`), or when lookup finds nothing
+//! for any row (then the step is a plain one).
 //!
 //! Output: greedy rows emit exactly the tokens plain decoding would (up to
 //! the float rounding of a wider forward pass). Sampled rows follow the same
@@ -25,8 +32,10 @@ pub(crate) mod accept;
 mod ngram;
 
 use super::batch::Drawn;
+use super::row::Row;
 use super::row_set::RowSet;
 use super::trace::{SpanKind, Tracer};
+use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 use crate::mlx::{self, Array};
 use crate::model::load::TextAssets;
@@ -136,18 +145,45 @@ pub(crate) struct SpecStats {
     pub verify_steps: AtomicU64,
 }
 
-/// A verify step's outcome for the batch's one row: the tokens to hand over
+/// A verify step's outcome, per row of the batch: the tokens to hand over
 /// in order (the pending token it fed, then the accepted drafts), and the
 /// token the next step feeds (the model's own, after the accepted run).
 pub(crate) struct Round {
-    pub run: Vec<u32>,
-    pub next: u32,
+    pub runs: Vec<Vec<u32>>,
+    pub next: Vec<u32>,
 }
 
-/// Runs a verify step instead of a plain decode step when the batch has one
-/// speculating row and lookup drafts something for it; None = decode
-/// plainly. Reads the pending token (the row's next input) first: a
-/// speculating row gives up the one-step lookahead.
+/// Whether `row` may draft this step (before looking at its pending token).
+fn may_draft(row: &Row) -> bool {
+    // A constrained row (structured output) needs a mask per position.
+    row.speculation.is_some() && row.logprobs.is_none() && row.constraint.is_none() && !row.is_ended() && !row.is_cancelled()
+}
+
+/// The drafts `row` proposes after its pending token `t0`: none when it
+/// does not speculate or would end with `t0`. Drafts never run past
+/// max_tokens or the context: the row would end inside the run anyway.
+fn drafts_for(row: &Row, t0: i32, text: &TextAssets, ctx_len: usize) -> Vec<i32> {
+    let Some(spec) = row.speculation.as_ref().filter(|_| may_draft(row)) else { return vec![] };
+    if row.stop_at_eos && text.eos_ids.contains(&(t0 as u32)) {
+        return vec![];
+    }
+    let mut history = row.history_ids().to_vec();
+    history.push(t0);
+    let mut room = (row.max_tokens as usize).saturating_sub(row.generated() as usize + 1);
+    if ctx_len > 0 {
+        room = room.min(ctx_len.saturating_sub(history.len()));
+    }
+    ngram::propose(&history, spec.gamma.min(room), spec.min_match)
+}
+
+/// Runs a verify step instead of a plain decode step when some row of the
+/// batch speculates and lookup drafts something for it; None = decode
+/// plainly. Every row feeds its pending token and its drafts (none for the
+/// rows that do not speculate), padded to one width; each row accepts on
+/// its own, the batch keeps the longest run, and the shorter rows' rejected
+/// slots become holes (`Timeline::punch`), so rows with and without
+/// speculation share the step. Reads the pending tokens first: speculating
+/// gives up the one-step lookahead.
 pub(crate) fn try_round(
     set: &mut RowSet,
     pending: &Drawn,
@@ -157,87 +193,154 @@ pub(crate) fn try_round(
     tracer: &Tracer,
     stats: &SpecStats,
 ) -> Result<Option<Round>> {
-    if set.len() != 1 || pending.logprobs.is_some() {
+    let b = set.len();
+    // Log-probabilities and grammar masks are drawn per step for the whole
+    // batch; several rows need caches whose rows can keep holes.
+    if pending.logprobs.is_some()
+        || !set.rows.iter().any(may_draft)
+        || set.rows.iter().any(|r| r.logprobs.is_some() || r.constraint.is_some())
+        || (b > 1 && !set.cache().iter().all(LayerCache::can_punch))
+    {
         return Ok(None);
     }
-    let row = &set.rows[0];
-    let Some((gamma, min_match, seed)) = row.speculation.as_ref().map(|s| (s.gamma, s.min_match, s.seed)) else { return Ok(None) };
-    // A constrained row (structured output) needs a mask per position:
-    // it decodes plainly.
-    if row.logprobs.is_some() || row.constraint.is_some() || row.is_ended() || row.is_cancelled() {
+    let t0s = pending.tokens.to_vec_i32()?;
+    let drafts: Vec<Vec<i32>> = set.rows.iter().zip(&t0s).map(|(r, &t0)| drafts_for(r, t0, text, ctx_len)).collect();
+    let k_max = drafts.iter().map(Vec::len).max().unwrap_or(0);
+    let width = 1 + k_max as i32;
+    // A recurrent state (hybrid models, a row alone) is checkpointed and
+    // replayed instead of cut back.
+    let rewinds = |c: &LayerCache| c.can_trim_after(width) || matches!(c, LayerCache::State(_));
+    if k_max == 0 || !set.cache().iter().all(rewinds) {
         return Ok(None);
     }
-    let t0 = pending.tokens.to_vec_i32()?[0];
-    if row.stop_at_eos && text.eos_ids.contains(&(t0 as u32)) {
-        return Ok(None); // the row ends with t0
-    }
-    // Drafts never run past max_tokens or the context: the row would end
-    // inside the run anyway.
-    let mut history = row.history_ids().to_vec();
-    history.push(t0);
-    let mut room = (row.max_tokens as usize).saturating_sub(row.generated() as usize + 1);
-    if ctx_len > 0 {
-        room = room.min(ctx_len.saturating_sub(history.len()));
-    }
-    let drafts = ngram::propose(&history, gamma.min(room), min_match);
-    let k = drafts.len();
-    let width = 1 + k as i32;
-    if k == 0 || !set.cache().iter().all(|c| c.can_trim_after(width)) {
-        return Ok(None);
-    }
+    let checkpoints: Vec<_> = set.cache().iter().map(LayerCache::checkpoint).collect();
 
     let t = Instant::now();
-    let mut fed = vec![t0];
-    fed.extend(&drafts);
-    let x = Array::from_i32(&fed, &[1, width])?;
+    let len_before = set.cache()[0].len();
+    // Row i: its pending token, its drafts, then its pending token again as
+    // filler up to the width (those slots are cut back or become holes).
+    let fed: Vec<Vec<i32>> = t0s.iter().zip(&drafts).map(|(&t0, d)| std::iter::once(t0).chain(d.iter().copied()).collect()).collect();
+    let flat: Vec<i32> =
+        fed.iter().flat_map(|f| f.iter().copied().chain(std::iter::repeat(f[0])).take(width as usize)).collect();
+    let x = Array::from_i32(&flat, &[b as i32, width])?;
     tracer.model_call();
     let logits = model.forward(&x, set.cache_mut(), Output::AllLogits)?.expect("logits requested");
-    tracer.record(SpanKind::Forward, 1, width as usize, t);
+    tracer.record(SpanKind::Forward, b, b * width as usize, t);
+
     let t = Instant::now();
-    let row = &mut set.rows[0];
-    let (a, next) = if row.sampler.is_greedy() && !row.sampler.needs_history() {
-        // As the plain step: argmax of the log-probabilities.
-        let lp = logits.subtract(&logits.logsumexp(-1, true)?)?;
-        let target = lp.argmax(-1, false)?.to_vec_i32()?;
-        accept::greedy(&drafts, &target)
+    let outcomes = accept_rows(&mut set.rows, &logits, &fed, &drafts)?;
+    tracer.record(SpanKind::Sample, b, b * width as usize, t);
+    // The batch keeps the longest run; the rows that accepted fewer have
+    // holes where their rejected drafts (or filler) were written.
+    let kept = outcomes.iter().map(|&(a, _)| a as i32 + 1).max().unwrap_or(1);
+    if kept < width && checkpoints.iter().any(Option::is_some) {
+        // A recurrent state (one row): back to before the step, then the
+        // accepted run once more.
+        let t = Instant::now();
+        for (c, cp) in set.cache_mut().iter_mut().zip(checkpoints) {
+            c.rewind(cp, width)?;
+        }
+        let x = Array::from_i32(&fed[0][..kept as usize], &[1, kept])?;
+        tracer.model_call();
+        model.forward(&x, set.cache_mut(), Output::CacheOnly)?;
+        tracer.record(SpanKind::Forward, 1, kept as usize, t);
     } else {
-        // Each position with the row's own pipeline (penalty window ending
-        // with the drafts it follows).
-        let mut outs = Vec::with_capacity(fed.len());
-        for j in 0..fed.len() {
-            let at = logits.slice_axis(1, j as i32, j as i32 + 1)?.reshape(&[1, -1])?;
-            let window = row.window_after(&fed[..=j])?;
-            outs.push(if row.sampler.is_greedy() {
-                row.sampler.draw(&at, window.as_ref())?.token
-            } else {
-                row.sampler.probs(&at, window.as_ref())?
-            });
-        }
-        mlx::eval(&outs.iter().collect::<Vec<_>>())?;
-        if row.sampler.is_greedy() {
-            let target = outs.iter().map(|o| Ok(o.to_vec_i32()?[0])).collect::<Result<Vec<_>>>()?;
-            accept::greedy(&drafts, &target)
-        } else {
-            let probs = outs.iter().map(|o| Ok(o.to_vec_f32()?)).collect::<Result<Vec<_>>>()?;
-            let refs: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
-            accept::sampled(&drafts, &refs, seed, row.generated() as u64 + 1)
-        }
-    };
-    tracer.record(SpanKind::Sample, 1, width as usize, t);
-    let rejected = (k - a) as i32;
-    if rejected > 0 {
         for c in set.cache_mut().iter_mut() {
-            c.trim(rejected)?;
+            if width > kept {
+                c.trim(width - kept)?;
+            }
+            for (i, &(a, _)) in outcomes.iter().enumerate() {
+                if a as i32 + 1 < kept {
+                    c.punch(i, len_before + a as i32 + 1, len_before + kept)?;
+                }
+            }
         }
     }
-    let spec = set.rows[0].speculation.as_mut().expect("checked above");
-    // (Its `accepted` grows as `DecodeBatch::collect` hands the drafts over.)
-    spec.proposed += k as u32;
-    spec.verify_steps += 1;
-    spec.gamma = if a == k { (spec.gamma + 2).min(spec.gamma_max) } else { (a + 1).clamp(2, spec.gamma.max(2)).min(spec.gamma_max) };
-    stats.proposed.fetch_add(k as u64, Ordering::Relaxed);
-    stats.accepted.fetch_add(a as u64, Ordering::Relaxed);
-    stats.verify_steps.fetch_add(1, Ordering::Relaxed);
-    let run = fed[..=a].iter().map(|&t| t as u32).collect();
-    Ok(Some(Round { run, next: next as u32 }))
+    let mut runs = Vec::with_capacity(b);
+    for ((row, d), (f, &(a, _))) in set.rows.iter_mut().zip(&drafts).zip(fed.iter().zip(&outcomes)) {
+        runs.push(f[..=a].iter().map(|&t| t as u32).collect());
+        let (Some(spec), k) = (row.speculation.as_mut(), d.len()) else { continue };
+        if k == 0 {
+            continue;
+        }
+        // (Its `accepted` grows as `DecodeBatch::collect` hands the drafts over.)
+        spec.proposed += k as u32;
+        spec.verify_steps += 1;
+        spec.gamma = if a == k { (spec.gamma + 2).min(spec.gamma_max) } else { (a + 1).clamp(2, spec.gamma.max(2)).min(spec.gamma_max) };
+        stats.proposed.fetch_add(k as u64, Ordering::Relaxed);
+        stats.accepted.fetch_add(a as u64, Ordering::Relaxed);
+        stats.verify_steps.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(Some(Round { runs, next: outcomes.into_iter().map(|(_, n)| n as u32).collect() }))
+}
+
+/// Each row's accepted draft count and next token from a verify forward's
+/// logits (`[B, width, vocab]`). A row without drafts draws as in a plain
+/// step. A row whose draw fails ends with the error (next token 0, which
+/// `collect` skips); the others go on.
+fn accept_rows(rows: &mut [Row], logits: &Array, fed: &[Vec<i32>], drafts: &[Vec<i32>]) -> Result<Vec<(usize, i32)>> {
+    // Greedy rows (and rows that ended: their tokens are dropped) take the
+    // argmax of the log-probabilities, as the plain step; one for all.
+    let fast = |r: &Row| (r.sampler.is_greedy() && !r.sampler.needs_history()) || r.is_ended() || r.is_cancelled();
+    let argmax = if rows.iter().any(fast) {
+        let lp = logits.subtract(&logits.logsumexp(-1, true)?)?;
+        Some(lp.argmax(-1, false)?)
+    } else {
+        None
+    };
+    // The other rows' draws, each position with the row's own pipeline
+    // (penalty window ending with the drafts it follows).
+    let mut pipes: Vec<Option<Result<Vec<Array>>>> = Vec::with_capacity(rows.len());
+    for (i, row) in rows.iter_mut().enumerate() {
+        if fast(row) {
+            pipes.push(None);
+            continue;
+        }
+        let f = &fed[i];
+        let spec_sampled = !drafts[i].is_empty() && !row.sampler.is_greedy();
+        let per_row = (0..f.len())
+            .map(|j| {
+                let at = logits.slice(&[i as i32, j as i32, 0], &[i as i32 + 1, j as i32 + 1, logits.dim(2)], &[1, 1, 1])?;
+                let at = at.reshape(&[1, -1])?;
+                let window = row.window_after(&f[..=j])?;
+                if spec_sampled {
+                    row.sampler.probs(&at, window.as_ref())
+                } else {
+                    Ok(row.sampler.draw(&at, window.as_ref())?.token)
+                }
+            })
+            .collect::<Result<Vec<_>>>();
+        pipes.push(Some(per_row));
+    }
+    let mut lazy: Vec<&Array> = argmax.iter().collect();
+    lazy.extend(pipes.iter().flatten().flat_map(|p| p.iter().flatten()));
+    mlx::eval(&lazy)?;
+    let width = logits.dim(1) as usize;
+    let argmax = argmax.map(|a| a.to_vec_i32()).transpose()?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (i, (row, pipe)) in rows.iter_mut().zip(pipes).enumerate() {
+        let d = &drafts[i];
+        let outcome = match pipe {
+            None => {
+                let a = argmax.as_ref().expect("computed for fast rows");
+                Ok(accept::greedy(d, &a[i * width..i * width + d.len() + 1]))
+            }
+            Some(Err(e)) => Err(e),
+            Some(Ok(outs)) if row.sampler.is_greedy() || d.is_empty() => outs
+                .iter()
+                .map(|o| Ok(o.to_vec_i32()?[0]))
+                .collect::<Result<Vec<_>>>()
+                .map(|target| accept::greedy(d, &target)),
+            Some(Ok(outs)) => outs.iter().map(|o| Ok(o.to_vec_f32()?)).collect::<Result<Vec<_>>>().map(|probs| {
+                let refs: Vec<&[f32]> = probs.iter().map(Vec::as_slice).collect();
+                let seed = row.speculation.as_ref().map_or(0, |s| s.seed);
+                accept::sampled(d, &refs, seed, row.generated() as u64 + 1)
+            }),
+        };
+        out.push(outcome.unwrap_or_else(|e| {
+            row.fail(e);
+            (0, 0)
+        }));
+    }
+    Ok(out)
 }
