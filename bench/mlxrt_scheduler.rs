@@ -7,7 +7,9 @@
 //! Scenarios:
 //! - `{"mode": "shared_prefix", "prompts": [[ids], ...], "max_tokens": N}`
 //!   (the prompts share a long prefix; prompt cache off, so that nothing but
-//!   the KV layout can share it): the first prompt alone, then all at once.
+//!   the KV layout can share it: with `kv_paging` the requests that arrive
+//!   with the first map its prefix blocks): the first prompt alone, then all
+//!   at once.
 //!   Prints `private_kv_bytes` (the peak KV bytes of the first prompt alone:
 //!   one request's private copy), `kv_peak_bytes` (the peak while all run),
 //!   `wall_s`, `output_tokens`, `throughput_tps` and per-request `ttft_ms`

@@ -9,12 +9,15 @@ tokenizer (bench/common.py BENCH_TEXT, no special tokens): a system prefix of
 BENCH_TEXT from a per-question offset). Each scenario is one process per run (model load
 and a short warm-up untimed), --rounds rounds:
 
-  * shared_prefix (bench/mlxrt_scheduler.rs): --requests requests (prefix + question i,
-    --max-tokens tokens each) submitted at once. `shared_prefix_kv_fraction` = peak KV
-    bytes in use ÷ the sum of private copies (requests × the peak KV bytes of one request
-    alone); aggregate tok/s and TTFT p50/p95.
-    `shared_prefix_throughput_ratio` (tok/s with paging ÷ without) needs paged KV and an
-    engine option to switch it off: null, with `shared_prefix_throughput_ratio_reason`.
+  * shared_prefix and shared_prefix_paged (bench/mlxrt_scheduler.rs): --requests requests
+    (prefix + question i, --max-tokens tokens each) submitted at once, prompt cache off,
+    with paged KV off and on (blocks of --kv-block-size; concurrent requests map the
+    first one's prefix blocks). `shared_prefix_kv_fraction` (paged run) = peak KV bytes in
+    use ÷ the sum of private copies (requests × the peak KV bytes of one request alone on
+    the same engine); `shared_prefix_throughput_ratio` = aggregate tok/s with paging ÷
+    without; TTFT p50/p95 both ways. Peak KV is at the end of generation, so the fraction
+    grows with --max-tokens (every row's own tail) and with the block size (each row's
+    tail takes whole blocks): docs/plans/scheduler-v2.md 3.12.
   * itl (bench/mlxrt_batching.rs's itl mode, as bench/batching.py): --itl-background
     requests (--prompt-tokens ids each: prefix + question) decode; once each has
     --itl-after tokens a --long-tokens prompt arrives. `itl_under_arrival_ratio` = p95 of the
@@ -30,7 +33,7 @@ run. --note records the conditions (e.g. a loaded machine, reduced sizes).
 
 Usage:
     scheduler.py --model GGUF [--rounds 1] [--requests 32] [--prefix-tokens 1024]
-        [--question-tokens 64] [--max-tokens 64] [--itl-background 4]
+        [--question-tokens 64] [--max-tokens 32] [--kv-block-size 64] [--itl-background 4]
         [--itl-background-max-tokens 256] [--long-tokens 2048] [--itl-after 16]
         [--prompt-tokens 128] [--hit-requests 4] [--hit-max-tokens 8] [--kernels auto|stock]
         [--note TEXT] [--results-dir DIR] [--name scheduler]
@@ -48,9 +51,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-NO_PAGING = ("needs paged KV with shared prefix blocks and an engine option to switch paging "
-             "off (issue 13); the engine keeps a private KV copy per row, so there is nothing "
-             "to compare yet")
 
 
 def build_ids(args):
@@ -71,6 +71,10 @@ def build_ids(args):
     return prefix, questions, long_prompt
 
 
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
 def payload(args, raw, cmds, prov):
     def med(kind, key):
         return common.median([r[key] for r in raw[kind] if r.get(key) is not None])
@@ -79,19 +83,23 @@ def payload(args, raw, cmds, prov):
         "settings": {k: getattr(args, k) for k in (
             "rounds", "requests", "prefix_tokens", "question_tokens", "max_tokens", "itl_background",
             "itl_background_max_tokens", "long_tokens", "itl_after", "prompt_tokens", "hit_requests",
-            "hit_max_tokens", "kernels")} | {"sampling": "greedy, EOS ignored"},
+            "hit_max_tokens", "kv_block_size", "kernels")} | {"sampling": "greedy, EOS ignored"},
         "note": args.note,
         **cmds,
         "provenance": prov,
         "raw": raw,
         "targets": {"shared_prefix_kv_fraction": "<= 0.15", "shared_prefix_throughput_ratio": ">= 1.3",
                     "itl_under_arrival_ratio": "<= 2.0", "cohort_hit_ttft_ratio": "lower is better"},
-        "shared_prefix_kv_fraction": med("shared_prefix", "kv_fraction"),
-        "shared_prefix_throughput_tps": med("shared_prefix", "throughput_tps"),
-        "shared_prefix_ttft_p50_ms": med("shared_prefix", "ttft_p50_ms"),
-        "shared_prefix_ttft_p95_ms": med("shared_prefix", "ttft_p95_ms"),
-        "shared_prefix_throughput_ratio": None,
-        "shared_prefix_throughput_ratio_reason": NO_PAGING,
+        "shared_prefix_kv_fraction": med("shared_prefix_paged", "kv_fraction"),
+        "shared_prefix_kv_fraction_unpaged": med("shared_prefix", "kv_fraction"),
+        "shared_prefix_throughput_tps": med("shared_prefix_paged", "throughput_tps"),
+        "shared_prefix_throughput_tps_unpaged": med("shared_prefix", "throughput_tps"),
+        "shared_prefix_ttft_p50_ms": med("shared_prefix_paged", "ttft_p50_ms"),
+        "shared_prefix_ttft_p95_ms": med("shared_prefix_paged", "ttft_p95_ms"),
+        "shared_prefix_ttft_p50_ms_unpaged": med("shared_prefix", "ttft_p50_ms"),
+        "shared_prefix_ttft_p95_ms_unpaged": med("shared_prefix", "ttft_p95_ms"),
+        "shared_prefix_throughput_ratio": ratio(med("shared_prefix_paged", "throughput_tps"),
+                                                med("shared_prefix", "throughput_tps")),
         "itl_p95_unloaded_ms": med("itl", "itl_p95_unloaded_ms"),
         "itl_p95_under_arrival_ms": med("itl", "itl_p95_during_long_ms"),
         "itl_under_arrival_ratio": med("itl", "ratio"),
@@ -109,7 +117,9 @@ def main():
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--prefix-tokens", type=int, default=1024)
     ap.add_argument("--question-tokens", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=32,
+                    help="shared_prefix output tokens (the KV fraction grows with it, see above)")
+    ap.add_argument("--kv-block-size", type=int, default=64, help="shared_prefix_paged block size")
     ap.add_argument("--itl-background", type=int, default=4)
     ap.add_argument("--itl-background-max-tokens", type=int, default=256)
     ap.add_argument("--long-tokens", type=int, default=2048)
@@ -130,6 +140,9 @@ def main():
     scenarios = {
         "shared_prefix": ("scheduler", {"mode": "shared_prefix", "max_tokens": args.max_tokens,
                                         "prompts": [prefix + q for q in questions[:args.requests]]}),
+        "shared_prefix_paged": ("scheduler", {"mode": "shared_prefix", "max_tokens": args.max_tokens,
+                                              "prompts": [prefix + q for q in questions[:args.requests]],
+                                              "kv_paging": True, "kv_block_size": args.kv_block_size}),
         "itl": ("batching", {"mode": "itl", "background": background,
                              "background_max_tokens": args.itl_background_max_tokens,
                              "long_prompt": long_prompt, "arrive_after_tokens": args.itl_after}),
@@ -144,7 +157,7 @@ def main():
     t_start = time.perf_counter()
 
     def summarize(kind, r):
-        if kind == "shared_prefix":
+        if kind.startswith("shared_prefix"):
             return {**r, "kv_fraction": r["kv_peak_bytes"] / (r["requests"] * r["private_kv_bytes"]),
                     "ttft_p50_ms": common.percentile(r["ttft_ms"], 50),
                     "ttft_p95_ms": common.percentile(r["ttft_ms"], 95)}

@@ -939,7 +939,8 @@ typedef struct mlxrt_request_params {
 typedef struct mlxrt_usage {
   uint32_t prompt_tokens;
   /**
-   * Prompt tokens served from a prompt cache.
+   * Prompt tokens served from a cache: the prompt cache, or (paged KV) a
+   * concurrent request's shared prefix blocks.
    */
   uint32_t cached_tokens;
   /**

@@ -1,14 +1,18 @@
 //! Paged KV (`kv_paging`) on the real model (SmolLM2): mlx-lm's greedy
 //! tokens, and the contiguous cache's, for rows of different lengths
-//! prefilling and decoding together and for a prompt-cache hit that maps
-//! its blocks; blocks return to the pool; the options are validated.
+//! prefilling and decoding together, for a prompt-cache hit that maps its
+//! blocks and for concurrent requests sharing a prefix's blocks; blocks
+//! return to the pool (a cancelled sharing row frees only its own); the
+//! options are validated.
 
 mod common;
 
 use common::*;
 use mlxrt::cache::scheme::{KvQuant, KvScheme};
-use mlxrt::engine::{Engine, EngineConfig, Event};
+use mlxrt::engine::{Engine, EngineConfig, Event, RequestHandle};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
+use std::time::Duration;
 
 const PROMPTS: [&str; 5] = [
     "What is the capital of France?",
@@ -155,4 +159,120 @@ fn rows_decoding_together_give_mlx_lm_tokens() {
         assert_eq!(tokens_of(&collect(rx)), c.tokens, "{}: paged engine tokens differ from mlx-lm", c.name);
     }
     assert_eq!(wait_idle(&e).kv_blocks_used, 0);
+}
+
+/// Token prompts sharing a 280-token prefix (8 full blocks of 32 and a
+/// partial one), each with 10 distinct question ids: 290 tokens, so a row
+/// holds 10 blocks until it has 30 positions more.
+fn shared_prompts(n: usize) -> Vec<Vec<u32>> {
+    let prefix: Vec<u32> = (0..280).map(|i| 200 + (i * 37) % 4000).collect();
+    (0..n).map(|q| prefix.iter().copied().chain((0..10).map(|j| 5000 + 10 * q as u32 + j)).collect()).collect()
+}
+
+/// Submits a request; its handle and its events.
+fn submit_handle(e: &Engine, o: mlxrt::engine::RequestOptions) -> (RequestHandle, mpsc::Receiver<Event>) {
+    let (tx, rx) = mpsc::channel();
+    let h = e.submit(o, Box::new(move |ev: &Event| {
+        let _ = tx.send(ev.clone());
+    }));
+    (h.expect("submit"), rx)
+}
+
+/// `f` while a thread samples the engine's KV blocks in use; its result and
+/// the peak.
+fn peak_blocks<T>(e: &Engine, f: impl FnOnce() -> T) -> (T, u64) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            while !stop.load(Ordering::Relaxed) {
+                peak = peak.max(e.stats().kv_blocks_used);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            peak
+        });
+        let out = f();
+        stop.store(true, Ordering::Relaxed);
+        (out, sampler.join().expect("sampler"))
+    })
+}
+
+#[test]
+fn concurrent_rows_sharing_a_prefix_share_its_blocks() {
+    // Six requests at once, prompt cache off: the first prefills alone, the
+    // others wait for it and map its 8 full blocks (the partial 9th is
+    // copied on write): 10 + 5 x 2 blocks per layer at most, against
+    // 6 x 10 private ones.
+    let steps = 8;
+    let prompts = shared_prompts(6);
+    let flat = Engine::new(config(false, 256, false)).unwrap();
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| tokens_of(&run(&flat, token_request(p, steps, None)))).collect();
+    let rxs: Vec<_> = prompts.iter().map(|p| submit(&flat, token_request(p, steps, None))).collect();
+    let together: Vec<Vec<u32>> = rxs.iter().map(|rx| tokens_of(&collect(rx))).collect();
+    assert_eq!(together, alone, "unpaged rows together differ from alone");
+    drop(flat);
+
+    let e = Engine::new(config(true, 32, false)).unwrap();
+    let layers = e.info().num_layers as u64;
+    let (runs, peak) = peak_blocks(&e, || {
+        let rxs: Vec<_> = prompts.iter().map(|p| submit(&e, token_request(p, steps, None))).collect();
+        rxs.iter().map(|rx| collect(rx)).collect::<Vec<_>>()
+    });
+    for (i, ev) in runs.iter().enumerate() {
+        assert_eq!(tokens_of(ev), alone[i], "request {i}: tokens with shared blocks differ");
+        let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{ev:?}") };
+        if i > 0 {
+            assert!(usage.cached_tokens >= 256, "request {i} mapped {} tokens, not the shared blocks", usage.cached_tokens);
+        }
+    }
+    assert!(peak >= 10 * layers, "the peak sampled no rows: {peak}");
+    assert!(peak <= 20 * layers, "peak {} blocks per layer, shared would be at most 20 (private: 60)", peak / layers);
+    let s = wait_idle(&e);
+    assert_eq!((s.kv_blocks_used, s.kv_bytes), (0, 0), "every block back: {s:?}");
+}
+
+#[test]
+fn cancelling_a_sharing_row_frees_only_its_own_blocks() {
+    // Four requests share 8 full blocks; each holds 2 of its own (its copy
+    // of the partial 9th, and the 10th) for its first 30 positions: 16 per
+    // layer. A cancelled one gives back its 2, the shared 8 stay, and the
+    // others still get their tokens.
+    let steps = 28;
+    let prompts = shared_prompts(4);
+    let flat = Engine::new(config(false, 256, false)).unwrap();
+    let alone: Vec<Vec<u32>> = prompts.iter().map(|p| tokens_of(&run(&flat, token_request(p, steps, None)))).collect();
+    drop(flat);
+
+    let e = Engine::new(config(true, 32, false)).unwrap();
+    let layers = e.info().num_layers as u64;
+    let subs: Vec<_> = prompts.iter().map(|p| submit_handle(&e, token_request(p, steps, None))).collect();
+    // Wait until every row decodes.
+    let mut events: Vec<Vec<Event>> = vec![vec![]; subs.len()];
+    for (i, (_, rx)) in subs.iter().enumerate() {
+        while tokens_of(&events[i]).is_empty() {
+            let ev = rx.recv_timeout(Duration::from_secs(300)).expect("a first token");
+            assert!(!ev.is_terminal(), "request {i} ended early: {ev:?}");
+            events[i].push(ev);
+        }
+    }
+    let before = e.stats();
+    assert_eq!(before.kv_blocks_used, 16 * layers, "8 shared + 4 x 2 own blocks per layer: {before:?}");
+    subs[3].0.cancel();
+    events[3].extend(collect(&subs[3].1));
+    assert!(matches!(events[3].last(), Some(Event::Done { finish: mlxrt::engine::FinishReason::Cancelled, .. })));
+    let mut after = e.stats();
+    for _ in 0..100 {
+        if after.active == 3 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        after = e.stats();
+    }
+    assert_eq!(after.kv_blocks_used, 14 * layers, "the cancelled row's 2 own blocks per layer freed, no more: {after:?}");
+    for (i, (_, rx)) in subs.iter().enumerate().take(3) {
+        events[i].extend(collect(rx));
+        assert_eq!(tokens_of(&events[i]), alone[i], "request {i}: tokens differ after a sharing row was cancelled");
+    }
+    let s = wait_idle(&e);
+    assert_eq!(s.kv_blocks_used, 0, "every block back: {s:?}");
 }

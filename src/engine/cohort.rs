@@ -71,12 +71,25 @@ impl Cohort {
         Ok(Cohort { set: RowSet::new(rows, cache), marks, total, done: 0, media: None })
     }
 
-    /// A cohort for one row whose first `done` prompt positions are already in
-    /// `cache` (from the prompt cache).
-    pub fn with_prefix((row, mark): Entrant, mut cache: Vec<LayerCache>, done: usize) -> Cohort {
-        let total = row.prompt.len() as i32;
-        cache.iter_mut().for_each(|c| c.reserve(total + 1));
-        Cohort { set: RowSet::new(vec![row], cache), marks: vec![mark], total, done: done as i32, media: None }
+    /// A cohort of rows whose first prompt positions are already in their
+    /// caches (prompt-cache hits, or a concurrent row's blocks): aligned on
+    /// the longest prompt (`total`), `done` positions processed, so row `r`
+    /// holds `done - (total - prompt_r)` of its positions (see
+    /// `planner::hit_group`).
+    pub fn with_prefixes(rows: Vec<(Entrant, Vec<LayerCache>)>, total: usize, done: usize) -> Result<Cohort> {
+        let (total, done) = (total as i32, done as i32);
+        let (mut set, mut marks) = (RowSet::default(), vec![]);
+        for ((row, mark), mut cache) in rows {
+            let held = done - (total - row.prompt.len() as i32);
+            if cache.first().map_or(0, |c| c.len()) != held {
+                return Err(crate::Error::internal("a cached prefix out of line with its cohort"));
+            }
+            cache.iter_mut().for_each(|c| c.reserve(total + 1));
+            // Right-aligned: a shorter prompt is padded in front.
+            set.extend(RowSet::new(vec![row], cache))?;
+            marks.push(mark);
+        }
+        Ok(Cohort { set, marks, total, done, media: None })
     }
 
     /// Makes a one-row cohort a media prompt's: nothing joins it, and the
@@ -259,6 +272,11 @@ impl Cohort {
         tracer.record(SpanKind::Sample, 1, 1, t);
         self.done = self.total;
         Ok(Progress { first: Some(first), captures })
+    }
+
+    /// Row `i`'s first `len` positions (its blocks, when paged).
+    pub fn snapshot(&self, i: usize, len: usize) -> Result<super::prompt_cache::Snapshot> {
+        self.set.snapshot(i, len, false)
     }
 
     /// Row `i`'s prompt up to its mark.

@@ -15,6 +15,7 @@ pub mod log;
 pub mod logprobs;
 mod pacing;
 mod planner;
+mod prefix_share;
 mod prompt_cache;
 pub mod request;
 mod row;

@@ -10,7 +10,10 @@
 //!   the cohort's positions. A running cohort takes arrivals whose prompts fit
 //!   in its unprocessed positions.
 //! - A request with a cached prefix starts a cohort of its own (its cache
-//!   begins part-way); one whose prefix is being read from disk waits.
+//!   begins part-way); one whose prefix is being read from disk, or being
+//!   prefilled by a row ahead of it (prefix sharing, `prefix_share`), waits.
+//!   Requests that map a concurrent row's blocks start together, aligned on
+//!   their last position (`hit_group`).
 //! - Prefill chunk: with nothing decoding, the prefill chunk size (latency of
 //!   others does not matter); with rows decoding, the per-step token budget
 //!   split over the cohort's rows, and at most the pacing cap (see
@@ -25,8 +28,12 @@ pub(crate) struct Waiting {
     pub chunk: Option<usize>,
     /// Leading prompt tokens the prompt cache holds.
     pub cached: usize,
-    /// A longer cached prefix is being read from disk.
-    pub loading: bool,
+    /// It waits for its cached prefix: being read from disk, or being
+    /// prefilled by a row ahead of it.
+    pub waits: bool,
+    /// Its cached prefix maps a concurrent row's blocks (`prefix_share`):
+    /// it may start in one cohort with others that do.
+    pub shared: bool,
     /// A media prompt: it prefills alone, in one forward.
     pub media: bool,
 }
@@ -53,6 +60,33 @@ pub(crate) struct Limits {
     pub pace_cap: usize,
 }
 
+/// A cohort of rows starting from cached prefixes, given each row's (prompt
+/// length, cached tokens): its aligned length (the longest prompt) and the
+/// positions already done. Row `r` starts at `total - prompt_r` and maps
+/// `done - (total - prompt_r)` of its cached tokens (at most all of them:
+/// the rows' done positions line up).
+pub(crate) fn hit_group(rows: &[(usize, usize)]) -> (usize, usize) {
+    let total = rows.iter().map(|r| r.0).max().unwrap_or(0);
+    let done = rows.iter().map(|&(p, c)| total - p + c).min().unwrap_or(0);
+    (total, done)
+}
+
+/// Whether rows may start as one cohort from their cached prefixes: each
+/// maps at least one token, and the cached tokens the alignment leaves
+/// unused are at most a third of the positions to process (as padding in a
+/// new cohort).
+fn hit_group_fits(rows: &[(usize, usize)]) -> bool {
+    let (total, done) = hit_group(rows);
+    let mapped = |p: usize| (done + p).checked_sub(total).filter(|&m| m > 0);
+    let (mut unused, mut work) = (0, 0);
+    for &(p, c) in rows {
+        let Some(m) = mapped(p) else { return false };
+        unused += c - m;
+        work += p - m;
+    }
+    3 * unused <= work
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct State<'a> {
     pub decoding: usize,
@@ -69,8 +103,9 @@ pub(crate) enum Admit {
     Join(usize),
     /// The first `n` queued requests start a new cohort.
     NewCohort(usize),
-    /// The head of the queue starts a cohort of its own from its first
-    /// `n` prompt tokens, which the prompt cache holds.
+    /// The first `n` queued requests start a cohort from their cached
+    /// prefixes (`n` > 1 only for rows mapping concurrent rows' blocks,
+    /// aligned as `hit_group` says).
     FromCache(usize),
 }
 
@@ -86,13 +121,14 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     let mut kv = s.kv_reserved;
     let fits = |w: &Waiting, rows: usize, kv: usize| rows < l.max_rows && kv + w.kv_need <= l.kv_budget;
     let mut admit = 0;
-    let mut from_cache = None;
+    // (prompt, cached) of the rows of a new cohort from cached prefixes.
+    let mut hits: Vec<(usize, usize)> = vec![];
     let mut chunk_pref = s.cohort.and_then(|c| c.chunk);
     let mut cohort_rows = s.cohort.map_or(0, |c| c.rows);
     // Padding bookkeeping of a new cohort: its aligned length and real tokens.
     let (mut total, mut real) = (0usize, 0usize);
     for w in s.waiting {
-        if w.loading || !fits(w, rows, kv) {
+        if w.waits || !fits(w, rows, kv) {
             break;
         }
         // A media prompt starts a cohort of its own, which nothing joins.
@@ -102,14 +138,16 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
         match s.cohort {
             Some(c) if w.prompt_len > c.remaining || w.cached > 0 => break,
             Some(_) => {}
-            None if w.cached > 0 && admit > 0 => break,
-            None if w.cached > 0 => {
-                // Alone; later arrivals may join once it runs.
-                from_cache = Some(w.cached);
-                cohort_rows = 1;
-                chunk_pref = w.chunk;
-                break;
+            // Rows mapping concurrent rows' blocks start together.
+            None if !hits.is_empty() => {
+                hits.push((w.prompt_len, w.cached));
+                if !w.shared || !hit_group_fits(&hits) {
+                    break;
+                }
             }
+            None if w.cached > 0 && admit > 0 => break,
+            // Later arrivals may join once it runs.
+            None if w.cached > 0 => hits.push((w.prompt_len, w.cached)),
             None => {
                 let t = total.max(w.prompt_len);
                 let r = real + w.prompt_len;
@@ -128,7 +166,8 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        if w.media {
+        // A prompt-cache hit starts alone.
+        if w.media || (w.cached > 0 && !w.shared) {
             break;
         }
     }
@@ -138,11 +177,11 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     } else {
         (l.step_budget / cohort_rows.max(1)).min(l.pace_cap).clamp(1, full)
     };
-    let admit = match (from_cache, admit, s.cohort) {
-        (Some(n), _, _) => Admit::FromCache(n),
-        (None, 0, _) => Admit::Nothing,
-        (None, n, Some(_)) => Admit::Join(n),
-        (None, n, None) => Admit::NewCohort(n),
+    let admit = match (admit, s.cohort) {
+        (0, _) => Admit::Nothing,
+        (n, _) if !hits.is_empty() => Admit::FromCache(n),
+        (n, Some(_)) => Admit::Join(n),
+        (n, None) => Admit::NewCohort(n),
     };
     Plan { admit, chunk }
 }
@@ -154,7 +193,7 @@ mod tests {
     const L: Limits = Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256, pace_cap: 1000 };
 
     fn w(len: usize, kv: usize) -> Waiting {
-        Waiting { prompt_len: len, kv_need: kv, chunk: None, cached: 0, loading: false, media: false }
+        Waiting { prompt_len: len, kv_need: kv, chunk: None, cached: 0, waits: false, shared: false, media: false }
     }
 
     #[test]
@@ -210,13 +249,30 @@ mod tests {
         let hit = Waiting { cached: 64, ..w(100, 10) };
         let q = [hit, w(90, 10)];
         let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
-        assert_eq!(p.admit, Admit::FromCache(64));
+        assert_eq!(p.admit, Admit::FromCache(1));
         let q = [w(90, 10), hit];
         assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::NewCohort(1));
         let c = Some(CohortView { rows: 1, remaining: 500, chunk: None, atomic: false });
         assert_eq!(plan(&State { decoding: 0, cohort: c, waiting: &[hit], kv_reserved: 0 }, &L).admit, Admit::Nothing);
-        let q = [Waiting { loading: true, ..w(90, 10) }, w(10, 10)];
+        let q = [Waiting { waits: true, ..w(90, 10) }, w(10, 10)];
         assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::Nothing);
+    }
+
+    #[test]
+    fn rows_mapping_concurrent_blocks_start_together() {
+        let sh = |len, cached| Waiting { cached, shared: true, ..w(len, 10) };
+        let st = |q: &[Waiting]| plan(&State { decoding: 1, cohort: None, waiting: q, kv_reserved: 0 }, &L).admit;
+        assert_eq!(st(&[sh(100, 64), sh(100, 64), sh(98, 64)]), Admit::FromCache(3));
+        // Aligned at 64 done: the prompt 2 shorter maps 62 of its 64.
+        assert_eq!(hit_group(&[(100, 64), (98, 64)]), (100, 64));
+        // A prompt-cache hit (not shared) starts alone; a miss does not join.
+        let pc = Waiting { cached: 64, ..w(100, 10) };
+        assert_eq!(st(&[pc, sh(100, 64)]), Admit::FromCache(1));
+        assert_eq!(st(&[sh(100, 64), w(100, 10)]), Admit::FromCache(1));
+        // Too many cached tokens left unused: 58 of 136 positions to process.
+        assert_eq!(st(&[sh(100, 90), sh(98, 30)]), Admit::FromCache(1));
+        // Rows still limited by max_rows.
+        assert_eq!(st(&[sh(100, 64); 6]), Admit::FromCache(3));
     }
 
     #[test]

@@ -241,7 +241,8 @@ pub enum Channel {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: u32,
-    /// Prompt tokens whose KV state came from a cache (0 until prompt caching).
+    /// Prompt tokens whose KV state came from a cache (the prompt cache, or,
+    /// with paged KV, a concurrent request's shared prefix blocks).
     pub cached_tokens: u32,
     /// Generated tokens, counting the end-of-sequence token that ended the
     /// request (reported in the last delta).

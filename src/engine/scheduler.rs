@@ -16,6 +16,7 @@ use super::delivery::{self, DeliveryTx, Msg};
 use super::encoder_cache::EncoderCache;
 use super::cache_io::IoDone;
 use super::pacing::Pacer;
+use super::prefix_share::{Asker, Share, SharedPrefixes};
 use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
@@ -132,6 +133,8 @@ struct Scheduler<'a> {
     tracer: Tracer,
     /// The block pools of the paged layers (`kv_paging`).
     pools: Option<PagedPools>,
+    /// Prompts of rows whose blocks queued requests will map (`kv_paging`).
+    prefixes: SharedPrefixes,
 }
 
 fn main(
@@ -197,6 +200,7 @@ fn main(
         tracer: Tracer::new(config.trace.clone(), shared.trace.clone()),
         config,
         pools,
+        prefixes: SharedPrefixes::default(),
     };
     s.run(rx);
 }
@@ -257,6 +261,17 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         trimmable: !config.kv.scheme.is_quantized() && caches.iter().all(crate::cache::LayerCache::trimmable),
     };
     PromptCache::new(setup, config.logger.clone(), commands).map(Some)
+}
+
+/// The first `n` queued requests as prefix sharing sees them: None for one
+/// that does not use the cache, or has media (kept out of sharing).
+fn askers(queue: &VecDeque<Queued>, n: usize) -> Vec<Option<Asker<'_>>> {
+    fn ask(q: &Queued) -> Option<Asker<'_>> {
+        let j = &q.job.spec;
+        let cached = if let Found::Hit(n) = q.found { n } else { 0 };
+        (j.use_cache && j.media.is_none()).then_some(Asker { namespace: &j.namespace, key: j.key(), cached })
+    }
+    queue.iter().take(n).map(ask).collect()
 }
 
 /// What the prompt cache holds for a job's prompt.
@@ -399,10 +414,12 @@ impl Scheduler<'_> {
     /// ran.
     fn iterate(&mut self) -> bool {
         self.tracer.next_iteration();
-        let plan = self.plan();
-        if let Err(e) = self.admit(plan.admit) {
+        let shares = self.sharing();
+        let plan = self.plan(&shares);
+        if let Err(e) = self.admit(plan.admit, &shares) {
             self.fail_cohort(e);
         }
+        self.prune_prefixes();
         let t0 = Instant::now();
         let decoding = !self.batch.is_empty();
         if let Err(e) = self.decode() {
@@ -422,18 +439,43 @@ impl Scheduler<'_> {
         decoding || prefilling || plan.admit != Admit::Nothing
     }
 
-    fn plan(&self) -> Plan {
-        // Only the requests the planner may admit now matter.
-        let waiting: Vec<Waiting> = self.queue.iter().take(self.config.max_rows)
-            .map(|q| {
+    /// The queued requests the planner may admit now (only those matter).
+    fn askers(&self) -> Vec<Option<Asker<'_>>> {
+        askers(&self.queue, self.config.max_rows)
+    }
+
+    /// Prefix sharing of the queued requests the planner may admit (paged KV
+    /// only: without it nothing waits or shares).
+    fn sharing(&self) -> Vec<Share> {
+        let n = self.queue.len().min(self.config.max_rows);
+        let Some(block) = self.pools.as_ref().map(|p| p.block as usize) else { return vec![Share::default(); n] };
+        let rows = self.cohort.as_ref().map_or(&[][..], Cohort::rows);
+        let prefilling: Vec<(&str, &[u32])> =
+            rows.iter().filter(|r| r.use_cache && r.media.is_none()).map(|r| (r.namespace.as_str(), r.key())).collect();
+        self.prefixes.plan(block, &prefilling, &self.askers())
+    }
+
+    /// Drops the shared prefixes no queued request can use any more.
+    fn prune_prefixes(&mut self) {
+        if let (Some(p), false) = (&self.pools, self.prefixes.is_empty()) {
+            self.prefixes.prune(p.block as usize, &askers(&self.queue, self.config.max_rows));
+        }
+    }
+
+    fn plan(&self, shares: &[Share]) -> Plan {
+        let waiting: Vec<Waiting> = (self.queue.iter().zip(shares))
+            .map(|(q, share)| {
                 let (cached, loading) = match q.found {
                     Found::Hit(n) => (n, false),
                     Found::Loading => (0, true),
                     Found::Miss => (0, false),
                 };
+                // A concurrent row's blocks, when they give more.
+                let (cached, shared) = share.from.map_or((cached, false), |(_, n)| (n, true));
                 let j = &q.job.spec;
                 let media = j.media.is_some();
-                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, loading, media }
+                let waits = loading || share.wait;
+                Waiting { prompt_len: j.prompt.len(), kv_need: j.kv_need, chunk: j.prefill_chunk, cached, waits, shared, media }
             })
             .collect();
         let cohort = self.cohort.as_ref().map(|c| CohortView {
@@ -455,7 +497,7 @@ impl Scheduler<'_> {
     }
 
     /// Executes the plan's admission.
-    fn admit(&mut self, admit: Admit) -> Result<()> {
+    fn admit(&mut self, admit: Admit, shares: &[Share]) -> Result<()> {
         match admit {
             Admit::Nothing => Ok(()),
             Admit::Join(n) => {
@@ -486,7 +528,11 @@ impl Scheduler<'_> {
                 }
                 Ok(())
             }
-            Admit::FromCache(tokens) => {
+            Admit::FromCache(n) if shares.first().is_some_and(|s| s.from.is_some()) => self.admit_shared(&shares[..n]),
+            Admit::FromCache(_) => {
+                let Some(Found::Hit(tokens)) = self.queue.front().map(|q| q.found) else {
+                    return Err(Error::internal("a prompt-cache start without a hit"));
+                };
                 let Some(mut row) = self.open(1).pop() else { return Ok(()) };
                 let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
                 let t = Instant::now();
@@ -516,7 +562,8 @@ impl Scheduler<'_> {
                         row.cached = tokens;
                         let media = self.media_input(&row)?;
                         let e = self.entrant(row);
-                        let mut cohort = Cohort::with_prefix(e, cache, tokens);
+                        let total = e.0.prompt.len();
+                        let mut cohort = Cohort::with_prefixes(vec![(e, cache)], total, tokens)?;
                         if let Some(m) = media {
                             cohort.set_media(m)?;
                         }
@@ -536,6 +583,48 @@ impl Scheduler<'_> {
                 Ok(())
             }
         }
+    }
+
+    /// Starts the first `shares.len()` queued requests as one cohort, each
+    /// from the shared prefix its share names (mapping its blocks), aligned
+    /// as `planner::hit_group` says.
+    fn admit_shared(&mut self, shares: &[Share]) -> Result<()> {
+        let t = Instant::now();
+        let mut rows = vec![];
+        for s in shares {
+            let from = s.from.ok_or_else(|| Error::internal("a shared start without a prefix"))?;
+            if let Some(row) = self.open(1).pop() {
+                rows.push((row, from));
+            }
+        }
+        // Without the rows that could not be set up the others still line up,
+        // each mapping as much or more (see `hit_group`).
+        let spans: Vec<(usize, usize)> = rows.iter().map(|(r, (_, n))| (r.prompt.len(), *n)).collect();
+        let (total, done) = planner::hit_group(&spans);
+        let caches: Result<Vec<_>> =
+            rows.iter().map(|(r, (i, _))| self.prefixes.caches(*i, done + r.prompt.len() - total)).collect();
+        let members: Vec<_> = match caches {
+            Ok(c) => rows.into_iter().zip(c).collect(),
+            Err(e) => {
+                let (n, freed) = (rows.len(), rows.iter().map(|(r, _)| r.kv_reserved).sum());
+                rows.into_iter().for_each(|(mut r, _)| r.fail(e.clone()));
+                self.rows_ended(n, freed);
+                return Ok(());
+            }
+        };
+        let n = members.len();
+        let mut mapped = 0;
+        let members = members
+            .into_iter()
+            .map(|((mut row, _), cache)| {
+                row.cached = done + row.prompt.len() - total;
+                mapped += row.cached;
+                (self.entrant(row), cache)
+            })
+            .collect();
+        self.cohort = Some(Cohort::with_prefixes(members, total, done)?);
+        self.tracer.record(SpanKind::LookupRestore, n, mapped, t);
+        Ok(())
     }
 
     /// A media prompt's image rows for its positions past `row.cached` and
@@ -682,12 +771,35 @@ impl Scheduler<'_> {
             }
         }
         if let Some(first) = progress.first {
+            self.keep_shared_prefixes();
             let rows = self.cohort.take().expect("checked above").into_set();
             let (t, n) = (Instant::now(), rows.len());
             self.batch.join(rows, first)?;
             self.tracer.record(SpanKind::BatchSetup, n, 0, t);
         }
         Ok(())
+    }
+
+    /// Keeps the prompts of the cohort's rows (prefill just ended) whose
+    /// blocks queued requests can map (`prefix_share`).
+    fn keep_shared_prefixes(&mut self) {
+        let (Some(pools), Some(c)) = (&self.pools, &self.cohort) else { return };
+        let block = pools.block as usize;
+        let askers = self.askers();
+        let mut keep = vec![];
+        for (i, r) in c.rows().iter().enumerate() {
+            if r.use_cache && r.media.is_none() && SharedPrefixes::wanted(block, &r.namespace, r.key(), &askers) {
+                match c.snapshot(i, r.prompt.len()) {
+                    Ok(s) => keep.push((r.namespace.clone(), r.key().to_vec(), s)),
+                    // The requests waiting for it start without it.
+                    Err(e) => self.config.logger.log(LogLevel::Warn, format!("prefix sharing: snapshot skipped: {e}")),
+                }
+            }
+        }
+        drop(askers);
+        for (ns, key, s) in keep {
+            self.prefixes.add(&ns, &key, s);
+        }
     }
 
     fn rows_ended(&mut self, n: usize, freed: usize) {

@@ -49,7 +49,8 @@ pub const MLXRT_CHANNEL_REASONING: i32 = 1;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct mlxrt_usage {
     pub prompt_tokens: u32,
-    /// Prompt tokens served from a prompt cache.
+    /// Prompt tokens served from a cache: the prompt cache, or (paged KV) a
+    /// concurrent request's shared prefix blocks.
     pub cached_tokens: u32,
     /// Generated tokens, counting the end-of-sequence token that ended the
     /// request (see `mlxrt_event.tokens`).
