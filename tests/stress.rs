@@ -162,7 +162,10 @@ fn stress(paging: bool) {
     assert_eq!(after.kv_bytes, 0, "{after:?}");
     let s = without_prompt_cache(&engine);
     let grown = s.active_memory as i64 - baseline.active_memory as i64;
-    assert!(grown < (4 << 20), "MLX memory grew over the baseline: {baseline:?} -> {s:?}");
+    // A leaked KV buffer is at least 256 positions of every layer (~12 MB
+    // for SmolLM2); allocator and graph-cache noise stays below 8 MB (a
+    // loaded machine showed 5.7 MB).
+    assert!(grown < (8 << 20), "MLX memory grew over the baseline: {baseline:?} -> {s:?}");
     eprintln!("stress: {cancelled} of 200 cancelled; memory {} -> {}", baseline.active_memory, s.active_memory);
 }
 
