@@ -27,6 +27,15 @@
 #define MLXRT_SUPER_DEALLOC() [super dealloc]
 #endif
 
+/// -copyWithZone: of an immutable class: the object itself.
+#if __has_feature(objc_arc)
+#define MLXRT_IMMUTABLE_COPY \
+    - (id)copyWithZone:(NSZone *)zone { (void)zone; return self; }
+#else
+#define MLXRT_IMMUTABLE_COPY \
+    - (id)copyWithZone:(NSZone *)zone { (void)zone; return [self retain]; }
+#endif
+
 NSErrorDomain const MLXRTErrorDomain = @"MLXRTErrorDomain";
 
 static NSString *string_from_c(const char *s) {
@@ -165,14 +174,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     return self;
 }
 
-- (id)copyWithZone:(NSZone *)zone {
-    (void)zone;
-#if __has_feature(objc_arc)
-    return self;  // immutable
-#else
-    return [self retain];
-#endif
-}
+MLXRT_IMMUTABLE_COPY
 
 /// The C entry: points into `data`, valid while this object lives.
 - (mlxrt_media)media {
@@ -224,14 +226,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     return [self initWithRole:role content:content images:@[]];
 }
 
-- (id)copyWithZone:(NSZone *)zone {
-    (void)zone;
-#if __has_feature(objc_arc)
-    return self;  // immutable
-#else
-    return [self retain];
-#endif
-}
+MLXRT_IMMUTABLE_COPY
 
 #if !__has_feature(objc_arc)
 - (void)dealloc {
