@@ -187,6 +187,12 @@
 #define MLXRT_MODALITY_TEXT 1
 
 /**
+ * `mlxrt_engine_info.modalities` bit: image input (the model has a vision
+ * tower; image parts and `mlxrt_media` entries work).
+ */
+#define MLXRT_MODALITY_IMAGE 2
+
+/**
  * `mlxrt_media.kind`: a picture.
  */
 #define MLXRT_MEDIA_IMAGE 1
@@ -690,6 +696,19 @@ typedef struct mlxrt_engine_stats {
    */
   uint64_t kv_blocks_used;
   uint64_t kv_blocks_free;
+  /**
+   * Encoder cache (vision tower outputs kept by image content, budget
+   * `encoder_cache_bytes`): bytes and entries it holds now, images whose
+   * tower output it supplied, and images the vision tower encoded. A
+   * repeated image adds to `encoder_cache_hits`, not to `tower_runs`:
+   * the same photo sent twice leaves `tower_runs` 1 and
+   * `encoder_cache_hits` 1 (unless the prompt cache served the whole
+   * prompt, when neither is needed).
+   */
+  uint64_t encoder_cache_bytes;
+  uint64_t encoder_cache_entries;
+  uint64_t encoder_cache_hits;
+  uint64_t tower_runs;
 } mlxrt_engine_stats;
 
 /**
@@ -765,6 +784,16 @@ typedef struct mlxrt_engine_info {
  * to `sizeof(mlxrt_media)`. Undecodable data, a buffer smaller than
  * `stride × (height - 1) + width × bytes per pixel`, more than 50 million
  * pixels or 64 MiB of encoded data is INVALID_ARGUMENT.
+ *
+ * ```c
+ * mlxrt_media m = {.struct_size = sizeof m, .kind = MLXRT_MEDIA_IMAGE,
+ *                  .format = MLXRT_PIXEL_BGRA8, .width = w, .height = h,
+ *                  .stride = bytes_per_row, .bytes = rows, .n_bytes = bytes_per_row * h};
+ * p.messages_json = "[{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"media\": 0},"
+ *                   " {\"type\": \"text\", \"text\": \"What is in this picture?\"}]}]";
+ * p.media = &m;
+ * p.n_media = 1;
+ * ```
  */
 typedef struct mlxrt_media {
   size_t struct_size;

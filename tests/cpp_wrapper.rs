@@ -1,6 +1,8 @@
 //! Compiles tests/cpp/test_wrapper.cpp (the header-only C++ wrapper,
 //! bindings/cpp/mlxrt.hpp) with the system C++ compiler against the built
-//! cdylib and runs it, plainly and under AddressSanitizer.
+//! cdylib and runs it, plainly and under AddressSanitizer: on the default
+//! model, and with images on the tiny vision-language checkpoint of
+//! tests/media.rs (`tiny_vlm`, which needs mlx-vlm in the venv).
 
 mod common;
 
@@ -23,7 +25,16 @@ fn build_and_run(name: &str, extra: &[&str], env: &[(&str, &str)]) {
         .args(["-lpthread", "-o"])
         .arg(&bin);
     assert!(cmd.status().expect("run the C++ compiler").success(), "compiling failed: {cmd:?}");
-    let out = this_library(&mut Command::new(&bin)).arg(model_path()).envs(env.iter().copied()).output().expect("run");
+    let vlm = tiny_vlm();
+    let (png, raw, w, h) = tiny_vlm_image(&vlm);
+    let out = this_library(&mut Command::new(&bin))
+        .arg(model_path())
+        .arg(vlm.join("model"))
+        .args([&png, &raw])
+        .args([w.to_string(), h.to_string()])
+        .envs(env.iter().copied())
+        .output()
+        .expect("run");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "{name} failed ({})", out.status);

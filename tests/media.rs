@@ -12,27 +12,13 @@ use mlxrt::mlx::io::TensorFile;
 use mlxrt::ErrorKind;
 use std::path::PathBuf;
 
-/// Builds the checkpoint and the reference once per change of the script
-/// (cached under target/oracle/media). Needs mlx-vlm in the venv
-/// (scripts/setup.sh installs it).
-fn oracle() -> PathBuf {
-    let dir = repo_root().join("target/oracle/media");
-    let script = repo_root().join("tests/oracle/make_tiny_vlm.py");
-    if !reference_fresh(&dir.join("reference.safetensors"), &[script.clone()]) {
-        let _ = std::fs::remove_dir_all(&dir);
-        let gguf = model_path();
-        py(&[script.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--gguf", gguf.to_str().unwrap()]);
-    }
-    dir
-}
-
 fn reference(dir: &std::path::Path) -> TensorFile {
     TensorFile::load_safetensors(dir.join("reference.safetensors").to_str().unwrap()).unwrap()
 }
 
 /// Pixel tensors: equal to the processor's (transformers' Gemma 3 PIL image
-/// processor, as mlx-vlm uses it). PNG: the decoded RGB is Pillow's exactly
-/// and the tensors are bit-equal (the resampler is Pillow's fixed-point
+/// processor, as mlx-vlm uses it). PNG and lossless WebP: the decoded RGB is
+/// Pillow's exactly and the tensors are bit-equal (the resampler is Pillow's fixed-point
 /// algorithm). JPEG: the `image` crate's decoder (zune-jpeg) and Pillow's
 /// (libjpeg-turbo) upsample chroma and round the IDCT differently: here up to
 /// a quarter of the decoded values differ, by a few levels. Measured on the
@@ -40,7 +26,7 @@ fn reference(dir: &std::path::Path) -> TensorFile {
 /// |Δ| 0.003 (0.4 level); asserted: at most 4 levels, mean under 1 level.
 #[test]
 fn pixel_tensors_match_the_processor() {
-    let dir = oracle();
+    let dir = tiny_vlm();
     let mut r = reference(&dir);
     let proc = ImageProcessor::load(&dir.join("model")).unwrap().expect("preprocessor_config.json");
     let mut seen = 0;
@@ -60,9 +46,9 @@ fn pixel_tensors_match_the_processor() {
         let max = diff.iter().cloned().fold(0f32, f32::max);
         let n_diff = diff.iter().filter(|&&d| d > 0.0).count();
         eprintln!("{name}: decoded RGB differs from Pillow's at {rgb_diff} values; pixels max |Δ| {max:.2e} at {n_diff}/{}", want.len());
-        if path.extension().unwrap() == "png" {
-            assert_eq!(rgb_diff, 0, "{name}: PNG decode differs from Pillow's");
-            assert_eq!(max, 0.0, "{name}: PNG pixel tensor not bit-equal to the processor's");
+        if path.extension().unwrap() != "jpg" {
+            assert_eq!(rgb_diff, 0, "{name}: PNG/WebP decode differs from Pillow's");
+            assert_eq!(max, 0.0, "{name}: PNG/WebP pixel tensor not bit-equal to the processor's");
         } else {
             let mean = diff.iter().sum::<f32>() / diff.len() as f32;
             eprintln!("{name}: JPEG pixels mean |Δ| {mean:.2e}");
@@ -71,14 +57,14 @@ fn pixel_tensors_match_the_processor() {
         }
         seen += 1;
     }
-    assert!(seen >= 5, "expected the oracle's 5 test images, found {seen}");
+    assert!(seen >= 6, "expected the oracle's 6 test images, found {seen}");
 }
 
 /// Hostile media: errors with INVALID_ARGUMENT, never a crash or a huge
 /// allocation.
 #[test]
 fn hostile_images_are_invalid_argument() {
-    let dir = oracle();
+    let dir = tiny_vlm();
     let jpg = std::fs::read(dir.join("images/odd_jpg.jpg")).unwrap();
     let png = std::fs::read(dir.join("images/odd_png.png")).unwrap();
     // A PNG whose header claims 100000 × 100000 (IHDR fields patched; its
@@ -178,7 +164,7 @@ fn pixels(dir: &std::path::Path, proc: &ImageProcessor, files: &[String]) -> (Ar
 /// with the image rows spliced in, then one token per step) against mlx-vlm.
 #[test]
 fn gemma3_tower_and_logits_match_mlx_vlm() {
-    let dir = oracle();
+    let dir = tiny_vlm();
     let folder = dir.join("model");
     let m = load(&folder, &LoadOptions::default()).unwrap();
     let v = m.vision.as_ref().expect("the checkpoint's vision tower is built");
@@ -245,7 +231,7 @@ fn engine_without_encoder_cache() {
 }
 
 fn check_engine(encoder_cache_bytes: usize) {
-    let dir = oracle();
+    let dir = tiny_vlm();
     let mut cfg = EngineConfig::new(dir.join("model"));
     cfg.max_rows = 4;
     cfg.encoder_cache_bytes = encoder_cache_bytes;
@@ -284,9 +270,25 @@ fn check_engine(encoder_cache_bytes: usize) {
 /// Media errors at submit, naming the part; the engine keeps serving.
 #[test]
 fn media_errors_name_the_part() {
-    let dir = oracle();
-    let img = std::fs::read(dir.join("images/odd_png.png")).unwrap();
+    let dir = tiny_vlm();
+    let png = dir.join("images/odd_png.png");
+    let img = std::fs::read(&png).unwrap();
     let b64 = base64_encode(&img);
+    let jpg = std::fs::read(dir.join("images/odd_jpg.jpg")).unwrap();
+    let webp = std::fs::read(dir.join("images/odd_webp.webp")).unwrap();
+    // Headers claiming 100000 x 100000 (PNG) and 8000 x 8000 (lossless
+    // WebP: 14-bit width - 1 and height - 1 after the VP8L signature).
+    let mut huge_png = img.clone();
+    huge_png[16..20].copy_from_slice(&100_000u32.to_be_bytes());
+    huge_png[20..24].copy_from_slice(&100_000u32.to_be_bytes());
+    let crc = crc32(&huge_png[12..29]); // IHDR's type and data: a valid header
+    huge_png[29..33].copy_from_slice(&crc.to_be_bytes());
+    let mut huge_webp = webp.clone();
+    let at = webp.windows(4).position(|w| w == b"VP8L").expect("a lossless WebP") + 9;
+    let bits = u32::from_le_bytes(webp[at..at + 4].try_into().unwrap());
+    let side = 8000 - 1; // 64 million pixels
+    huge_webp[at..at + 4].copy_from_slice(&(bits & 0xF000_0000 | side << 14 | side).to_le_bytes());
+    let data = |b: &[u8]| json!({"type": "image", "data": base64_encode(b)});
     let part = |p: Value| json!([{"role": "user", "content": [p, {"type": "text", "text": "What is it?"}]}]);
     // A text-only model: UNSUPPORTED, never a silent text-only answer.
     let text_only = engine();
@@ -303,16 +305,43 @@ fn media_errors_name_the_part() {
         (json!({"type": "image"}), ErrorKind::InvalidArgument, "needs `path`"),
         (json!({"type": "image", "media": 0}), ErrorKind::InvalidArgument, "media entries"),
         (json!({"type": "image", "path": "/nonexistent/x.png"}), ErrorKind::Io, "/nonexistent/x.png"),
+        // Hostile media.
+        (data(&jpg[..jpg.len() / 3]), ErrorKind::InvalidArgument, "cannot decode the JPEG"),
+        (data(&huge_png), ErrorKind::InvalidArgument, "100000x100000, over the limit"),
+        (data(b""), ErrorKind::InvalidArgument, "empty"),
+        (data(&webp[..webp.len() / 2]), ErrorKind::InvalidArgument, "cannot decode the WebP"),
+        (data(&huge_webp), ErrorKind::InvalidArgument, "8000x8000, over the limit"),
     ];
     for (p, kind, says) in cases {
-        let err = e.prepare(request(part(p.clone()), 4)).err().unwrap_or_else(|| panic!("{p} was accepted"));
-        assert_eq!(err.kind, kind, "{p}: {err}");
-        assert!(err.message.contains("messages[0].content[0]") && err.message.contains(says), "{p}: {err}");
+        let err = e.prepare(request(part(p.clone()), 4)).err().unwrap_or_else(|| panic!("{says}: accepted"));
+        assert_eq!(err.kind, kind, "{says}: {err}");
+        assert!(err.message.contains("messages[0].content[0]") && err.message.contains(says), "{says}: {err}");
     }
-    // Still serving: the same image as base64 data works.
-    let ev = run(&e, request(part(json!({"type": "image", "data": b64})), 4));
-    assert!(matches!(ev.last(), Some(Event::Done { .. })), "{ev:?}");
-    assert_eq!(tokens_of(&ev).len(), 4);
+    // Still serving, and the same picture as a path, as base64 data, as a
+    // data URL and as a lossless WebP gives the same tokens.
+    let tokens = |p: Value| {
+        let ev = run(&e, request(part(p.clone()), 8));
+        assert!(matches!(ev.last(), Some(Event::Done { .. })), "{p}: {ev:?}");
+        tokens_of(&ev)
+    };
+    let by_path = tokens(json!({"type": "image", "path": png}));
+    assert_eq!(by_path.len(), 8);
+    assert_eq!(tokens(json!({"type": "image", "data": b64})), by_path, "base64 data");
+    assert_eq!(tokens(json!({"type": "image", "data": format!("data:image/png;base64,{b64}")})), by_path, "data URL");
+    let odd_webp = dir.join("images/odd_webp.webp");
+    assert_eq!(tokens(json!({"type": "image", "data": base64_encode(&webp)})), tokens(json!({"type": "image", "path": odd_webp})), "WebP");
+}
+
+/// PNG's chunk checksum (CRC-32, polynomial 0xEDB88320).
+fn crc32(b: &[u8]) -> u32 {
+    let mut c = !0u32;
+    for &x in b {
+        c ^= x as u32;
+        for _ in 0..8 {
+            c = if c & 1 != 0 { 0xEDB8_8320 ^ (c >> 1) } else { c >> 1 };
+        }
+    }
+    !c
 }
 
 fn base64_encode(b: &[u8]) -> String {
@@ -333,20 +362,43 @@ fn base64_encode(b: &[u8]) -> String {
 
 /// The C ABI (tests/c/test_media.c): the same picture as a file path, as
 /// encoded bytes and as RGB8/RGBA8/padded BGRA8 `mlxrt_media` buffers gives
-/// the same tokens; bad buffers are INVALID_ARGUMENT naming the entry, audio
+/// the same tokens, with one tower run in `mlxrt_engine_stats` (the encoder
+/// cache serves the other four); bad buffers are INVALID_ARGUMENT naming the entry, audio
 /// and a model without a tower UNSUPPORTED; the engine keeps serving.
 #[test]
 fn c_abi_media_buffers() {
-    let dir = oracle();
-    let png = dir.join("images/odd_png.png");
-    let img = media::decode(&std::fs::read(&png).unwrap(), &Limits::default()).unwrap();
-    let raw = lib_dir().join("odd_png.rgb");
-    std::fs::write(&raw, &img.data).unwrap();
+    let dir = tiny_vlm();
+    let (png, raw, w, h) = tiny_vlm_image(&dir);
     let bin = compile_c("test_media", "test_media", &[]);
     let mut cmd = std::process::Command::new(&bin);
-    cmd.arg(dir.join("model")).arg(&png).arg(&raw).arg(img.width.to_string()).arg(img.height.to_string()).arg(model_path());
+    cmd.arg(dir.join("model")).arg(&png).arg(&raw).arg(w.to_string()).arg(h.to_string()).arg(model_path());
     let out = this_library(&mut cmd).output().unwrap();
     assert!(out.status.success(), "test_media failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Runs a case on `e`: its tokens, the prompt tokens the prompt cache
+/// supplied, and the engine's tower runs so far.
+fn go(e: &Engine, c: &MediaCase) -> (Vec<u32>, usize, u64) {
+    let ev = run(e, request(c.messages.clone(), c.tokens.len() as u32));
+    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{}: {ev:?}", c.name) };
+    (tokens_of(&ev), usage.cached_tokens as usize, wait_idle(e).tower_runs)
+}
+
+/// An engine on the tiny checkpoint whose prompt cache takes these short
+/// prompts, without the encoder cache (so that only the prompt cache can
+/// skip the tower).
+fn caching_engine(dir: &std::path::Path, disk: Option<&std::path::Path>) -> Engine {
+    let mut cfg = EngineConfig::new(dir.join("model"));
+    cfg.prompt_cache_min_tokens = 8;
+    cfg.encoder_cache_bytes = 0;
+    cfg.prompt_cache_dir = disk.map(std::path::Path::to_path_buf);
+    Engine::new(cfg).unwrap()
+}
+
+fn one_and_other(all: &[MediaCase]) -> (&MediaCase, &MediaCase) {
+    let (one, other) = (all.iter().find(|c| c.name == "one_png").unwrap(), all.iter().find(|c| c.name == "other_png").unwrap());
+    assert_eq!(one.prompt, other.prompt, "the two cases differ only in their image");
+    (one, other)
 }
 
 /// Prefix identity: the prompt cache keys media prompts by their images'
@@ -354,23 +406,40 @@ fn c_abi_media_buffers() {
 /// run, the same tokens) and the same text with another image does not.
 #[test]
 fn prompt_cache_keys_media_prompts_by_image_content() {
-    let dir = oracle();
-    let mut cfg = EngineConfig::new(dir.join("model"));
-    cfg.prompt_cache_min_tokens = 8;
-    cfg.encoder_cache_bytes = 0; // so that only the prompt cache can skip the tower
-    let e = Engine::new(cfg).unwrap();
+    let dir = tiny_vlm();
+    let e = caching_engine(&dir, None);
     let all = cases(&dir);
-    let (one, other) = (all.iter().find(|c| c.name == "one_png").unwrap(), all.iter().find(|c| c.name == "other_png").unwrap());
-    let go = |c: &MediaCase| {
-        let ev = run(&e, request(c.messages.clone(), c.tokens.len() as u32));
-        let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{}: {ev:?}", c.name) };
-        (tokens_of(&ev), usage.cached_tokens as usize, wait_idle(&e).tower_runs)
-    };
-    let (t, cached, runs) = go(one);
+    let (one, other) = one_and_other(&all);
+    let (t, cached, runs) = go(&e, one);
     assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), 0, 1), "cold");
-    let (t, cached, runs) = go(one);
+    let (t, cached, runs) = go(&e, one);
     assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), one.prompt.len() - 1, 1), "same image and text: a hit, no tower run");
-    assert_eq!(one.prompt, other.prompt, "the two cases differ only in their image");
-    let (t, cached, runs) = go(other);
+    let (t, cached, runs) = go(&e, other);
     assert_eq!((t.as_slice(), cached, runs), (other.tokens.as_slice(), 0, 2), "same text, another image: no hit");
+}
+
+/// The same from the disk tier: after a restart on the same prompt-cache
+/// directory, the same text with another image misses, and the same image
+/// and text hit without running the tower and give the same tokens.
+#[test]
+fn prompt_cache_disk_tier_keys_media_prompts_by_image_content() {
+    let dir = tiny_vlm();
+    let disk = std::env::temp_dir().join(format!("mlxrt-media-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&disk);
+    let all = cases(&dir);
+    let (one, other) = one_and_other(&all);
+    {
+        let e = caching_engine(&dir, Some(&disk));
+        let (t, cached, runs) = go(&e, one);
+        assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), 0, 1), "cold");
+        e.flush_prompt_cache().unwrap();
+        assert!(wait_idle(&e).prompt_cache_disk_bytes > 0, "the entry is on disk");
+    }
+    let e = caching_engine(&dir, Some(&disk));
+    let (t, cached, runs) = go(&e, other);
+    assert_eq!((t.as_slice(), cached, runs), (other.tokens.as_slice(), 0, 1), "after a restart, another image: no hit");
+    let (t, cached, runs) = go(&e, one);
+    assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), one.prompt.len() - 1, 1), "after a restart, the same image and text: a disk hit, no tower run");
+    drop(e);
+    let _ = std::fs::remove_dir_all(&disk);
 }

@@ -65,7 +65,18 @@ fn build(name: &str, extra: &[&str]) -> PathBuf {
 }
 
 fn run(mut cmd: Command, what: &str) {
-    let out = this_library(&mut cmd).arg(model_path()).output().expect("run test_objc");
+    // Images: the tiny vision-language checkpoint of tests/media.rs, one of
+    // its pictures, and mlx-vlm's tokens for it ("one_png").
+    let vlm = tiny_vlm();
+    let (png, raw, w, h) = tiny_vlm_image(&vlm);
+    let tokens: Vec<String> = tiny_vlm_tokens(&vlm, "one_png").iter().map(u32::to_string).collect();
+    let out = this_library(&mut cmd)
+        .arg(model_path())
+        .arg(vlm.join("model"))
+        .args([&png, &raw])
+        .args([w.to_string(), h.to_string(), tokens.join(",")])
+        .output()
+        .expect("run test_objc");
     let stderr = String::from_utf8_lossy(&out.stderr);
     eprintln!("{stderr}");
     assert!(out.status.success(), "{what}: test_objc failed ({})", out.status);

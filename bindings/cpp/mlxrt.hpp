@@ -23,12 +23,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -65,6 +67,14 @@ void call(F &&f) {
   mlxrt_error *error = nullptr;
   mlxrt_status status = std::forward<F>(f)(&error);
   check(status, error);
+}
+/// Enabled for contiguous ranges of one-byte elements (not pointers).
+template <class Bytes>
+using if_bytes = std::enable_if_t<sizeof(*std::data(std::declval<const Bytes &>())) == 1 &&
+                                  std::is_integral_v<decltype(std::size(std::declval<const Bytes &>()))>>;
+template <class Bytes>
+const uint8_t *byte_data(const Bytes &bytes) {
+  return reinterpret_cast<const uint8_t *>(std::data(bytes));
 }
 }  // namespace detail
 
@@ -146,11 +156,27 @@ class RequestParams {
   /// returns K: an encoded file (JPEG, PNG, WebP) in `bytes`. Not copied
   /// here: the bytes must stay valid until submit returns (mlxrt copies them).
   size_t image_data(const uint8_t *bytes, size_t n) { return add_media(MLXRT_MEDIA_ENCODED, 0, 0, 0, bytes, n); }
-  /// The same for raw pixels: `format` is MLXRT_PIXEL_RGB8, _RGBA8 or _BGRA8,
-  /// rows `stride` bytes apart (0 = packed).
+  /// The same for raw pixels: `format` is MLXRT_PIXEL_RGB8, _RGBA8 or _BGRA8
+  /// (Core Graphics' 32-bit little-endian layout), rows `stride` bytes apart
+  /// (0 = packed).
   size_t image_pixels(int32_t format, uint32_t width, uint32_t height, const uint8_t *bytes, size_t n,
                       size_t stride = 0) {
     return add_media(format, width, height, stride, bytes, n);
+  }
+  /// Both from any contiguous range of bytes (std::span<const std::byte>,
+  /// std::vector<uint8_t>, std::string, std::array, ...): its data() and
+  /// size() are passed on, not copied.
+  ///   std::vector<uint8_t> jpeg = read("cat.jpg");
+  ///   mlxrt::RequestParams p;
+  ///   size_t k = p.image_data(jpeg);  // then a part {"type": "image", "media": k}
+  ///   p.image_pixels(MLXRT_PIXEL_BGRA8, w, h, std::span(bgra, rows * stride), stride);
+  template <class Bytes, class = detail::if_bytes<Bytes>>
+  size_t image_data(const Bytes &bytes) {
+    return image_data(detail::byte_data(bytes), std::size(bytes));
+  }
+  template <class Bytes, class = detail::if_bytes<Bytes>>
+  size_t image_pixels(int32_t format, uint32_t width, uint32_t height, const Bytes &bytes, size_t stride = 0) {
+    return image_pixels(format, width, height, detail::byte_data(bytes), std::size(bytes), stride);
   }
   mlxrt_request_params &raw() { return c_; }
 

@@ -6,7 +6,9 @@
 // delivered by dispatch_async to the queue the caller names, never on the
 // main thread implicitly. The engine also gives the model's facts (info),
 // its counters (stats), its tokenizer (tokenize/detokenize) and chat
-// template (renderChat), as the C API does. Failures are NSErrors in MLXRTErrorDomain whose
+// template (renderChat), as the C API does. Images for models with a vision
+// tower are MLXRTImage objects (NSData: an encoded file or raw pixels) in
+// MLXRTMessage.images. Failures are NSErrors in MLXRTErrorDomain whose
 // codes are the C library's mlxrt_status values.
 //
 // Builds with ARC or manual reference counting, on Apple platforms and with
@@ -128,24 +130,82 @@ NS_SWIFT_NAME(MLXRTEngine.Configuration)
 @property (nonatomic, copy, nullable) NSString *promptCacheDirectory;
 @end
 
-/// One chat message. Immutable.
+/// How the bytes of a raw-pixel MLXRTImage are laid out: 8 bits per
+/// channel (`MLXRT_PIXEL_*`). Alpha is ignored.
+typedef NS_ENUM(NSInteger, MLXRTPixelFormat) {
+    MLXRTPixelFormatRGB8 = 1,   // red, green, blue
+    MLXRTPixelFormatRGBA8 = 2,  // red, green, blue, alpha
+    MLXRTPixelFormatBGRA8 = 3,  // blue first: a CGBitmapContext with
+                                // kCGImageAlphaNoneSkipFirst (or PremultipliedFirst)
+                                // | kCGBitmapByteOrder32Little, as CVPixelBuffer's BGRA
+};
+
+/// An image for a chat message (for models with a vision tower: their
+/// info.modalities has MLXRT_MODALITY_IMAGE): an encoded file, or raw pixels. Immutable; it keeps (retains) the NSData, and mlxrt
+/// reads it during submit only, so a buffer wrapped without copying,
+///   [NSData dataWithBytesNoCopy:base length:bytesPerRow * height freeWhenDone:NO]
+/// may be reused once submit has returned.
+///   MLXRTImage *photo = [MLXRTImage imageWithData:[NSData dataWithContentsOfFile:@"cat.jpg"]];
+///   MLXRTMessage *m = [MLXRTMessage userMessage:@"What is in this picture?" images:@[ photo ]];
+/// Undecodable data, a buffer shorter than its rows, or more than 50 million
+/// pixels fail the submit with MLXRTErrorInvalidArgument; an image sent to a
+/// model without a vision tower, with MLXRTErrorUnsupported.
+NS_SWIFT_SENDABLE
+@interface MLXRTImage : NSObject <NSCopying>
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSData *_data;
+    NSInteger _pixelFormat;
+    NSUInteger _width, _height, _bytesPerRow;
+}
+#endif
+/// A JPEG, PNG or WebP file's bytes.
++ (instancetype)imageWithData:(NSData *)data;
+/// Raw pixels: `height` rows `bytesPerRow` apart (0 = packed), each `width`
+/// pixels in `format`.
++ (instancetype)imageWithPixels:(NSData *)pixels
+                          width:(NSUInteger)width
+                         height:(NSUInteger)height
+                    bytesPerRow:(NSUInteger)bytesPerRow
+                         format:(MLXRTPixelFormat)format;
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+@property (nonatomic, readonly, copy) NSData *data;
+/// 0 for an encoded file, else an MLXRTPixelFormat.
+@property (nonatomic, readonly) NSInteger pixelFormat;
+/// Raw pixels only (0 for an encoded file).
+@property (nonatomic, readonly) NSUInteger width;
+@property (nonatomic, readonly) NSUInteger height;
+@property (nonatomic, readonly) NSUInteger bytesPerRow;
+@end
+
+/// One chat message, optionally with images (which come before its text, as
+/// content parts). Immutable.
 NS_SWIFT_SENDABLE
 @interface MLXRTMessage : NSObject <NSCopying>
 #if MLXRT_FRAGILE_IVARS
 {
   @private
     NSString *_role, *_content;
+    NSArray *_images;
 }
 #endif
 + (instancetype)messageWithRole:(NSString *)role content:(NSString *)content;
 + (instancetype)systemMessage:(NSString *)content;
 + (instancetype)userMessage:(NSString *)content;
 + (instancetype)assistantMessage:(NSString *)content;
-- (instancetype)initWithRole:(NSString *)role content:(NSString *)content NS_DESIGNATED_INITIALIZER;
++ (instancetype)userMessage:(NSString *)content images:(NSArray<MLXRTImage *> *)images;
+- (instancetype)initWithRole:(NSString *)role
+                     content:(NSString *)content
+                      images:(NSArray<MLXRTImage *> *)images NS_DESIGNATED_INITIALIZER;
+- (instancetype)initWithRole:(NSString *)role content:(NSString *)content;
 - (instancetype)init MLXRT_UNAVAILABLE;
 + (instancetype)new MLXRT_UNAVAILABLE;
 @property (nonatomic, readonly, copy) NSString *role;
 @property (nonatomic, readonly, copy) NSString *content;
+/// Empty unless made with images.
+@property (nonatomic, readonly, copy) NSArray<MLXRTImage *> *images;
 @end
 
 /// Request settings: give `messages`, `prompt` or `promptTokens`. Mutable and
@@ -376,7 +436,7 @@ NS_SWIFT_SENDABLE
   @private
     uint64_t _queued, _active, _inFlight, _completed, _kvBytes, _kvReserved, _activeMemory, _peakMemory,
         _cacheMemory, _promptCacheHits, _promptCacheMisses, _promptCacheHitTokens, _promptCacheMemoryBytes,
-        _promptCacheDiskBytes;
+        _promptCacheDiskBytes, _encoderCacheBytes, _encoderCacheEntries, _encoderCacheHits, _towerRuns;
 }
 #endif
 - (instancetype)init MLXRT_UNAVAILABLE;
@@ -401,6 +461,13 @@ NS_SWIFT_SENDABLE
 @property (nonatomic, readonly) uint64_t promptCacheHitTokens;
 @property (nonatomic, readonly) uint64_t promptCacheMemoryBytes;
 @property (nonatomic, readonly) uint64_t promptCacheDiskBytes;
+/// Encoder cache (vision tower outputs by image content): bytes and entries
+/// it holds, images it supplied, and images the vision tower encoded (a
+/// repeated image counts as a hit, not a tower run).
+@property (nonatomic, readonly) uint64_t encoderCacheBytes;
+@property (nonatomic, readonly) uint64_t encoderCacheEntries;
+@property (nonatomic, readonly) uint64_t encoderCacheHits;
+@property (nonatomic, readonly) uint64_t towerRuns;
 @end
 
 /// A chat rendered with the model's template: the prompt text and its token
@@ -469,7 +536,8 @@ NS_SWIFT_SENDABLE
     NS_SWIFT_NAME(detokenize(_:skipSpecial:));
 
 /// Renders `parameters.messages` with the model's chat template, and the
-/// tools and chat_template_kwargs of `parameters.optionsJSON`.
+/// tools and chat_template_kwargs of `parameters.optionsJSON`. Messages with
+/// images fail: mlxrt_render_chat takes no images.
 - (nullable MLXRTRenderedChat *)renderChatWithParameters:(MLXRTRequestParameters *)parameters
                                                    error:(NSError **)error
     NS_SWIFT_NAME(renderChat(_:));

@@ -27,6 +27,15 @@
 #define MLXRT_SUPER_DEALLOC() [super dealloc]
 #endif
 
+/// -copyWithZone: of an immutable class: the object itself.
+#if __has_feature(objc_arc)
+#define MLXRT_IMMUTABLE_COPY \
+    - (id)copyWithZone:(NSZone *)zone { (void)zone; return self; }
+#else
+#define MLXRT_IMMUTABLE_COPY \
+    - (id)copyWithZone:(NSZone *)zone { (void)zone; return [self retain]; }
+#endif
+
 NSErrorDomain const MLXRTErrorDomain = @"MLXRTErrorDomain";
 
 static NSString *string_from_c(const char *s) {
@@ -122,8 +131,77 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 #endif
 @end
 
+@interface MLXRTImage ()
+- (instancetype)initWithData:(NSData *)data
+                 pixelFormat:(NSInteger)format
+                       width:(NSUInteger)width
+                      height:(NSUInteger)height
+                 bytesPerRow:(NSUInteger)bytesPerRow;
+- (mlxrt_media)media;
+@end
+
+@implementation MLXRTImage
+@synthesize data = _data, pixelFormat = _pixelFormat, width = _width, height = _height, bytesPerRow = _bytesPerRow;
+
++ (instancetype)imageWithData:(NSData *)data {
+    return MLXRT_AUTORELEASE([[self alloc] initWithData:data pixelFormat:MLXRT_MEDIA_ENCODED width:0 height:0 bytesPerRow:0]);
+}
+
++ (instancetype)imageWithPixels:(NSData *)pixels
+                          width:(NSUInteger)width
+                         height:(NSUInteger)height
+                    bytesPerRow:(NSUInteger)bytesPerRow
+                         format:(MLXRTPixelFormat)format {
+    return MLXRT_AUTORELEASE([[self alloc] initWithData:pixels
+                                            pixelFormat:format
+                                                  width:width
+                                                 height:height
+                                            bytesPerRow:bytesPerRow]);
+}
+
+- (instancetype)initWithData:(NSData *)data
+                 pixelFormat:(NSInteger)format
+                       width:(NSUInteger)width
+                      height:(NSUInteger)height
+                 bytesPerRow:(NSUInteger)bytesPerRow {
+    if ((self = [super init])) {
+        _data = [data copy];  // an immutable NSData is retained, not copied
+        _pixelFormat = format;
+        _width = width;
+        _height = height;
+        _bytesPerRow = bytesPerRow;
+    }
+    return self;
+}
+
+MLXRT_IMMUTABLE_COPY
+
+/// The C entry: points into `data`, valid while this object lives.
+- (mlxrt_media)media {
+    mlxrt_media m;
+    memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    m.kind = MLXRT_MEDIA_IMAGE;
+    m.format = (int32_t)_pixelFormat;
+    // Out-of-range sizes become values mlxrt refuses rather than wrapping.
+    m.width = _width > UINT32_MAX ? UINT32_MAX : (uint32_t)_width;
+    m.height = _height > UINT32_MAX ? UINT32_MAX : (uint32_t)_height;
+    m.stride = _bytesPerRow;
+    m.bytes = _data.bytes;
+    m.n_bytes = _data.length;
+    return m;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_data release];
+    [super dealloc];
+}
+#endif
+@end
+
 @implementation MLXRTMessage
-@synthesize role = _role, content = _content;
+@synthesize role = _role, content = _content, images = _images;
 
 + (instancetype)messageWithRole:(NSString *)role content:(NSString *)content {
     return MLXRT_AUTORELEASE([[self alloc] initWithRole:role content:content]);
@@ -131,28 +209,30 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 + (instancetype)systemMessage:(NSString *)content { return [self messageWithRole:@"system" content:content]; }
 + (instancetype)userMessage:(NSString *)content { return [self messageWithRole:@"user" content:content]; }
 + (instancetype)assistantMessage:(NSString *)content { return [self messageWithRole:@"assistant" content:content]; }
++ (instancetype)userMessage:(NSString *)content images:(NSArray<MLXRTImage *> *)images {
+    return MLXRT_AUTORELEASE([[self alloc] initWithRole:@"user" content:content images:images]);
+}
 
-- (instancetype)initWithRole:(NSString *)role content:(NSString *)content {
+- (instancetype)initWithRole:(NSString *)role content:(NSString *)content images:(NSArray<MLXRTImage *> *)images {
     if ((self = [super init])) {
         _role = [role copy];
         _content = [content copy];
+        _images = [images copy];
     }
     return self;
 }
 
-- (id)copyWithZone:(NSZone *)zone {
-    (void)zone;
-#if __has_feature(objc_arc)
-    return self;  // immutable
-#else
-    return [self retain];
-#endif
+- (instancetype)initWithRole:(NSString *)role content:(NSString *)content {
+    return [self initWithRole:role content:content images:@[]];
 }
+
+MLXRT_IMMUTABLE_COPY
 
 #if !__has_feature(objc_arc)
 - (void)dealloc {
     [_role release];
     [_content release];
+    [_images release];
     [super dealloc];
 }
 #endif
@@ -414,7 +494,8 @@ static NSArray<MLXRTTokenLogprob *> *logprobs_from_c(const mlxrt_token_logprob *
             kvReserved = _kvReserved, activeMemory = _activeMemory, peakMemory = _peakMemory,
             cacheMemory = _cacheMemory, promptCacheHits = _promptCacheHits, promptCacheMisses = _promptCacheMisses,
             promptCacheHitTokens = _promptCacheHitTokens, promptCacheMemoryBytes = _promptCacheMemoryBytes,
-            promptCacheDiskBytes = _promptCacheDiskBytes;
+            promptCacheDiskBytes = _promptCacheDiskBytes, encoderCacheBytes = _encoderCacheBytes,
+            encoderCacheEntries = _encoderCacheEntries, encoderCacheHits = _encoderCacheHits, towerRuns = _towerRuns;
 - (instancetype)initWithStats:(const mlxrt_engine_stats *)s {
     if ((self = [super init])) {
         _queued = s->queued;
@@ -431,6 +512,10 @@ static NSArray<MLXRTTokenLogprob *> *logprobs_from_c(const mlxrt_token_logprob *
         _promptCacheHitTokens = s->prompt_cache_hit_tokens;
         _promptCacheMemoryBytes = s->prompt_cache_memory_bytes;
         _promptCacheDiskBytes = s->prompt_cache_disk_bytes;
+        _encoderCacheBytes = s->encoder_cache_bytes;
+        _encoderCacheEntries = s->encoder_cache_entries;
+        _encoderCacheHits = s->encoder_cache_hits;
+        _towerRuns = s->tower_runs;
     }
     return self;
 }
@@ -633,10 +718,23 @@ static NSString *merged_options(NSString *options, NSString *format) {
                                       [options substringFromIndex:close.location]];
 }
 
-/// The messages as the JSON array the C API takes.
+/// The messages as the JSON array the C API takes. A message with images
+/// has content parts: `{"type": "image", "media": K}` for each, K counting
+/// the images of all messages in order (their `mlxrt_media` entries), then
+/// its text.
 static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **error) {
     NSMutableArray *list = [NSMutableArray arrayWithCapacity:messages.count];
-    for (MLXRTMessage *m in messages) [list addObject:@{@"role": m.role, @"content": m.content}];
+    NSUInteger k = 0;
+    for (MLXRTMessage *m in messages) {
+        if (m.images.count == 0) {
+            [list addObject:@{@"role": m.role, @"content": m.content}];
+            continue;
+        }
+        NSMutableArray *parts = [NSMutableArray arrayWithCapacity:m.images.count + 1];
+        for (NSUInteger i = 0; i < m.images.count; i++) [parts addObject:@{@"type": @"image", @"media": @(k++)}];
+        [parts addObject:@{@"type": @"text", @"text": m.content}];
+        [list addObject:@{@"role": m.role, @"content": parts}];
+    }
     NSError *why = nil;
     NSData *data = [NSJSONSerialization dataWithJSONObject:list options:0 error:&why];
     if (!data) {
@@ -684,6 +782,16 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
     c.n_prompt_tokens = n_tokens;
     c.stop = n_stop ? stops : NULL;
     c.n_stop = n_stop;
+    // The images' entries point into their NSData, which `p` (a copy of the
+    // parameters, with copies of the messages) keeps alive through the call.
+    size_t n_media = 0;
+    for (MLXRTMessage *m in p.messages) n_media += m.images.count;
+    mlxrt_media *media = calloc(n_media ? n_media : 1, sizeof *media);
+    n_media = 0;
+    for (MLXRTMessage *m in p.messages)
+        for (MLXRTImage *image in m.images) media[n_media++] = [image media];
+    c.media = n_media ? media : NULL;
+    c.n_media = n_media;
 
     MLXRTDelivery *d = [[MLXRTDelivery alloc] init];
     d->_handler = MLXRT_BLOCK_COPY(handler);
@@ -699,6 +807,7 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
     mlxrt_status status = mlxrt_request_submit(_engine, &c, deliver, user_data, free_delivery, &request, &err);
     free(tokens);
     free(stops);
+    free(media);
     if (status != MLXRT_STATUS_OK) {
         free_delivery(user_data);  // on failure the C library keeps nothing
         take_error(error, status, err);

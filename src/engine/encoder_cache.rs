@@ -28,6 +28,16 @@ impl EncoderCache {
         })
     }
 
+    /// Bytes of tower output held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Images held.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     /// Keeps `rows` (evaluated) under `key`, evicting least recently used
     /// entries beyond the budget; an entry larger than the budget is not kept.
     pub fn put(&mut self, key: [u8; 32], rows: Array) {
@@ -62,7 +72,7 @@ mod tests {
         c.put([3; 32], rows()); // 48 > 40: evicts 2, the least recently used
         assert!(c.get(&[2; 32]).is_none());
         assert!(c.get(&[1; 32]).is_some() && c.get(&[3; 32]).is_some());
-        assert_eq!(c.bytes, 32);
+        assert_eq!((c.bytes(), c.len()), (32, 2));
         let mut none = EncoderCache::new(0);
         none.put([1; 32], rows());
         assert!(none.get(&[1; 32]).is_none(), "budget 0 keeps nothing");

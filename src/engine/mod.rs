@@ -224,6 +224,9 @@ pub struct EngineStats {
     /// came from the encoder cache instead.
     pub tower_runs: u64,
     pub encoder_cache_hits: u64,
+    /// What the encoder cache holds now: bytes of tower output, entries.
+    pub encoder_cache_bytes: u64,
+    pub encoder_cache_entries: u64,
     /// With `kv_paging`: KV blocks in use (held by rows or prompt-cache
     /// entries; a shared block once) and free, summed over the paged
     /// layers' pools. 0 without paging.
@@ -243,6 +246,8 @@ pub(crate) struct Shared {
     pub spec: spec::SpecStats,
     pub tower_runs: AtomicU64,
     pub encoder_cache_hits: AtomicU64,
+    pub encoder_cache_bytes: AtomicU64,
+    pub encoder_cache_entries: AtomicU64,
 }
 
 pub struct Engine {
@@ -394,6 +399,8 @@ impl Engine {
             spec_verify_steps: self.shared.spec.verify_steps.load(Ordering::Relaxed),
             tower_runs: self.shared.tower_runs.load(Ordering::Relaxed),
             encoder_cache_hits: self.shared.encoder_cache_hits.load(Ordering::Relaxed),
+            encoder_cache_bytes: self.shared.encoder_cache_bytes.load(Ordering::Relaxed),
+            encoder_cache_entries: self.shared.encoder_cache_entries.load(Ordering::Relaxed),
             kv_blocks_used: s.kv_blocks_used.load(Ordering::Relaxed),
             kv_blocks_free: s.kv_blocks_free.load(Ordering::Relaxed),
         }

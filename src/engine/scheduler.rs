@@ -661,6 +661,8 @@ impl Scheduler<'_> {
                 self.encoder.put(m.images[i].hash, r.share());
                 rows[i] = Some(r);
             }
+            self.shared.encoder_cache_bytes.store(self.encoder.bytes() as u64, Ordering::Relaxed);
+            self.shared.encoder_cache_entries.store(self.encoder.len() as u64, Ordering::Relaxed);
         }
         let rows: Vec<Array> = rows.into_iter().flatten().collect();
         let at: Vec<usize> = needed.iter().enumerate().filter(|(_, &n)| n).flat_map(|(i, _)| soft[i * t..(i + 1) * t].to_vec()).collect();

@@ -451,6 +451,17 @@ pub struct mlxrt_engine_stats {
     /// (0 without paging). Then `kv_bytes` counts the blocks in use.
     pub kv_blocks_used: u64,
     pub kv_blocks_free: u64,
+    /// Encoder cache (vision tower outputs kept by image content, budget
+    /// `encoder_cache_bytes`): bytes and entries it holds now, images whose
+    /// tower output it supplied, and images the vision tower encoded. A
+    /// repeated image adds to `encoder_cache_hits`, not to `tower_runs`:
+    /// the same photo sent twice leaves `tower_runs` 1 and
+    /// `encoder_cache_hits` 1 (unless the prompt cache served the whole
+    /// prompt, when neither is needed).
+    pub encoder_cache_bytes: u64,
+    pub encoder_cache_entries: u64,
+    pub encoder_cache_hits: u64,
+    pub tower_runs: u64,
 }
 
 /// The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
@@ -508,6 +519,10 @@ pub extern "C" fn mlxrt_engine_get_stats(
             spec_verify_steps: s.spec_verify_steps,
             kv_blocks_used: s.kv_blocks_used,
             kv_blocks_free: s.kv_blocks_free,
+            encoder_cache_bytes: s.encoder_cache_bytes,
+            encoder_cache_entries: s.encoder_cache_entries,
+            encoder_cache_hits: s.encoder_cache_hits,
+            tower_runs: s.tower_runs,
         };
         write_versioned(out, stats, "out")
     })

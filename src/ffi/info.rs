@@ -13,6 +13,10 @@ use std::mem::size_of;
 /// `mlxrt_engine_info.modalities` bit: text input.
 pub const MLXRT_MODALITY_TEXT: u32 = 1;
 
+/// `mlxrt_engine_info.modalities` bit: image input (the model has a vision
+/// tower; image parts and `mlxrt_media` entries work).
+pub const MLXRT_MODALITY_IMAGE: u32 = 2;
+
 /// Facts about an engine's model, filled by `mlxrt_engine_get_info`. Set
 /// `struct_size` first; strings and arrays belong to the engine and stay
 /// valid until it is destroyed.
@@ -113,7 +117,7 @@ pub extern "C" fn mlxrt_engine_get_info(
             has_chat_template: e.text().template.is_some() as u8,
             supports_tools: template.contains("tools") as u8,
             supports_reasoning: (template.contains("<think>") || template.contains("enable_thinking")) as u8,
-            modalities: MLXRT_MODALITY_TEXT,
+            modalities: MLXRT_MODALITY_TEXT | if e.text().media.is_some() { MLXRT_MODALITY_IMAGE } else { 0 },
             kv_scheme: s.kv_scheme.as_ptr(),
         };
         write_versioned(out, info, "out")

@@ -136,6 +136,16 @@ pub const MLXRT_PIXEL_BGRA8: i32 = 3;
 /// to `sizeof(mlxrt_media)`. Undecodable data, a buffer smaller than
 /// `stride × (height - 1) + width × bytes per pixel`, more than 50 million
 /// pixels or 64 MiB of encoded data is INVALID_ARGUMENT.
+///
+/// ```c
+/// mlxrt_media m = {.struct_size = sizeof m, .kind = MLXRT_MEDIA_IMAGE,
+///                  .format = MLXRT_PIXEL_BGRA8, .width = w, .height = h,
+///                  .stride = bytes_per_row, .bytes = rows, .n_bytes = bytes_per_row * h};
+/// p.messages_json = "[{\"role\": \"user\", \"content\": [{\"type\": \"image\", \"media\": 0},"
+///                   " {\"type\": \"text\", \"text\": \"What is in this picture?\"}]}]";
+/// p.media = &m;
+/// p.n_media = 1;
+/// ```
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct mlxrt_media {

@@ -16,18 +16,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
 #include "mlxrt.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      failures++;                                                    \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-    }                                                                \
-  } while (0)
 
 /* ---- a recording callback ---- */
 

@@ -5,7 +5,8 @@
  *
  * IMAGE.rgb holds the PNG's decoded pixels (packed RGB8): the same picture
  * given as a file path, as encoded bytes, and as RGB8, RGBA8 and padded BGRA8
- * buffers must give the same tokens.
+ * buffers must give the same tokens, and the engine's stats show one tower
+ * run for them (the encoder cache serves the rest).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
@@ -13,32 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "mlxrt.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                             \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      failures++;                                                    \
-      fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                  \
-      fprintf(stderr, "\n");                                         \
-    }                                                                \
-  } while (0)
-
 #define STEPS 8
-
-static unsigned char *read_file(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return NULL;
-  fseek(f, 0, SEEK_END);
-  long len = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *buf = malloc((size_t)len);
-  *n = fread(buf, 1, (size_t)len, f);
-  fclose(f);
-  return buf;
-}
 
 /* Runs a chat; fills `tokens` (STEPS ids); returns the submit status and
  * copies its error message into `msg`. */
@@ -138,6 +117,17 @@ int main(int argc, char **argv) {
     CHECK(memcmp(got, want, sizeof want) == 0, "%s: tokens differ from the file path's", names[i]);
   }
 
+  /* The encoder cache: the five forms are one picture (its entry is keyed by
+   * the decoded pixels), so the tower ran once and the cache served four. */
+  mlxrt_engine_stats st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  CHECK(mlxrt_engine_get_stats(e, &st, NULL) == MLXRT_STATUS_OK, "stats");
+  CHECK(st.tower_runs == 1 && st.encoder_cache_hits == 4, "tower runs %llu, encoder cache hits %llu",
+        (unsigned long long)st.tower_runs, (unsigned long long)st.encoder_cache_hits);
+  CHECK(st.encoder_cache_entries == 1 && st.encoder_cache_bytes > 0, "encoder cache: %llu entries, %llu bytes",
+        (unsigned long long)st.encoder_cache_entries, (unsigned long long)st.encoder_cache_bytes);
+
   /* Errors name the part; the engine keeps serving. */
   mlxrt_media short_buf = media_of(MLXRT_PIXEL_BGRA8, w, h, 0, bgra, 16);
   CHECK(run(e, MEDIA_CHAT, &short_buf, 1, got, msg, sizeof msg) == MLXRT_STATUS_INVALID_ARGUMENT && strstr(msg, "params.media[0]"),
@@ -152,6 +142,9 @@ int main(int argc, char **argv) {
   CHECK(run(e, MEDIA_CHAT, &audio, 1, got, msg, sizeof msg) == MLXRT_STATUS_UNSUPPORTED, "audio: %s", msg);
   CHECK(run(e, MEDIA_CHAT, &forms[3], 1, got, msg, sizeof msg) == MLXRT_STATUS_OK && memcmp(got, want, sizeof want) == 0,
         "after errors: %s", msg);
+  CHECK(mlxrt_engine_get_stats(e, &st, NULL) == MLXRT_STATUS_OK && st.tower_runs == 1 && st.encoder_cache_hits == 5,
+        "after errors: tower runs %llu, encoder cache hits %llu", (unsigned long long)st.tower_runs,
+        (unsigned long long)st.encoder_cache_hits);
   mlxrt_engine_destroy(e);
 
   /* A model without a vision tower: UNSUPPORTED naming the part. */

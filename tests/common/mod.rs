@@ -372,3 +372,41 @@ pub fn reference_cases(reference: &Path) -> Vec<Case> {
         })
         .collect()
 }
+
+/// The tiny random-weight Gemma 3 vision-language checkpoint and mlx-vlm's
+/// reference outputs for it (tests/oracle/make_tiny_vlm.py): `model/`,
+/// `images/` and `reference.safetensors`. Built once per change of the script
+/// (cached under target/oracle/media); needs mlx-vlm in the venv
+/// (scripts/setup.sh installs it).
+pub fn tiny_vlm() -> PathBuf {
+    let dir = repo_root().join("target/oracle/media");
+    let script = repo_root().join("tests/oracle/make_tiny_vlm.py");
+    if !reference_fresh(&dir.join("reference.safetensors"), &[script.clone()]) {
+        let _ = std::fs::remove_dir_all(&dir);
+        let gguf = model_path();
+        py(&[script.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--gguf", gguf.to_str().unwrap()]);
+    }
+    dir
+}
+
+/// A test image of `tiny_vlm()` for the binding tests: the PNG's path, and a
+/// file of its decoded pixels (packed RGB8, as mlxrt decodes it) with its
+/// width and height.
+pub fn tiny_vlm_image(dir: &Path) -> (PathBuf, PathBuf, usize, usize) {
+    use mlxrt::media::{decode, Limits};
+    let png = dir.join("images/odd_png.png");
+    let img = decode(&std::fs::read(&png).unwrap(), &Limits::default()).unwrap();
+    let raw = dir.join("odd_png.rgb");
+    // Written aside and renamed: tests running at once each see a whole file.
+    let tmp = dir.join(format!("odd_png.rgb.{}.{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::write(&tmp, &img.data).unwrap();
+    std::fs::rename(&tmp, &raw).unwrap();
+    (png, raw, img.width, img.height)
+}
+
+/// mlx-vlm's greedy tokens for a case of `tiny_vlm()` (e.g. "one_png": its
+/// odd_png.png, then "What is in this picture?").
+pub fn tiny_vlm_tokens(dir: &Path, case: &str) -> Vec<u32> {
+    let mut r = TensorFile::load_safetensors(dir.join("reference.safetensors").to_str().unwrap()).unwrap();
+    r.take(&format!("{case}.tokens")).unwrap().to_vec_i32().unwrap().into_iter().map(|t| t as u32).collect()
+}

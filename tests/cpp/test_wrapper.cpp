@@ -1,15 +1,21 @@
 // Tests of bindings/cpp/mlxrt.hpp against the real default model. Built and
 // run by tests/cpp_wrapper.rs, plainly and under AddressSanitizer.
 //
-//   test_wrapper MODEL_PATH
+//   test_wrapper MODEL_PATH VLM_FOLDER IMAGE.png IMAGE.rgb WIDTH HEIGHT
+//
+// The last five are the tiny vision-language checkpoint of tests/media.rs,
+// one of its images and that image's decoded pixels (packed RGB8).
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "mlxrt.hpp"
 
@@ -85,8 +91,55 @@ static mlxrt_status status_of(F &&f) {
   return MLXRT_STATUS_OK;
 }
 
+static std::string read_file(const char *path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Images from byte ranges: the same picture as a file path, as encoded bytes
+// (std::string) and as padded BGRA pixels (std::vector) gives the same
+// tokens, and the engine's stats count one tower run.
+static void test_images(const char *folder, const char *png_path, const char *rgb_path, uint32_t w, uint32_t h) {
+  mlxrt::Engine vlm{mlxrt::EngineConfig(folder)};
+  auto generate = [&](mlxrt::RequestParams p, const std::string &part) {
+    p.messages_json("[{\"role\": \"user\", \"content\": [" + part +
+                    ", {\"type\": \"text\", \"text\": \"What is in this picture?\"}]}]");
+    return vlm.generate(p.max_tokens(8).options_json("{\"ignore_eos\": true}")).tokens;
+  };
+  std::vector<uint32_t> by_path = generate(mlxrt::RequestParams(), std::string("{\"type\": \"image\", \"path\": \"") + png_path + "\"}");
+  CHECK(by_path.size() == 8);
+
+  std::string png = read_file(png_path), rgb = read_file(rgb_path);
+  CHECK(!png.empty() && rgb.size() == size_t(w) * h * 3);
+  mlxrt::RequestParams encoded;
+  size_t k = encoded.image_data(png);
+  CHECK(k == 0);
+  CHECK(generate(std::move(encoded), "{\"type\": \"image\", \"media\": 0}") == by_path);
+
+  size_t stride = size_t(w) * 4 + 8;
+  std::vector<uint8_t> bgra(stride * h);
+  for (size_t y = 0; y < h; y++)
+    for (size_t x = 0; x < w; x++)
+      for (size_t c = 0; c < 3; c++) bgra[y * stride + x * 4 + c] = uint8_t(rgb[(y * w + x) * 3 + 2 - c]);
+  mlxrt::RequestParams pixels;
+  pixels.image_data(png);  // entry 0, unused: INVALID_ARGUMENT
+  CHECK(pixels.image_pixels(MLXRT_PIXEL_BGRA8, w, h, bgra, stride) == 1);
+  CHECK(status_of([&] { generate(pixels, "{\"type\": \"image\", \"media\": 1}"); }) == MLXRT_STATUS_INVALID_ARGUMENT);
+  CHECK(generate(pixels, "{\"type\": \"image\", \"media\": 0}, {\"type\": \"image\", \"media\": 1}").size() == 8);
+  mlxrt::RequestParams only_pixels;
+  only_pixels.image_pixels(MLXRT_PIXEL_BGRA8, w, h, bgra, stride);
+  CHECK(generate(std::move(only_pixels), "{\"type\": \"image\", \"media\": 0}") == by_path);
+
+  mlxrt_engine_stats s = vlm.stats();
+  CHECK(s.tower_runs == 1 && s.encoder_cache_hits == 4 && s.encoder_cache_entries == 1 && s.encoder_cache_bytes > 0);
+}
+
 int main(int argc, char **argv) {
-  if (argc < 2) return 2;
+  if (argc != 7) {
+    std::fprintf(stderr, "usage: %s MODEL_PATH VLM_FOLDER IMAGE.png IMAGE.rgb WIDTH HEIGHT\n", argv[0]);
+    return 2;
+  }
+  test_images(argv[2], argv[3], argv[4], uint32_t(std::stoul(argv[5])), uint32_t(std::stoul(argv[6])));
   CHECK(mlxrt::abi_version() == MLXRT_ABI_VERSION);
   CHECK(mlxrt::version() == MLXRT_VERSION);
 

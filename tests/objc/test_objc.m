@@ -1,7 +1,12 @@
 // Tests of the Objective-C wrapper (bindings/objc) against the real default
-// model. Built with clang + GNUstep and run by tests/objc.rs.
+// model, and its images against the tiny vision-language checkpoint of
+// tests/media.rs. Built with clang + GNUstep and run by tests/objc.rs.
 //
-//   test_objc MODEL_PATH
+//   test_objc MODEL_PATH VLM_FOLDER IMAGE.png IMAGE.rgb WIDTH HEIGHT TOKENS
+//
+// IMAGE.rgb holds the PNG's decoded pixels (packed RGB8); TOKENS are
+// mlx-vlm's greedy tokens for the image and "What is in this picture?"
+// (comma-separated).
 #import "MLXRT.h"
 
 #include <Block.h>
@@ -9,18 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../c/check.h"
 #include "mlxrt.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                  \
-    do {                                                                  \
-        if (!(cond)) {                                                    \
-            failures++;                                                   \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                 \
-            fprintf(stderr, "\n");                                        \
-        }                                                                 \
-    } while (0)
 
 #if __has_feature(objc_arc)
 #define MRC_RELEASE(x) ((void)0)
@@ -453,6 +448,110 @@ static void test_logprobs(MLXRTEngine *engine, dispatch_queue_t queue) {
     MRC_RELEASE(r);
 }
 
+/// The token ids of one request (nil if it did not end with done).
+static NSArray<NSNumber *> *tokens_of(MLXRTEngine *engine, dispatch_queue_t queue, MLXRTRequestParameters *p,
+                                      NSError **error) {
+    Recorder *r = [[Recorder alloc] init];
+    NSMutableArray<NSNumber *> *ids = nil;
+    if ([engine submitRequestWithParameters:p queue:queue eventHandler:[r handler] error:error] && [r wait] &&
+        r->last.kind == MLXRTEventKindDone) {
+        ids = [NSMutableArray array];
+        for (MLXRTEvent *ev in r->textEventList) [ids addObjectsFromArray:ev.tokenIDs];
+    }
+    MRC_RELEASE(r);
+    return ids;
+}
+
+static MLXRTRequestParameters *image_chat(NSArray<MLXRTImage *> *images) {
+    MLXRTMessage *m = [MLXRTMessage userMessage:@"What is in this picture?" images:images];
+    MLXRTRequestParameters *p = [MLXRTRequestParameters parametersWithMessages:@[ m ]];
+    p.maxTokens = 8;
+    p.optionsJSON = @"{\"ignore_eos\": true}";
+    return p;
+}
+
+/// Images on the tiny vision-language checkpoint of tests/media.rs: the PNG
+/// as NSData and its pixels as padded BGRA (wrapped without copying) and
+/// packed RGBA give mlx-vlm's tokens; the tower runs once (stats); bad
+/// buffers and a model without a tower fail the submit.
+static void test_images(MLXRTEngine *text_engine, dispatch_queue_t queue, const char *folder, const char *png_path,
+                        const char *rgb_path, NSUInteger w, NSUInteger h, const char *want_csv) {
+    MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:@(folder)];
+    NSError *error = nil;
+    MLXRTEngine *engine = [[MLXRTEngine alloc] initWithConfiguration:cfg error:&error];
+    MRC_RELEASE(cfg);
+    CHECK(engine != nil, "vision engine: %s", error.localizedDescription.UTF8String);
+    if (!engine) return;
+    CHECK((engine.info.modalities & MLXRT_MODALITY_IMAGE) && !(text_engine.info.modalities & MLXRT_MODALITY_IMAGE),
+          "modalities %u / %u", engine.info.modalities, text_engine.info.modalities);
+    NSMutableArray<NSNumber *> *want = [NSMutableArray array];
+    for (NSString *t in [@(want_csv) componentsSeparatedByString:@","]) [want addObject:@(t.longLongValue)];
+
+    NSData *png = [NSData dataWithContentsOfFile:@(png_path)];
+    NSData *rgb = [NSData dataWithContentsOfFile:@(rgb_path)];
+    CHECK(png.length > 0 && rgb.length == w * h * 3, "inputs");
+    NSArray<NSNumber *> *got = tokens_of(engine, queue, image_chat(@[ [MLXRTImage imageWithData:png] ]), &error);
+    CHECK([got isEqualToArray:want], "encoded: %s vs mlx-vlm %s (%s)", got.description.UTF8String, want_csv,
+          error.localizedDescription.UTF8String);
+
+    NSUInteger stride = w * 4 + 12;
+    uint8_t *bgra = calloc(stride * h, 1), *rgba = calloc(w * h * 4, 1);
+    const uint8_t *px = rgb.bytes;
+    for (NSUInteger y = 0; y < h; y++)
+        for (NSUInteger x = 0; x < w; x++)
+            for (int c = 0; c < 3; c++) {
+                bgra[y * stride + x * 4 + c] = px[(y * w + x) * 3 + 2 - c];
+                rgba[(y * w + x) * 4 + c] = px[(y * w + x) * 3 + c];
+            }
+    NSData *bgra_data = [NSData dataWithBytesNoCopy:bgra length:stride * h freeWhenDone:NO];
+    MLXRTImage *bgra_image = [MLXRTImage imageWithPixels:bgra_data
+                                                   width:w
+                                                  height:h
+                                             bytesPerRow:stride
+                                                  format:MLXRTPixelFormatBGRA8];
+    CHECK(bgra_image.pixelFormat == MLXRTPixelFormatBGRA8 && bgra_image.width == w && bgra_image.bytesPerRow == stride,
+          "image properties");
+    got = tokens_of(engine, queue, image_chat(@[ bgra_image ]), &error);
+    CHECK([got isEqualToArray:want], "BGRA: %s (%s)", got.description.UTF8String, error.localizedDescription.UTF8String);
+    MLXRTImage *rgba_image = [MLXRTImage imageWithPixels:[NSData dataWithBytes:rgba length:w * h * 4]
+                                                   width:w
+                                                  height:h
+                                             bytesPerRow:0
+                                                  format:MLXRTPixelFormatRGBA8];
+    got = tokens_of(engine, queue, image_chat(@[ rgba_image ]), &error);
+    CHECK([got isEqualToArray:want], "RGBA: %s (%s)", got.description.UTF8String, error.localizedDescription.UTF8String);
+    MLXRTEngineStats *s = settled_stats(engine, 3);
+    CHECK(s.towerRuns == 1 && s.encoderCacheHits == 2 && s.encoderCacheEntries == 1 && s.encoderCacheBytes > 0,
+          "tower runs %llu, encoder cache hits %llu, entries %llu", (unsigned long long)s.towerRuns,
+          (unsigned long long)s.encoderCacheHits, (unsigned long long)s.encoderCacheEntries);
+
+    // Errors at submit: a buffer shorter than its rows, undecodable bytes, a
+    // model without a vision tower; the engine keeps serving.
+    MLXRTImage *short_image = [MLXRTImage imageWithPixels:[NSData dataWithBytes:bgra length:16]
+                                                    width:w
+                                                   height:h
+                                              bytesPerRow:stride
+                                                   format:MLXRTPixelFormatBGRA8];
+    error = nil;
+    CHECK(tokens_of(engine, queue, image_chat(@[ short_image ]), &error) == nil &&
+              error.code == MLXRTErrorInvalidArgument && [error.localizedDescription rangeOfString:@"media[0]"].location != NSNotFound,
+          "short buffer: %s", error.localizedDescription.UTF8String);
+    error = nil;
+    NSData *half = [png subdataWithRange:NSMakeRange(0, png.length / 2)];
+    CHECK(tokens_of(engine, queue, image_chat(@[ [MLXRTImage imageWithData:half] ]), &error) == nil &&
+              error.code == MLXRTErrorInvalidArgument,
+          "truncated PNG: %s", error.localizedDescription.UTF8String);
+    error = nil;
+    CHECK(tokens_of(text_engine, queue, image_chat(@[ bgra_image ]), &error) == nil &&
+              error.code == MLXRTErrorUnsupported && [error.localizedDescription rangeOfString:@"vision tower"].location != NSNotFound,
+          "text-only model: %s", error.localizedDescription.UTF8String);
+    got = tokens_of(engine, queue, image_chat(@[ bgra_image ]), &error);
+    CHECK([got isEqualToArray:want], "after errors: %s", got.description.UTF8String);
+    free(bgra);
+    free(rgba);
+    MRC_RELEASE(engine);
+}
+
 /// Releasing the engine with a request in flight ends it (CANCELLED).
 static void test_engine_teardown(NSString *model, dispatch_queue_t queue) {
     MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:model];
@@ -479,7 +578,10 @@ static void test_engine_teardown(NSString *model, dispatch_queue_t queue) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) return 2;
+    if (argc != 8) {
+        fprintf(stderr, "usage: %s MODEL_PATH VLM_FOLDER IMAGE.png IMAGE.rgb WIDTH HEIGHT TOKENS\n", argv[0]);
+        return 2;
+    }
     @autoreleasepool {
         NSString *model = [NSString stringWithUTF8String:argv[1]];
         dispatch_queue_t queue = dispatch_queue_create("mlxrt.test", DISPATCH_QUEUE_SERIAL);
@@ -503,6 +605,8 @@ int main(int argc, char **argv) {
             test_info_and_stats(engine, queue);
             test_tokenizer(engine, queue);
             test_logprobs(engine, queue);
+            test_images(engine, queue, argv[2], argv[3], argv[4], (NSUInteger)atoi(argv[5]), (NSUInteger)atoi(argv[6]),
+                        argv[7]);
             MRC_RELEASE(engine);
         }
         test_engine_teardown(model, queue);

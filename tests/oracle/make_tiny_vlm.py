@@ -9,7 +9,8 @@ Writes into --out (a directory):
                            tensors, preprocessor_config.json, processor_config.json,
                            tokenizer.json + tokenizer_config.json with the Gemma 3
                            media tokens added to the SmolLM2 vocabulary)
-    images/NAME.{png,jpg}  test images of odd sizes (made here with Pillow)
+    images/NAME.{png,jpg,webp}  test images of odd sizes (made here with Pillow;
+                           the WebP lossless)
     reference.safetensors  per image NAME:  pixels.NAME f32 [3, S, S] (the image
                            processor's output), decoded.NAME u8 [H, W, 3] (Pillow's
                            decode, converted to RGB as the processor does); per case CASE: CASE.prompt_ids,
@@ -127,6 +128,7 @@ def make_images(out):
     Image.fromarray(picture(301, 203)).save(out / "big_png.png")
     Image.fromarray(picture(50, 61, 4), "RGBA").save(out / "rgba_png.png")
     Image.fromarray(picture(123, 77)).save(out / "big_jpg.jpg", quality=85)
+    Image.fromarray(picture(41, 27)).save(out / "odd_webp.webp", lossless=True)
     return sorted(out.iterdir())
 
 

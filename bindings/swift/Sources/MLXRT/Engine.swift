@@ -58,9 +58,8 @@ public final class Engine: @unchecked Sendable {
     public func generate(messages: [Message], parameters: GenerateParameters = GenerateParameters())
         -> AsyncThrowingStream<Event, Error>
     {
-        stream(parameters) { strings, p in
-            let json = try JSONEncoder().encode(messages)
-            p.messages_json = strings.add(String(decoding: json, as: UTF8.self))
+        stream(parameters, images: messages.flatMap { $0.images }) { strings, p in
+            p.messages_json = strings.add(try chatJSON(messages))
         }
     }
 
@@ -102,11 +101,12 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// Renders a conversation with the model's chat template (and the `tools`
-    /// and `chat_template_kwargs` of `optionsJSON`).
+    /// and `chat_template_kwargs` of `optionsJSON`). Messages with images
+    /// throw: `mlxrt_render_chat` takes no images.
     public func renderChat(messages: [Message], optionsJSON: String? = nil) throws -> RenderedChat {
         var strings = CStrings()
         defer { strings.release() }
-        let json = try String(decoding: JSONEncoder().encode(messages), as: UTF8.self)
+        let json = try chatJSON(messages)
         var text: UnsafeMutablePointer<CChar>?
         var tokens: OpaquePointer?
         var error: OpaquePointer?
@@ -134,14 +134,16 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// `input` sets the request's input fields; it runs before this returns.
+    /// `images` are the `mlxrt_media` entries the messages refer to.
     private func stream(
         _ parameters: GenerateParameters,
+        images: [ImageInput] = [],
         input: (inout CStrings, inout mlxrt_request_params) throws -> Void
     ) -> AsyncThrowingStream<Event, Error> {
         AsyncThrowingStream { continuation in
             let context = Unmanaged.passRetained(Context(continuation))
             do {
-                let request = try submit(parameters, context.toOpaque(), input)
+                let request = try submit(parameters, images, context.toOpaque(), input)
                 // Leaving the loop or cancelling the task terminates the stream.
                 continuation.onTermination = { @Sendable _ in request.cancel() }
             } catch {
@@ -153,6 +155,7 @@ public final class Engine: @unchecked Sendable {
 
     private func submit(
         _ parameters: GenerateParameters,
+        _ images: [ImageInput],
         _ context: UnsafeMutableRawPointer,
         _ input: (inout CStrings, inout mlxrt_request_params) throws -> Void
     ) throws -> Request {
@@ -179,10 +182,14 @@ public final class Engine: @unchecked Sendable {
 
         var request: OpaquePointer?
         var error: OpaquePointer?
-        let status = stops.withUnsafeBufferPointer { stopList -> Int32 in
-            p.stop = stops.isEmpty ? nil : stopList.baseAddress
-            p.n_stop = stops.count
-            return mlxrt_request_submit(handle, &p, onEvent, context, releaseContext, &request, &error)
+        let status = withMedia(images) { media -> Int32 in
+            stops.withUnsafeBufferPointer { stopList -> Int32 in
+                p.stop = stops.isEmpty ? nil : stopList.baseAddress
+                p.n_stop = stops.count
+                p.media = media.isEmpty ? nil : media.baseAddress
+                p.n_media = media.count
+                return mlxrt_request_submit(handle, &p, onEvent, context, releaseContext, &request, &error)
+            }
         }
         try MLXRTError.check(status, error)
         return Request(request!)
@@ -227,6 +234,69 @@ private let onEvent: mlxrt_event_fn = { userData, event in
 private let releaseContext: mlxrt_free_fn = { userData in
     guard let userData else { return }
     Unmanaged<Engine.Context>.fromOpaque(userData).release()
+}
+
+/// The messages as the JSON array the C API takes. A message with images has
+/// content parts: `{"type": "image", "media": K}` for each, K counting the
+/// images of all messages in order (their `mlxrt_media` entries), then its text.
+private func chatJSON(_ messages: [Message]) throws -> String {
+    struct Part: Encodable {
+        var type: String
+        var text: String?
+        var media: Int?
+    }
+    struct Wire: Encodable {
+        var role: String
+        var text: String
+        var parts: [Part]?
+        enum CodingKeys: String, CodingKey { case role, content }
+        func encode(to encoder: Encoder) throws {
+            var c = encoder.container(keyedBy: CodingKeys.self)
+            try c.encode(role, forKey: .role)
+            if let parts = parts {
+                try c.encode(parts, forKey: .content)
+            } else {
+                try c.encode(text, forKey: .content)
+            }
+        }
+    }
+    var wire: [Wire] = []
+    var k = 0
+    for m in messages {
+        var parts: [Part]? = nil
+        if !m.images.isEmpty {
+            parts = (k..<k + m.images.count).map { Part(type: "image", text: nil, media: $0) }
+            parts?.append(Part(type: "text", text: m.content, media: nil))
+            k += m.images.count
+        }
+        wire.append(Wire(role: m.role, text: m.content, parts: parts))
+    }
+    return String(decoding: try JSONEncoder().encode(wire), as: UTF8.self)
+}
+
+/// Calls `body` with the images' `mlxrt_media` entries, which point into
+/// their `Data` and are valid only during the call.
+private func withMedia(_ images: [ImageInput], _ body: (UnsafeBufferPointer<mlxrt_media>) -> Int32) -> Int32 {
+    var entries: [mlxrt_media] = []
+    func add(_ i: Int) -> Int32 {
+        guard i < images.count else { return entries.withUnsafeBufferPointer(body) }
+        let image = images[i]
+        return image.data.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> Int32 in
+            var m = mlxrt_media()
+            m.struct_size = MemoryLayout<mlxrt_media>.size
+            m.kind = Int32(MLXRT_MEDIA_IMAGE)
+            m.format = image.pixelFormat?.rawValue ?? Int32(MLXRT_MEDIA_ENCODED)
+            // Out-of-range sizes become values mlxrt refuses rather than wrapping.
+            m.width = UInt32(clamping: image.width)
+            m.height = UInt32(clamping: image.height)
+            m.stride = max(image.bytesPerRow, 0)
+            m.bytes = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)
+            m.n_bytes = bytes.count
+            entries.append(m)
+            return add(i + 1)
+        }
+    }
+    return add(0)
 }
 
 /// Moves token ids the library returned into an array and frees them.

@@ -39,18 +39,74 @@ public struct EngineConfiguration: Sendable {
     }
 }
 
-/// One chat message.
+/// An image for a chat message (`Message.images`), for models with a vision tower
+/// (`EngineInfo.modalities` has `MLXRT_MODALITY_IMAGE`): an encoded file or
+/// raw pixels. mlxrt reads the bytes while `generate` submits the request
+/// and keeps nothing, so a buffer wrapped without copying
+/// (`Data(bytesNoCopy:count:deallocator: .none)`) may be reused once
+/// `generate` has returned.
+///
+///     let photo = ImageInput.encoded(try Data(contentsOf: url))
+///     engine.generate(messages: [.user("What is in this picture?", images: [photo])])
+///
+/// Undecodable data, a buffer shorter than its rows or more than 50 million
+/// pixels make the stream throw `.invalidArgument`; an image sent to a model
+/// without a vision tower, `.unsupported`.
+public struct ImageInput: Sendable, Hashable {
+    /// 8 bits per channel; alpha is ignored.
+    public enum PixelFormat: Int32, Sendable {
+        case rgb8 = 1
+        case rgba8 = 2
+        /// Blue first: Core Graphics' 32-bit little-endian layout
+        /// (`noneSkipFirst`/`premultipliedFirst` + `byteOrder32Little`),
+        /// and CVPixelBuffer's `kCVPixelFormatType_32BGRA`.
+        case bgra8 = 3
+    }
+
+    /// The file's bytes, or the pixel rows.
+    public var data: Data
+    /// nil: `data` is a JPEG, PNG or WebP file.
+    public var pixelFormat: PixelFormat?
+    /// Raw pixels only (0 for a file); `bytesPerRow` 0 = packed rows.
+    public var width: Int
+    public var height: Int
+    public var bytesPerRow: Int
+
+    /// A JPEG, PNG or WebP file's bytes.
+    public static func encoded(_ data: Data) -> ImageInput {
+        ImageInput(data: data, pixelFormat: nil, width: 0, height: 0, bytesPerRow: 0)
+    }
+
+    /// Raw pixels: `height` rows `bytesPerRow` apart (0 = packed), each
+    /// `width` pixels in `format`.
+    public static func pixels(_ data: Data, width: Int, height: Int, bytesPerRow: Int = 0,
+                              format: PixelFormat) -> ImageInput {
+        ImageInput(data: data, pixelFormat: format, width: width, height: height, bytesPerRow: bytesPerRow)
+    }
+}
+
+/// One chat message, optionally with images (which come before its text, as
+/// content parts).
 public struct Message: Sendable, Hashable, Codable {
     public var role: String
     public var content: String
+    /// Not part of the Codable form (role and content only).
+    public var images: [ImageInput] = []
 
-    public init(role: String, content: String) {
+    private enum CodingKeys: String, CodingKey {
+        case role, content
+    }
+
+    public init(role: String, content: String, images: [ImageInput] = []) {
         self.role = role
         self.content = content
+        self.images = images
     }
 
     public static func system(_ content: String) -> Message { Message(role: "system", content: content) }
-    public static func user(_ content: String) -> Message { Message(role: "user", content: content) }
+    public static func user(_ content: String, images: [ImageInput] = []) -> Message {
+        Message(role: "user", content: content, images: images)
+    }
     public static func assistant(_ content: String) -> Message { Message(role: "assistant", content: content) }
 }
 
@@ -293,6 +349,13 @@ public struct EngineStats: Sendable, Equatable {
     public var promptCacheHitTokens: UInt64
     public var promptCacheMemoryBytes: UInt64
     public var promptCacheDiskBytes: UInt64
+    /// Encoder cache (vision tower outputs by image content): bytes and
+    /// entries it holds, images it supplied, and images the vision tower
+    /// encoded (a repeated image counts as a hit, not a tower run).
+    public var encoderCacheBytes: UInt64
+    public var encoderCacheEntries: UInt64
+    public var encoderCacheHits: UInt64
+    public var towerRuns: UInt64
 
     init(_ s: mlxrt_engine_stats) {
         queued = s.queued
@@ -309,6 +372,10 @@ public struct EngineStats: Sendable, Equatable {
         promptCacheHitTokens = s.prompt_cache_hit_tokens
         promptCacheMemoryBytes = s.prompt_cache_memory_bytes
         promptCacheDiskBytes = s.prompt_cache_disk_bytes
+        encoderCacheBytes = s.encoder_cache_bytes
+        encoderCacheEntries = s.encoder_cache_entries
+        encoderCacheHits = s.encoder_cache_hits
+        towerRuns = s.tower_runs
     }
 }
 

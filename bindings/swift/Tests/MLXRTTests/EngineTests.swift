@@ -133,6 +133,27 @@ final class EngineTests: XCTestCase {
         }
     }
 
+    /// The default model has no vision tower: an image part is refused
+    /// (naming the part), never answered as text only; a short pixel buffer
+    /// is refused before that.
+    func testImagesNeedAVisionTower() async throws {
+        let engine = try sharedEngine.get()
+        XCTAssertEqual(engine.info.modalities & 2, 0)  // no MLXRT_MODALITY_IMAGE
+        let pixels = ImageInput.pixels(Data(repeating: 128, count: 2 * 2 * 4), width: 2, height: 2, format: .bgra8)
+        let short = ImageInput.pixels(Data(count: 4), width: 2, height: 2, format: .bgra8)
+        for (image, code, says) in [(pixels, MLXRTError.Code.unsupported, "messages[0].content[0]"),
+                                    (short, .invalidArgument, "media[0]")] {
+            do {
+                _ = try await collect(engine.generate(messages: [.user("What is it?", images: [image])],
+                                                      parameters: parameters(maxTokens: 4)))
+                XCTFail("an image request streamed")
+            } catch let error as MLXRTError {
+                XCTAssertEqual(error.code, code, "\(error)")
+                XCTAssertTrue(error.message.contains(says), error.message)
+            }
+        }
+    }
+
     func testResponseFormat() async throws {
         let engine = try sharedEngine.get()
         var p = parameters(maxTokens: 16)
