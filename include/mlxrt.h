@@ -593,6 +593,20 @@ typedef struct mlxrt_engine_config {
    * 1024 (default 256). Ignored without paging.
    */
   uint32_t kv_block_size;
+  /**
+   * A smaller model with the same tokenizer that drafts tokens for
+   * speculative decoding (UTF-8 path of a `.gguf` file or an MLX folder,
+   * loaded at creation like `model_path`); NULL = none (default). It must
+   * have the target's vocabulary (size, tokens, special and end ids) and
+   * only full-attention layers, else `mlxrt_engine_create` fails with
+   * `MLXRT_STATUS_INVALID_ARGUMENT`. With a draft model and `speculation`
+   * OFF, requests that do not set `speculation` in `options_json` draft
+   * with it (3 tokens per verify step; `"speculation": "off"` turns it
+   * off for a request). Example:
+   * `cfg.model_path = "SmolLM2-360M-Instruct-Q4_1.gguf";
+   * cfg.draft_model_path = "SmolLM2-135M-Instruct-Q4_1.gguf";`
+   */
+  const char *draft_model_path;
 } mlxrt_engine_config;
 
 /**

@@ -1,5 +1,6 @@
-//! Speculative decoding by prompt lookup: a row drafts up to γ tokens from
-//! its own prompt and output (`ngram`), the model checks them all in one
+//! Speculative decoding: a row drafts up to γ tokens, by prompt lookup from
+//! its own prompt and output (`ngram`) or with a smaller draft model that
+//! shares the tokenizer (`draft`), the model checks them all in one
 //! forward pass over `[pending, d1..dk]`, and the row keeps the longest
 //! prefix the model agrees with plus the model's own next token (`accept`).
 //! The KV cache is cut back past the rejected drafts (`LayerCache::trim`).
@@ -22,6 +23,7 @@
 //! without speculation.
 
 pub(crate) mod accept;
+pub(crate) mod draft;
 mod ngram;
 
 use super::batch::Drawn;
@@ -32,11 +34,13 @@ use crate::mlx::{self, Array};
 use crate::model::load::TextAssets;
 use crate::model::{LanguageModel, Output};
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Drafted tokens per verify step when not given.
 pub(crate) const DEFAULT_NGRAM_TOKENS: usize = 10;
+/// Draft-model tokens per verify step when not given.
+pub(crate) const DEFAULT_DRAFT_TOKENS: usize = 3;
 /// Shortest match lookup drafts from when not given.
 pub(crate) const NGRAM_MIN_MATCH: usize = ngram::MIN_MATCH;
 
@@ -48,17 +52,20 @@ pub enum Speculation {
     /// Prompt lookup, up to `num_tokens` drafted tokens per verify step,
     /// from a match of at least `min_match` (1..=4) trailing tokens.
     Ngram { num_tokens: usize, min_match: usize },
+    /// The engine's draft model (`EngineConfig::draft_model_path`) drafts
+    /// `num_tokens` greedily per verify step.
+    Draft { num_tokens: usize },
 }
 
 impl Speculation {
-    /// The request option: `"off"`, `"ngram"`, or `{"type": "ngram",
-    /// "num_tokens": n, "min_match": m}` (both optional; `{"type": "off"}`
-    /// too).
+    /// The request option: `"off"`, `"ngram"`, `"draft"`, `{"type":
+    /// "ngram", "num_tokens": n, "min_match": m}` (both optional) or
+    /// `{"type": "draft", "num_tokens": n}` (`{"type": "off"}` too).
     pub fn from_json(v: &Value) -> Result<Speculation> {
         let bad = || {
             Error::invalid(
-                "option `speculation` must be \"off\", \"ngram\" or {\"type\": \"ngram\", \"num_tokens\": n, \"min_match\": m} \
-                 (1 <= n <= 64, 1 <= m <= 4)",
+                "option `speculation` must be \"off\", \"ngram\", \"draft\", {\"type\": \"ngram\", \"num_tokens\": n, \"min_match\": m} \
+                 or {\"type\": \"draft\", \"num_tokens\": n} (1 <= n <= 64, 1 <= m <= 4)",
             )
         };
         let (kind, n, m) = match v {
@@ -84,6 +91,7 @@ impl Speculation {
                 num_tokens: n.unwrap_or(DEFAULT_NGRAM_TOKENS),
                 min_match: m.unwrap_or(ngram::MIN_MATCH),
             }),
+            "draft" if m.is_none() => Ok(Speculation::Draft { num_tokens: n.unwrap_or(DEFAULT_DRAFT_TOKENS) }),
             _ => Err(bad()),
         }
     }
@@ -100,6 +108,8 @@ pub(crate) struct SpecState {
     gamma: usize,
     gamma_max: usize,
     min_match: usize,
+    /// Drafts come from the draft model (else from prompt lookup).
+    model: bool,
     /// The request's seed (its verify steps' draws are keyed by it).
     seed: u64,
     pub proposed: u32,
@@ -119,6 +129,18 @@ impl SpecState {
                 gamma: num_tokens.min(START_GAMMA),
                 gamma_max: num_tokens,
                 min_match,
+                model: false,
+                seed,
+                proposed: 0,
+                accepted: 0,
+                verify_steps: 0,
+            }),
+            // A draft model's γ is small: it starts there.
+            Speculation::Draft { num_tokens } => Some(SpecState {
+                gamma: num_tokens,
+                gamma_max: num_tokens,
+                min_match: 0,
+                model: true,
                 seed,
                 proposed: 0,
                 accepted: 0,
@@ -134,6 +156,8 @@ pub(crate) struct SpecStats {
     pub proposed: AtomicU64,
     pub accepted: AtomicU64,
     pub verify_steps: AtomicU64,
+    /// Rows the draft model holds a cache for now.
+    pub draft_rows: AtomicUsize,
 }
 
 /// A verify step's outcome for the batch's one row: the tokens to hand over
@@ -156,12 +180,15 @@ pub(crate) fn try_round(
     ctx_len: usize,
     tracer: &Tracer,
     stats: &SpecStats,
+    drafter: Option<&draft::Drafter>,
 ) -> Result<Option<Round>> {
     if set.len() != 1 || pending.logprobs.is_some() {
         return Ok(None);
     }
     let row = &set.rows[0];
-    let Some((gamma, min_match, seed)) = row.speculation.as_ref().map(|s| (s.gamma, s.min_match, s.seed)) else { return Ok(None) };
+    let Some((gamma, min_match, by_model, seed)) = row.speculation.as_ref().map(|s| (s.gamma, s.min_match, s.model, s.seed)) else {
+        return Ok(None);
+    };
     // A constrained row (structured output) needs a mask per position:
     // it decodes plainly.
     if row.logprobs.is_some() || row.constraint.is_some() || row.is_ended() || row.is_cancelled() {
@@ -179,7 +206,16 @@ pub(crate) fn try_round(
     if ctx_len > 0 {
         room = room.min(ctx_len.saturating_sub(history.len()));
     }
-    let drafts = ngram::propose(&history, gamma.min(room), min_match);
+    let drafts = match drafter.filter(|_| by_model) {
+        Some(d) => {
+            let t = Instant::now();
+            let drafts = d.propose(row.id, &history, gamma.min(room))?;
+            // The draft model's forwards (and their wait) as one span.
+            tracer.record(SpanKind::Forward, 1, drafts.len(), t);
+            drafts
+        }
+        None => ngram::propose(&history, gamma.min(room), min_match),
+    };
     let k = drafts.len();
     let width = 1 + k as i32;
     if k == 0 || !set.cache().iter().all(|c| c.can_trim_after(width)) {
