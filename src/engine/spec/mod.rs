@@ -207,6 +207,9 @@ pub(crate) fn try_round(
         room = room.min(ctx_len.saturating_sub(history.len()));
     }
     let drafts = match drafter.filter(|_| by_model) {
+        // Drafting costs forwards: not when the verify step could not be
+        // cut back (a hybrid target, a ring about to wrap).
+        Some(_) if !set.cache().iter().all(|c| c.can_trim_after(1 + gamma.min(room) as i32)) => return Ok(None),
         Some(d) => {
             let t = Instant::now();
             let drafts = d.propose(row.id, &history, gamma.min(room))?;
