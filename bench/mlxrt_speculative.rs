@@ -144,7 +144,9 @@ fn draft_bench(model: &str, draft: &str, rounds: usize) -> serde_json::Value {
     let (ma, mb) = (median(&a), median(&b));
     json!({
         "draft_task": "chat: 4 prompts (story, explanation, tips, description), 128 tokens each, greedy, EOS ignored",
-        "draft_pair": {"target": model, "draft": draft, "note": "SmolLM2-135M Q4_1 drafted by the same model requantized to Q4_0:             no smaller model with the same tokenizer is installable here, so the draft costs as much as the target and a speedup             below 1 is expected"},
+        "draft_pair": {"target": model, "draft": draft, "note": "SmolLM2-135M Q4_1 drafted by the same model requantized to Q4_0: \
+            no smaller model with the same tokenizer is installable here, \
+            so the draft costs as much as the target and a speedup below 1 is expected"},
         "draft_num_tokens": 3,
         "draft_order": "ABBA per round (A = plain, B = draft model), each pass over all prompts, after one untimed run of each",
         "draft_plain_decode_tps": a,
