@@ -581,6 +581,7 @@ typedef struct mlxrt_engine_config {
    * `MLXRT_SPECULATION_NGRAM` (prompt lookup: drafts from the prompt and
    * output, checked in one forward pass; greedy output unchanged). Rows
    * speculate inside the decode batch (see README, "Speculative decoding").
+   * OFF with a `draft_model_path`: requests draft with the draft model.
    */
   int32_t speculation;
   /**
@@ -599,6 +600,20 @@ typedef struct mlxrt_engine_config {
    * 1024 (default 256). Ignored without paging.
    */
   uint32_t kv_block_size;
+  /**
+   * A smaller model with the same tokenizer that drafts tokens for
+   * speculative decoding (UTF-8 path of a `.gguf` file or an MLX folder,
+   * loaded at creation like `model_path`); NULL = none (default). It must
+   * have the target's vocabulary (size, tokens, special and end ids) and
+   * only full-attention layers, else `mlxrt_engine_create` fails with
+   * `MLXRT_STATUS_INVALID_ARGUMENT`. With a draft model and `speculation`
+   * OFF, requests that do not set `speculation` in `options_json` draft
+   * with it (3 tokens per verify step; `"speculation": "off"` turns it
+   * off for a request). Example:
+   * `cfg.model_path = "SmolLM2-360M-Instruct-Q4_1.gguf";
+   * cfg.draft_model_path = "SmolLM2-135M-Instruct-Q4_1.gguf";`
+   */
+  const char *draft_model_path;
 } mlxrt_engine_config;
 
 /**
@@ -891,8 +906,10 @@ typedef struct mlxrt_request_params {
    * chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
    * cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
    * (see `mlxrt_engine_config.quantized_kv_start`), speculation (`"off"`,
-   * `"ngram"` or `{"type": "ngram", "num_tokens": n, "min_match": m}`; see
-   * `mlxrt_engine_config.speculation`), response_format and tool_choice
+   * `"ngram"`, `"draft"`, `{"type": "ngram", "num_tokens": n, "min_match":
+   * m}` or `{"type": "draft", "num_tokens": n}`; see
+   * `mlxrt_engine_config.speculation` and `draft_model_path`),
+   * response_format and tool_choice
    * (below). Unknown fields are an
    * error. Tool definitions (`tools`, an array of JSON schemas as in
    * OpenAI's API) are given to the chat template; tool calls the model

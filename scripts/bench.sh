@@ -10,7 +10,9 @@
 #   scripts/bench.sh scheduler [options]          -> scheduler.json (mlxrt only)
 #   scripts/bench.sh structured [options]         -> structured.json (mlxrt only;
 #     --rounds N, --max-tokens N, --out FILE)
-#   scripts/bench.sh speculative [ROUNDS [N]]     -> speculative.json (mlxrt only)
+#   scripts/bench.sh speculative [ROUNDS [N]]     -> speculative.json (mlxrt only;
+#     the draft model is $MLXRT_DRAFT_MODEL, default the default GGUF requantized
+#     to Q4_0 by llama.cpp's llama-quantize, made here once)
 #   scripts/bench.sh media [--rounds N]           -> media.json (mlxrt vs mlx-vlm)
 #   scripts/bench.sh vs_llama_cpp [options]       -> vs_llama_cpp.json
 #     (mlxrt vs llama.cpp; --rounds N, --no-4k, --cases, --models, --llama-env;
@@ -120,8 +122,16 @@ case "$which" in
   speculative)
     # Prompt lookup vs plain decoding (greedy, same tokens asserted); optional
     # ROUNDS (default 3) and drafted tokens per step (default 10).
+    # Then the draft model (default: SmolLM2 Q4_0, no smaller sibling is
+    # installable) against plain decoding on a chat task: draft_speedup.
+    DRAFT="${MLXRT_DRAFT_MODEL:-${MLXRT_MODEL/Q4_1/Q4_0}}"
+    if [ ! -s "$DRAFT" ]; then
+      build_llama_cpp
+      "$VENV/bin/python" -c 'import sys; sys.path.insert(0, "bench"); import vs_llama_cpp as v; v.requantize(*sys.argv[1:])' \
+        "$LLAMA_CPP_DIR/bin" "$MLXRT_MODEL" "$DRAFT"
+    fi
     cargo build --release --quiet --example mlxrt_speculative
-    target/release/examples/mlxrt_speculative "$MLXRT_MODEL" bench/results/speculative.json "$@"
+    MLXRT_DRAFT_MODEL="$DRAFT" target/release/examples/mlxrt_speculative "$MLXRT_MODEL" bench/results/speculative.json "$@"
     ;;
   *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, structured, speculative, media, vs_llama_cpp)" >&2; exit 2 ;;
 esac

@@ -1,15 +1,19 @@
-//! Speculative decoding by prompt lookup (`speculation` in the request
-//! options): greedy output token for token identical to plain decoding, for
-//! SmolLM2 and every family's tiny random model, alone and with other rows
-//! running; seeded sampled output reproducible; acceptance counts
-//! consistent; stop strings and max_tokens inside an accepted run end the
-//! request exactly where plain decoding does.
+//! Speculative decoding by prompt lookup and with a draft model
+//! (`speculation` in the request options): greedy output token for token
+//! identical to plain decoding, for SmolLM2 and every family's tiny random
+//! model, alone and with other rows running; seeded sampled output
+//! reproducible; acceptance counts consistent; stop strings and max_tokens
+//! inside an accepted run end the request exactly where plain decoding
+//! does. Draft models: SmolLM2 drafted by its MLX-folder conversion, a
+//! tiny model by its 4-bit copy; unfit draft models refused at creation; the
+//! drafter frees its rows.
 
 mod common;
 
 use common::*;
 use mlxrt::engine::{Engine, EngineConfig, Event, FinishReason, Input, RequestOptions, Speculation, Usage};
-use std::path::PathBuf;
+use mlxrt::ErrorKind;
+use std::path::{Path, PathBuf};
 
 /// A ~300-token Python function to copy with one rename: lookup drafts long
 /// runs of it.
@@ -252,7 +256,14 @@ fn smollm2_seeded_sampling_is_reproducible() {
 #[test]
 fn engine_default_and_bad_options() {
     let mut o = RequestOptions::new(Input::Tokens(vec![1, 2, 3]));
-    for bad in [r#""fast""#, r#"{"type": "ngram", "num_tokens": 0}"#, r#"{"type": "draft"}"#, "3", r#"{"num_tokens": 4}"#] {
+    for bad in [
+        r#""fast""#,
+        r#"{"type": "ngram", "num_tokens": 0}"#,
+        r#"{"type": "draft", "min_match": 2}"#,
+        r#"{"type": "draft", "num_tokens": 65}"#,
+        "3",
+        r#"{"num_tokens": 4}"#,
+    ] {
         let err = o.apply_json(&format!(r#"{{"speculation": {bad}}}"#)).unwrap_err();
         assert!(err.message.contains("speculation"), "{bad}: {err}");
     }
@@ -263,6 +274,10 @@ fn engine_default_and_bad_options() {
     assert!(o.apply_json(r#"{"speculation": {"type": "ngram", "min_match": 5}}"#).is_err());
     o.apply_json(r#"{"speculation": "off"}"#).unwrap();
     assert_eq!(o.speculation, Some(Speculation::Off));
+    o.apply_json(r#"{"speculation": "draft"}"#).unwrap();
+    assert_eq!(o.speculation, Some(Speculation::Draft { num_tokens: 3 }));
+    o.apply_json(r#"{"speculation": {"type": "draft", "num_tokens": 5}}"#).unwrap();
+    assert_eq!(o.speculation, Some(Speculation::Draft { num_tokens: 5 }));
 
     // The engine's default applies to requests that do not choose, and a
     // request can turn it off.
@@ -274,6 +289,14 @@ fn engine_default_and_bad_options() {
     let mut off = rewrite_request(40);
     off.apply_json(r#"{"speculation": "off"}"#).unwrap();
     assert_eq!(done(&run(&e, off)).2.spec_verify_steps, 0);
+
+    // "draft" needs a draft model: refused at submit.
+    let err = e.prepare(draft(rewrite_request(8))).err().expect("draft without a draft model");
+    assert_eq!(err.kind, ErrorKind::InvalidArgument, "{err}");
+    assert!(err.message.contains("draft_model_path"), "{err}");
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.speculation = Speculation::Draft { num_tokens: 3 };
+    assert_eq!(Engine::new(cfg).err().expect("Draft without a draft model").kind, ErrorKind::InvalidArgument);
 }
 
 /// A tiny random model of `family` ("f32" or "q4"): the family tests' copy
@@ -375,5 +398,180 @@ fn every_family_tiny_model_gives_plain_greedy_tokens() {
         if !family.starts_with("qwen3_5") && !family.starts_with("qwen3_next") && !family.starts_with("gemma") {
             assert!(batched > 0, "{label}: no verify step ran batched");
         }
+    }
+}
+
+/// The draft model of these tests: SmolLM2 as an MLX folder (the parity
+/// oracle's conversion of the GGUF: the same 4-bit weights through the
+/// other loader), so drafts mostly agree. No smaller model with the same
+/// tokenizer is installable here; the benchmark drafts with a Q4_0
+/// requantization (`scripts/bench.sh speculative`), and the tiny models
+/// below give the rejections.
+fn draft_model() -> PathBuf {
+    parity_oracle().folder.clone()
+}
+
+fn draft_engine(target: &Path, draft: &Path) -> Engine {
+    let mut cfg = EngineConfig::new(target);
+    cfg.draft_model_path = Some(draft.to_path_buf());
+    cfg.max_rows = 4;
+    Engine::new(cfg).unwrap_or_else(|e| panic!("engine with draft {}: {e}", draft.display()))
+}
+
+fn draft(mut o: RequestOptions) -> RequestOptions {
+    o.apply_json(r#"{"speculation": "draft"}"#).unwrap();
+    o
+}
+
+fn off(mut o: RequestOptions) -> RequestOptions {
+    o.apply_json(r#"{"speculation": "off"}"#).unwrap();
+    o
+}
+
+/// Greedy output with a draft model (the engine's default once it has one)
+/// is token for token the plain output: chat prompts, the code rewrite and
+/// a raw token prompt; alone and two rows at once (both draft inside the
+/// batch). Afterwards the drafter holds no rows.
+#[test]
+fn smollm2_draft_model_greedy_output_is_unchanged() {
+    let e = draft_engine(&model_path(), &draft_model());
+    let chat_req = |user: &str, n: u32| {
+        let mut o = chat(user);
+        o.max_tokens = n;
+        o.prompt_cache = false;
+        o
+    };
+    let prompts = [
+        chat_req("Write a short poem about the sea.", 96),
+        chat_req("Explain in two sentences what a hash map is.", 96),
+        rewrite_request(128),
+        token_request(&[1, 504, 3458, 282, 2767, 314, 253, 1345, 28, 1312, 253], 64, None),
+    ];
+    let (mut proposed, mut accepted, mut verified) = (0, 0, 0);
+    for (i, o) in prompts.iter().enumerate() {
+        let plain = run(&e, off(o.clone()));
+        let spec = run(&e, o.clone());
+        assert_eq!(tokens_of(&spec), tokens_of(&plain), "prompt {i}: draft-speculative greedy tokens differ from plain");
+        assert_eq!(done(&spec).0, done(&plain).0, "prompt {i}");
+        assert_eq!(done(&plain).2.spec_verify_steps, 0, "prompt {i}: \"off\" turns the default off");
+        let u = done(&spec).2;
+        check_counts(&format!("draft prompt {i}"), &u);
+        assert!(u.spec_verify_steps > 0, "prompt {i}: a draft model is the default speculation: {u:?}");
+        assert!(u.spec_proposed <= 3 * u.spec_verify_steps, "prompt {i}: γ 3: {u:?}");
+        (proposed, accepted, verified) = (proposed + u.spec_proposed, accepted + u.spec_accepted, verified + u.spec_verify_steps);
+    }
+    eprintln!("draft MLX folder -> GGUF: {accepted}/{proposed} drafts accepted in {verified} verify steps");
+    assert!(accepted * 2 > proposed, "a draft of the same weights agrees mostly: {accepted}/{proposed}");
+
+    // Two at once; the shorter one ends first.
+    let (long, short) = (prompts[2].clone(), prompts[0].clone());
+    let (long_alone, short_alone) = (tokens_of(&run(&e, off(long.clone()))), tokens_of(&run(&e, off(short.clone()))));
+    let rx = [submit(&e, long), submit(&e, short)];
+    let got: Vec<Vec<Event>> = rx.iter().map(collect).collect();
+    assert_eq!(tokens_of(&got[0]), long_alone, "drafting row batched");
+    assert_eq!(tokens_of(&got[1]), short_alone, "other drafting row batched");
+    for (i, g) in got.iter().enumerate() {
+        let u = done(g).2;
+        check_counts("draft batched", &u);
+        assert!(u.spec_verify_steps > 0, "batched row {i} drafts: {u:?}");
+    }
+
+    // A cancelled drafting row is freed too.
+    let mut o = rewrite_request(400);
+    o.stop_at_eos = false;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let h = e.submit(o, Box::new(move |ev: &Event| {
+        let _ = tx.send(ev.clone());
+    }))
+    .unwrap();
+    let mut n = 0;
+    loop {
+        let ev = rx.recv_timeout(std::time::Duration::from_secs(300)).expect("event");
+        n += tokens_of(std::slice::from_ref(&ev)).len();
+        if n >= 20 {
+            h.cancel();
+        }
+        if ev.is_terminal() {
+            assert_eq!(done(&[ev]).0, FinishReason::Cancelled);
+            break;
+        }
+    }
+    let stats = wait_idle(&e);
+    assert_eq!(stats.spec_draft_rows, 0, "the drafter keeps no rows once requests ended: {stats:?}");
+    assert!(stats.spec_accepted <= stats.spec_proposed && stats.spec_proposed >= proposed as u64);
+}
+
+#[test]
+fn smollm2_draft_model_seeded_sampling_is_reproducible() {
+    let e = draft_engine(&model_path(), &draft_model());
+    let sampled = || {
+        let mut o = chat("Tell me a fact about owls.");
+        o.max_tokens = 64;
+        o.prompt_cache = false;
+        o.apply_json(r#"{"temperature": 0.7, "top_p": 0.95, "seed": 99}"#).unwrap();
+        run(&e, o)
+    };
+    let (a, b) = (sampled(), sampled());
+    assert_eq!(tokens_of(&a), tokens_of(&b), "the same seed gives the same tokens");
+    let u = done(&a).2;
+    check_counts("draft sampled", &u);
+    assert!(u.spec_verify_steps > 0 && u.spec_accepted > 0, "sampled rows draft: {u:?}");
+    eprintln!("draft sampled: {}/{} drafts accepted in {} verify steps", u.spec_accepted, u.spec_proposed, u.spec_verify_steps);
+    assert_eq!(wait_idle(&e).spec_draft_rows, 0);
+}
+
+/// A tiny random model drafted by its own 4-bit copy: greedy tokens equal
+/// plain ones, with long prompts (chunked catch-up) and γ 5.
+#[test]
+fn tiny_model_draft_gives_plain_greedy_tokens() {
+    let e = draft_engine(&tiny("llama", "f32"), &tiny("llama", "q4"));
+    let mut accepted = 0;
+    for (len, seed) in [(24, 1), (700, 2)] {
+        let p = repeating_prompt(len, seed);
+        let plain = tokens_of(&run(&e, off(token_request(&p, 80, None))));
+        let mut o = token_request(&p, 80, None);
+        o.apply_json(r#"{"speculation": {"type": "draft", "num_tokens": 5}}"#).unwrap();
+        let ev = run(&e, o);
+        assert_eq!(tokens_of(&ev), plain, "prompt of {len}");
+        let u = done(&ev).2;
+        check_counts("tiny draft", &u);
+        assert!(u.spec_proposed <= 5 * u.spec_verify_steps && u.spec_verify_steps > 0, "{u:?}");
+        accepted += u.spec_accepted;
+    }
+    assert!(accepted > 0, "the 4-bit copy never agreed: the comparison tested nothing");
+    assert_eq!(wait_idle(&e).spec_draft_rows, 0);
+}
+
+/// Unfit draft models fail engine creation with INVALID_ARGUMENT: another
+/// vocabulary (the tiny model's tokenizer with two tokens swapped), and
+/// caches that cannot be cut back (a hybrid model's recurrent state, a
+/// sliding-window ring).
+#[test]
+fn unfit_draft_models_are_refused() {
+    let src = tiny("llama", "f32");
+    let other = repo_root().join("target/oracle/speculative/tiny-llama-othervocab");
+    std::fs::create_dir_all(&other).unwrap();
+    for f in ["config.json", "model.safetensors", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), other.join(f)).unwrap();
+    }
+    let mut tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(src.join("tokenizer.json")).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().expect("a BPE vocab");
+    let key = |id: u64, v: &serde_json::Map<String, serde_json::Value>| v.iter().find(|(_, x)| x.as_u64() == Some(id)).unwrap().0.clone();
+    let (a, b) = (key(1000, vocab), key(1001, vocab));
+    vocab.insert(a, 1001.into());
+    vocab.insert(b, 1000.into());
+    std::fs::write(other.join("tokenizer.json"), tok.to_string()).unwrap();
+
+    let target = tiny("llama", "f32");
+    for (draft, says) in [
+        (other, "token 1000 differs"),
+        (tiny("qwen3_5", "f32"), "recurrent-state or sliding-window"),
+        (tiny("gemma3_text", "f32"), "recurrent-state or sliding-window"),
+    ] {
+        let mut cfg = EngineConfig::new(&target);
+        cfg.draft_model_path = Some(draft.clone());
+        let err = Engine::new(cfg).err().unwrap_or_else(|| panic!("{} was accepted as a draft", draft.display()));
+        assert_eq!(err.kind, ErrorKind::InvalidArgument, "{}: {err}", draft.display());
+        assert!(err.message.contains("draft_model_path") && err.message.contains(says), "{}: {err}", draft.display());
     }
 }

@@ -97,6 +97,9 @@ class EngineConfig {
   EngineConfig &seed(uint64_t s) { c_.seed = s; return *this; }
   EngineConfig &prompt_cache_bytes(uint64_t bytes) { c_.prompt_cache_bytes = bytes; return *this; }
   EngineConfig &prompt_cache_dir(std::string dir) { cache_dir_ = std::move(dir); return *this; }
+  /// A smaller model with the same tokenizer that drafts tokens for
+  /// speculative decoding (requests then default to "speculation": "draft").
+  EngineConfig &draft_model_path(std::string path) { draft_path_ = std::move(path); return *this; }
   /// The C struct, for fields without a setter (pointers set here are ignored).
   mlxrt_engine_config &raw() { return c_; }
 
@@ -105,13 +108,14 @@ class EngineConfig {
     mlxrt_engine_config c = c_;
     c.model_path = model_path_.c_str();
     c.prompt_cache_dir = cache_dir_ ? cache_dir_->c_str() : nullptr;
+    c.draft_model_path = draft_path_ ? draft_path_->c_str() : nullptr;
     return c;
   }
 
  private:
   mlxrt_engine_config c_{};
   std::string model_path_;
-  std::optional<std::string> cache_dir_;
+  std::optional<std::string> cache_dir_, draft_path_;
 };
 
 /// Request settings; defaults from mlxrt_request_params_init. Give one input:
@@ -146,6 +150,10 @@ class RequestParams {
   /// {"schema":{...}}}, {"type":"json_object"}, {"type":"regex","pattern":
   /// "..."} or {"type":"grammar","lark":"..."}. Merged into options_json.
   RequestParams &response_format(std::string json) { response_format_ = std::move(json); return *this; }
+  /// Speculative decoding, as the JSON of the `speculation` option: "\"off\"",
+  /// "\"ngram\"", "\"draft\"" (needs the engine's draft model) or e.g.
+  /// {"type":"draft","num_tokens":4}. Merged into options_json.
+  RequestParams &speculation(std::string json) { speculation_ = std::move(json); return *this; }
   RequestParams &cache_namespace(std::string ns) { namespace_ = std::move(ns); return *this; }
   RequestParams &prompt_cache(bool on) { c_.no_prompt_cache = on ? 0 : 1; return *this; }
   /// Per-token log-probabilities in deltas, with `top` alternatives (0..=20).
@@ -197,7 +205,7 @@ class RequestParams {
     c.stop = stops.empty() ? nullptr : stops.data();
     c.n_stop = stops.size();
     std::string options = merged_options();
-    if (options_ || response_format_) c.options_json = options.c_str();
+    if (options_ || response_format_ || speculation_) c.options_json = options.c_str();
     if (namespace_) c.cache_namespace = namespace_->c_str();
     c.media = media_.empty() ? nullptr : media_.data();
     c.n_media = media_.size();
@@ -205,11 +213,13 @@ class RequestParams {
   }
 
  private:
-  /// options_json with "response_format" added (text that is not a JSON
-  /// object is passed on as is: mlxrt reports it).
+  /// options_json with "response_format" and "speculation" added (text
+  /// that is not a JSON object is passed on as is: mlxrt reports it).
   std::string merged_options() const {
-    if (!response_format_) return options_ ? *options_ : std::string();
-    std::string field = "\"response_format\":" + *response_format_;
+    std::string field;
+    if (response_format_) field = "\"response_format\":" + *response_format_;
+    if (speculation_) field += (field.empty() ? "" : ",") + ("\"speculation\":" + *speculation_);
+    if (field.empty()) return options_ ? *options_ : std::string();
     if (!options_) return "{" + field + "}";
     std::string o = *options_;
     size_t open = o.find('{'), close = o.find_last_of('}');
@@ -263,7 +273,7 @@ class RequestParams {
 
   mlxrt_request_params c_{};
   std::vector<std::pair<std::string, std::string>> messages_;
-  std::optional<std::string> messages_json_, prompt_, options_, namespace_, response_format_;
+  std::optional<std::string> messages_json_, prompt_, options_, namespace_, response_format_, speculation_;
   std::optional<std::vector<uint32_t>> tokens_;
   std::vector<std::string> stop_;
   std::vector<mlxrt_media> media_;

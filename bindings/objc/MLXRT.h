@@ -104,7 +104,7 @@ NS_SWIFT_NAME(MLXRTEngine.Configuration)
 #if MLXRT_FRAGILE_IVARS
 {
   @private
-    NSString *_modelPath, *_promptCacheDirectory;
+    NSString *_modelPath, *_promptCacheDirectory, *_draftModelPath;
     MLXRTDevice _device;
     NSUInteger _maxInFlight, _maxRows, _prefillChunk;
     uint64_t _kvBudget, _seed, _promptCacheBytes;
@@ -128,6 +128,10 @@ NS_SWIFT_NAME(MLXRTEngine.Configuration)
 @property (nonatomic) uint64_t promptCacheBytes;
 /// Where the prompt cache persists across restarts; nil = memory only.
 @property (nonatomic, copy, nullable) NSString *promptCacheDirectory;
+/// A smaller model with the same tokenizer that drafts tokens for
+/// speculative decoding; requests then default to draft speculation
+/// (`speculation`). nil = none.
+@property (nonatomic, copy, nullable) NSString *draftModelPath;
 @end
 
 /// How the bytes of a raw-pixel MLXRTImage are laid out: 8 bits per
@@ -216,7 +220,7 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
 {
   @private
     NSArray *_messages, *_promptTokens, *_stopStrings;
-    NSString *_prompt, *_optionsJSON, *_cacheNamespace, *_responseFormat;
+    NSString *_prompt, *_optionsJSON, *_cacheNamespace, *_responseFormat, *_speculation;
     NSNumber *_seed;
     NSUInteger _maxTokens;
     NSInteger _topK;
@@ -251,6 +255,10 @@ NS_SWIFT_NAME(MLXRTEngine.RequestParameters)
 /// {"type":"regex","pattern":"..."} or {"type":"grammar","lark":"..."}. Merged
 /// into optionsJSON; an invalid schema fails the submit (invalid argument).
 @property (nonatomic, copy, nullable) NSString *responseFormat;
+/// Speculative decoding: the JSON of the `speculation` option, e.g.
+/// @"\"off\"", @"\"ngram\"", @"\"draft\"" (needs the engine's draft model) or
+/// @"{\"type\":\"draft\",\"num_tokens\":4}". Merged into optionsJSON.
+@property (nonatomic, copy, nullable) NSString *speculation;
 /// Prompt-cache namespace: cached state is shared only within one.
 @property (nonatomic, copy, nullable) NSString *cacheNamespace;
 /// NO: this request neither uses nor fills the prompt cache.

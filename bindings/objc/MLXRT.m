@@ -91,7 +91,8 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 @implementation MLXRTEngineConfiguration
 @synthesize modelPath = _modelPath, device = _device, maxInFlight = _maxInFlight, maxRows = _maxRows,
             prefillChunk = _prefillChunk, kvBudget = _kvBudget, seed = _seed,
-            promptCacheBytes = _promptCacheBytes, promptCacheDirectory = _promptCacheDirectory;
+            promptCacheBytes = _promptCacheBytes, promptCacheDirectory = _promptCacheDirectory,
+            draftModelPath = _draftModelPath;
 
 - (instancetype)initWithModelPath:(NSString *)modelPath {
     if ((self = [super init])) {
@@ -119,6 +120,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
     c.seed = _seed;
     c.promptCacheBytes = _promptCacheBytes;
     c.promptCacheDirectory = _promptCacheDirectory;
+    c.draftModelPath = _draftModelPath;
     return c;
 }
 
@@ -126,6 +128,7 @@ static void take_error(NSError **out, mlxrt_status status, mlxrt_error *error) {
 - (void)dealloc {
     [_modelPath release];
     [_promptCacheDirectory release];
+    [_draftModelPath release];
     [super dealloc];
 }
 #endif
@@ -244,7 +247,7 @@ MLXRT_IMMUTABLE_COPY
             repetitionPenalty = _repetitionPenalty, seed = _seed, stopStrings = _stopStrings,
             optionsJSON = _optionsJSON, cacheNamespace = _cacheNamespace, usesPromptCache = _usesPromptCache,
             thinking = _thinking, logprobs = _logprobs, topLogprobs = _topLogprobs,
-            responseFormat = _responseFormat;
+            responseFormat = _responseFormat, speculation = _speculation;
 
 - (instancetype)init {
     if ((self = [super init])) {
@@ -291,6 +294,7 @@ MLXRT_IMMUTABLE_COPY
     p.logprobs = _logprobs;
     p.topLogprobs = _topLogprobs;
     p.responseFormat = _responseFormat;
+    p.speculation = _speculation;
     return p;
 }
 
@@ -304,6 +308,7 @@ MLXRT_IMMUTABLE_COPY
     [_optionsJSON release];
     [_cacheNamespace release];
     [_responseFormat release];
+    [_speculation release];
     [super dealloc];
 }
 #endif
@@ -669,6 +674,7 @@ static void free_delivery(void *user_data) {
     c.seed = cfg.seed;
     c.prompt_cache_bytes = cfg.promptCacheBytes;
     c.prompt_cache_dir = cfg.promptCacheDirectory ? [cfg.promptCacheDirectory UTF8String] : NULL;
+    c.draft_model_path = cfg.draftModelPath ? [cfg.draftModelPath UTF8String] : NULL;
     mlxrt_error *err = NULL;
     mlxrt_status status = mlxrt_engine_create(&c, &_engine, &err);
     // The model's facts never change: read them once.
@@ -703,11 +709,14 @@ static void free_delivery(void *user_data) {
     return MLXRT_AUTORELEASE([[MLXRTEngineStats alloc] initWithStats:&s]);
 }
 
-/// optionsJSON with "response_format" added (text that is not a JSON object
-/// is passed on as is: mlxrt reports it).
-static NSString *merged_options(NSString *options, NSString *format) {
-    if (!format) return options;
-    NSString *field = [NSString stringWithFormat:@"\"response_format\":%@", format];
+/// optionsJSON with "response_format" and "speculation" added (text that is
+/// not a JSON object is passed on as is: mlxrt reports it).
+static NSString *merged_options(NSString *options, NSString *format, NSString *speculation) {
+    NSMutableArray<NSString *> *fields = [NSMutableArray array];
+    if (format) [fields addObject:[NSString stringWithFormat:@"\"response_format\":%@", format]];
+    if (speculation) [fields addObject:[NSString stringWithFormat:@"\"speculation\":%@", speculation]];
+    if (fields.count == 0) return options;
+    NSString *field = [fields componentsJoinedByString:@","];
     if (!options) return [NSString stringWithFormat:@"{%@}", field];
     NSRange open = [options rangeOfString:@"{"];
     NSRange close = [options rangeOfString:@"}" options:NSBackwardsSearch];
@@ -765,7 +774,7 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
     c.repetition_penalty = p.repetitionPenalty;
     c.use_seed = p.seed != nil;
     c.seed = p.seed ? p.seed.unsignedLongLongValue : 0;
-    NSString *options = merged_options(p.optionsJSON, p.responseFormat);
+    NSString *options = merged_options(p.optionsJSON, p.responseFormat, p.speculation);
     c.options_json = options ? [options UTF8String] : NULL;
     c.cache_namespace = p.cacheNamespace ? [p.cacheNamespace UTF8String] : NULL;
     c.no_prompt_cache = p.usesPromptCache ? 0 : 1;

@@ -55,6 +55,8 @@ pub(crate) struct StepCtx<'a> {
     pub ctx_len: usize,
     pub tracer: &'a Tracer,
     pub spec: &'a SpecStats,
+    /// The engine's draft model, when it has one.
+    pub drafter: Option<&'a spec::draft::Drafter>,
 }
 
 #[derive(Default)]
@@ -131,6 +133,11 @@ impl DecodeBatch {
         self.set.len()
     }
 
+    /// Whether request `id` has a row here.
+    pub fn has_row(&self, id: u64) -> bool {
+        self.set.rows.iter().any(|r| r.id == id)
+    }
+
     pub fn kv_bytes(&self) -> usize {
         self.set.kv_bytes()
     }
@@ -163,7 +170,7 @@ impl DecodeBatch {
     pub fn schedule(&mut self, model: &dyn LanguageModel, step: &StepCtx) -> Result<()> {
         let Some(drawn) = self.pending.take() else { return Ok(()) };
         let tracer = step.tracer;
-        if let Some(round) = spec::try_round(&mut self.set, &drawn, model, step.text, step.ctx_len, tracer, step.spec)? {
+        if let Some(round) = spec::try_round(&mut self.set, &drawn, model, step)? {
             let next: Vec<i32> = round.next.iter().map(|&t| t as i32).collect();
             let next = Array::from_i32(&next, &[next.len() as i32])?.astype(crate::mlx::Dtype::U32)?;
             self.runs = Some(round.runs);

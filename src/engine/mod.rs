@@ -101,8 +101,15 @@ pub struct EngineConfig {
     /// only summarised in the stats.
     pub trace: Option<TraceFn>,
     /// Speculative decoding for requests that do not choose (off by default;
-    /// see `spec`).
+    /// see `spec`). With a draft model and `Off` here, requests default to
+    /// `Speculation::Draft` with 3 tokens.
     pub speculation: Speculation,
+    /// A smaller model with the same tokenizer (a `.gguf` file or an MLX
+    /// folder, loaded like `model_path`) that drafts tokens for
+    /// `Speculation::Draft`. It must share the target's vocabulary and have
+    /// only full-attention layers; else creation fails with
+    /// `InvalidArgument`. None (default) = no draft model.
+    pub draft_model_path: Option<PathBuf>,
     /// Paged KV (`cache::paged`): full-attention layers keep their keys and
     /// values in blocks of a pool shared by all rows, so rows of different
     /// lengths pad nothing and prompt-cache hits share blocks. Off by
@@ -135,6 +142,7 @@ impl EngineConfig {
             kv: KvQuant::default(),
             trace: None,
             speculation: Speculation::Off,
+            draft_model_path: None,
             kv_paging: false,
             kv_block_size: 256,
         }
@@ -160,6 +168,9 @@ impl EngineConfig {
                 "kv_block_size {} is not a multiple of 32 from 32 to 1024",
                 self.kv_block_size
             )));
+        }
+        if matches!(self.speculation, Speculation::Draft { .. }) && self.draft_model_path.is_none() {
+            return Err(Error::invalid("speculation Draft needs a draft_model_path"));
         }
         if self.kv_paging && self.kv.scheme.is_quantized() {
             return Err(Error::unsupported("kv_paging with a quantized KV scheme is not implemented yet"));
@@ -220,6 +231,8 @@ pub struct EngineStats {
     pub spec_proposed: u64,
     pub spec_accepted: u64,
     pub spec_verify_steps: u64,
+    /// Rows the draft model holds a cache for (0 once no request runs).
+    pub spec_draft_rows: usize,
     /// Images encoded by the vision tower, and images whose tower output
     /// came from the encoder cache instead.
     pub tower_runs: u64,
@@ -262,6 +275,8 @@ pub struct Engine {
     kv_budget: usize,
     kv: KvQuant,
     speculation: Speculation,
+    /// Whether a draft model is loaded.
+    has_draft: bool,
     next_id: AtomicU64,
     /// Structured output's view of the tokenizer, built by the first request
     /// that asks for a `response_format`.
@@ -330,7 +345,12 @@ impl Engine {
         let (tx, rx) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let shared = Arc::new(Shared::default());
-        let (max_in_flight, kv_budget, kv, speculation) = (config.max_in_flight, config.kv_budget, config.kv, config.speculation);
+        let (max_in_flight, kv_budget, kv) = (config.max_in_flight, config.kv_budget, config.kv);
+        let has_draft = config.draft_model_path.is_some();
+        let speculation = match config.speculation {
+            Speculation::Off if has_draft => Speculation::Draft { num_tokens: spec::DEFAULT_DRAFT_TOKENS },
+            s => s,
+        };
         let (sched, delivery, dtx) = scheduler::spawn(config, shared.clone(), rx, tx.clone(), ready_tx)
             .map_err(|e| Error::internal(format!("cannot start engine threads: {e}")))?;
         let threads = (sched, delivery);
@@ -347,6 +367,7 @@ impl Engine {
                 kv_budget,
                 kv,
                 speculation,
+                has_draft,
                 next_id: AtomicU64::new(1),
                 grammar: std::sync::OnceLock::new(),
                 threads: Mutex::new(Some(threads)),
@@ -397,6 +418,7 @@ impl Engine {
             spec_proposed: self.shared.spec.proposed.load(Ordering::Relaxed),
             spec_accepted: self.shared.spec.accepted.load(Ordering::Relaxed),
             spec_verify_steps: self.shared.spec.verify_steps.load(Ordering::Relaxed),
+            spec_draft_rows: self.shared.spec.draft_rows.load(Ordering::Relaxed),
             tower_runs: self.shared.tower_runs.load(Ordering::Relaxed),
             encoder_cache_hits: self.shared.encoder_cache_hits.load(Ordering::Relaxed),
             encoder_cache_bytes: self.shared.encoder_cache_bytes.load(Ordering::Relaxed),
@@ -452,6 +474,10 @@ impl Engine {
             Some(f) => Some(crate::grammar::Constraint::compile(self.grammar_env()?, f)?),
             None => None,
         };
+        let speculation = options.speculation.unwrap_or(self.speculation);
+        if matches!(speculation, Speculation::Draft { .. }) && !self.has_draft {
+            return Err(Error::invalid("speculation \"draft\" needs an engine with a draft model (draft_model_path)"));
+        }
         let prompt_ids = prompt.clone();
         let spec = RequestSpec {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
@@ -469,7 +495,7 @@ impl Engine {
             boundary,
             logprobs: (options.logprobs || options.top_logprobs > 0).then_some(options.top_logprobs),
             output_format,
-            speculation: options.speculation.unwrap_or(self.speculation),
+            speculation,
             submitted,
             cache_key: match (&media, &self.text.media) {
                 (Some(m), Some(spec)) => Some(crate::media::prefix_key(&prompt_ids, spec.soft_id, spec.tokens_per_image, &m.images)),

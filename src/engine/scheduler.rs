@@ -21,6 +21,7 @@ use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
+use super::spec::draft::Drafter;
 use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
@@ -135,6 +136,8 @@ struct Scheduler<'a> {
     pools: Option<PagedPools>,
     /// Prompts of rows whose blocks queued requests will map (`kv_paging`).
     prefixes: SharedPrefixes,
+    /// The draft model (`draft_model_path`) and its rows' caches.
+    drafter: Option<Drafter>,
 }
 
 fn main(
@@ -161,9 +164,17 @@ fn main(
         config.kv.validate(&m.model.kv_layers())?;
         let pools = paged_pools(&config, m.model.as_ref())?;
         log_startup(&config, &m, t0.elapsed());
-        Ok((m, pools))
+        let drafter = match &config.draft_model_path {
+            Some(path) => {
+                let opts = LoadOptions { progress: None, ..opts };
+                let d = model::load(path, &opts).map_err(|e| e.context(format!("draft_model_path {}", path.display())))?;
+                Some(Drafter::new(d, m.model.info(), &m.text)?)
+            }
+            None => None,
+        };
+        Ok((m, pools, drafter))
     })();
-    let (loaded, pools) = match loaded {
+    let (loaded, pools, drafter) = match loaded {
         Ok(l) => l,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -201,6 +212,7 @@ fn main(
         config,
         pools,
         prefixes: SharedPrefixes::default(),
+        drafter,
     };
     s.run(rx);
 }
@@ -724,7 +736,13 @@ impl Scheduler<'_> {
         if self.batch.is_empty() {
             return Ok(());
         }
-        let step = StepCtx { text: &self.text, ctx_len: self.ctx_len, tracer: &self.tracer, spec: &self.shared.spec };
+        let step = StepCtx {
+            text: &self.text,
+            ctx_len: self.ctx_len,
+            tracer: &self.tracer,
+            spec: &self.shared.spec,
+            drafter: self.drafter.as_ref(),
+        };
         self.batch.schedule(self.model.as_ref(), &step)?;
         let offers = self.batch.collect(&self.text, self.ctx_len, &self.tracer)?;
         if let Some(pc) = &mut self.pcache {
@@ -806,6 +824,10 @@ impl Scheduler<'_> {
 
     fn rows_ended(&mut self, n: usize, freed: usize) {
         self.kv_reserved -= freed;
+        // Only decode-batch rows draft: the others' draft caches go.
+        if let Some(d) = &self.drafter {
+            d.retain(|id| self.batch.has_row(id));
+        }
         for _ in 0..n {
             self.request_ended();
         }
@@ -865,6 +887,8 @@ impl Scheduler<'_> {
         s.active_memory.store(mlx::memory::active(), Ordering::Relaxed);
         s.peak_memory.store(mlx::memory::peak(), Ordering::Relaxed);
         s.cache_memory.store(mlx::memory::cache(), Ordering::Relaxed);
+        let draft_rows = self.drafter.as_ref().map_or(0, Drafter::rows);
+        self.shared.spec.draft_rows.store(draft_rows, Ordering::Relaxed);
         if let Some(c) = &self.pcache {
             c.publish(&self.shared.cache);
         }

@@ -193,6 +193,7 @@ pub struct mlxrt_engine_config {
     /// `MLXRT_SPECULATION_NGRAM` (prompt lookup: drafts from the prompt and
     /// output, checked in one forward pass; greedy output unchanged). Rows
     /// speculate inside the decode batch (see README, "Speculative decoding").
+    /// OFF with a `draft_model_path`: requests draft with the draft model.
     pub speculation: i32,
     /// Drafted tokens per verify step for prompt lookup (0 = 10).
     pub speculation_tokens: u32,
@@ -204,6 +205,18 @@ pub struct mlxrt_engine_config {
     /// Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
     /// 1024 (default 256). Ignored without paging.
     pub kv_block_size: u32,
+    /// A smaller model with the same tokenizer that drafts tokens for
+    /// speculative decoding (UTF-8 path of a `.gguf` file or an MLX folder,
+    /// loaded at creation like `model_path`); NULL = none (default). It must
+    /// have the target's vocabulary (size, tokens, special and end ids) and
+    /// only full-attention layers, else `mlxrt_engine_create` fails with
+    /// `MLXRT_STATUS_INVALID_ARGUMENT`. With a draft model and `speculation`
+    /// OFF, requests that do not set `speculation` in `options_json` draft
+    /// with it (3 tokens per verify step; `"speculation": "off"` turns it
+    /// off for a request). Example:
+    /// `cfg.model_path = "SmolLM2-360M-Instruct-Q4_1.gguf";
+    /// cfg.draft_model_path = "SmolLM2-135M-Instruct-Q4_1.gguf";`
+    pub draft_model_path: *const c_char,
 }
 
 /// `mlxrt_engine_config.speculation`: decode one token per step.
@@ -248,6 +261,7 @@ fn default_config() -> mlxrt_engine_config {
         trace_user_data: std::ptr::null_mut(),
         kv_paging: d.kv_paging as u32,
         kv_block_size: d.kv_block_size as u32,
+        draft_model_path: std::ptr::null(),
     }
 }
 
@@ -365,6 +379,7 @@ pub extern "C" fn mlxrt_engine_create(
             other => return Err(Error::invalid(format!("config.kv_paging {other} is not 0 or 1"))),
         };
         cfg.kv_block_size = c.kv_block_size as usize;
+        cfg.draft_model_path = opt_str(c.draft_model_path, "config.draft_model_path")?.map(Into::into);
         if let Some(f) = c.trace_callback {
             let ud = UserData(c.trace_user_data);
             cfg.trace = Some(Arc::new(move |s: &Span| {

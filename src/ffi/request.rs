@@ -64,8 +64,10 @@ pub struct mlxrt_request_params {
     /// chat_template_kwargs, ignore_eos, prefill_chunk, cache_namespace,
     /// cache_session_id, prompt_cache, logprobs, top_logprobs, thinking, quantized_kv_start
     /// (see `mlxrt_engine_config.quantized_kv_start`), speculation (`"off"`,
-    /// `"ngram"` or `{"type": "ngram", "num_tokens": n, "min_match": m}`; see
-    /// `mlxrt_engine_config.speculation`), response_format and tool_choice
+    /// `"ngram"`, `"draft"`, `{"type": "ngram", "num_tokens": n, "min_match":
+    /// m}` or `{"type": "draft", "num_tokens": n}`; see
+    /// `mlxrt_engine_config.speculation` and `draft_model_path`),
+    /// response_format and tool_choice
     /// (below). Unknown fields are an
     /// error. Tool definitions (`tools`, an array of JSON schemas as in
     /// OpenAI's API) are given to the chat template; tool calls the model

@@ -199,6 +199,17 @@ int main(int argc, char **argv) {
           }) == MLXRT_STATUS_INVALID_ARGUMENT);
   }
 
+  {  // speculation, merged with options_json: greedy text unchanged; "draft"
+     // needs a draft model, which an engine drafting with the model itself has
+    auto chat = [] { return mlxrt::RequestParams().user("Name three colours.").max_tokens(24); };
+    mlxrt::Completion plain = engine.generate(chat());
+    CHECK(engine.generate(chat().options_json("{\"ignore_eos\": false}").speculation("\"ngram\"")).text == plain.text);
+    CHECK(status_of([&] { engine.generate(chat().speculation("\"draft\"")); }) == MLXRT_STATUS_INVALID_ARGUMENT);
+    mlxrt::Engine drafting{mlxrt::EngineConfig(argv[1]).draft_model_path(argv[1])};
+    CHECK(drafting.generate(chat()).text == plain.text);
+    CHECK(drafting.generate(chat().speculation("{\"type\":\"draft\",\"num_tokens\":2}")).text == plain.text);
+  }
+
   {  // cancel mid-generation; cancel is idempotent
     Log log;
     mlxrt::Request r = engine.submit(

@@ -119,11 +119,15 @@ static void test_configuration(void) {
     MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:@"/m.gguf"];
     CHECK(cfg.maxRows == c.max_rows && cfg.maxInFlight == c.max_in_flight && cfg.kvBudget == c.kv_budget,
           "engine defaults come from mlxrt_engine_config_init");
-    CHECK(cfg.device == MLXRTDeviceAutomatic && cfg.promptCacheDirectory == nil, "device/cache defaults");
+    CHECK(cfg.device == MLXRTDeviceAutomatic && cfg.promptCacheDirectory == nil && cfg.draftModelPath == nil,
+          "device/cache/draft defaults");
+    cfg.draftModelPath = @"/d.gguf";
     MLXRTEngineConfiguration *copy = [cfg copy];
     cfg.maxRows = 3;
     cfg.modelPath = @"/other";
-    CHECK(copy.maxRows == c.max_rows && [copy.modelPath isEqualToString:@"/m.gguf"], "a copy is independent");
+    CHECK(copy.maxRows == c.max_rows && [copy.modelPath isEqualToString:@"/m.gguf"] &&
+              [copy.draftModelPath isEqualToString:@"/d.gguf"],
+          "a copy is independent");
     MRC_RELEASE(copy);
     MRC_RELEASE(cfg);
 
@@ -266,7 +270,7 @@ static void test_submit_errors(MLXRTEngine *engine, dispatch_queue_t queue) {
         const char *what;
         MLXRTErrorCode code;
         MLXRTRequestParameters *p;
-    } cases[5];
+    } cases[6];
     cases[0].what = "bad options JSON";
     cases[0].code = MLXRTErrorInvalidJSON;
     cases[0].p = chat(@"x", 4);
@@ -286,7 +290,11 @@ static void test_submit_errors(MLXRTEngine *engine, dispatch_queue_t queue) {
     cases[4].code = MLXRTErrorInvalidArgument;
     cases[4].p = chat(@"x", 4);
     cases[4].p.responseFormat = @"{\"type\": \"regex\", \"pattern\": \"(\"}";
-    for (int i = 0; i < 5; i++) {
+    cases[5].what = "draft speculation without a draft model";
+    cases[5].code = MLXRTErrorInvalidArgument;
+    cases[5].p = chat(@"x", 4);
+    cases[5].p.speculation = @"\"draft\"";
+    for (int i = 0; i < 6; i++) {
         NSError *error = nil;
         MLXRTRequestTask *t = [engine submitRequestWithParameters:cases[i].p queue:queue eventHandler:never error:&error];
         CHECK(t == nil, "%s: no task", cases[i].what);
@@ -552,9 +560,12 @@ static void test_images(MLXRTEngine *text_engine, dispatch_queue_t queue, const 
     MRC_RELEASE(engine);
 }
 
-/// Releasing the engine with a request in flight ends it (CANCELLED).
+/// Releasing the engine with a request in flight ends it (CANCELLED); the
+/// engine drafts with the model itself (draftModelPath), so the request
+/// speculates by default.
 static void test_engine_teardown(NSString *model, dispatch_queue_t queue) {
     MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:model];
+    cfg.draftModelPath = model;
     MLXRTEngine *engine = [[MLXRTEngine alloc] initWithConfiguration:cfg error:NULL];
     MRC_RELEASE(cfg);
     CHECK(engine != nil, "second engine");

@@ -1,5 +1,6 @@
-//! Speculative decoding by prompt lookup: a row drafts up to γ tokens from
-//! its own prompt and output (`ngram`), the model checks them all in one
+//! Speculative decoding: a row drafts up to γ tokens, by prompt lookup from
+//! its own prompt and output (`ngram`) or with a smaller draft model that
+//! shares the tokenizer (`draft`), the model checks them all in one
 //! forward pass over `[pending, d1..dk]`, and the row keeps the longest
 //! prefix the model agrees with plus the model's own next token (`accept`).
 //! The KV cache is cut back past the rejected drafts (`LayerCache::trim`).
@@ -18,8 +19,8 @@
 //! verify step runs while a row asks for log-probabilities or is
 //! constrained (structured output: a mask per position), when a layer
 //! cannot be cut back (a sliding-window ring that would wrap; quantized KV
-//! crossing the row's `quantized_kv_start`), or when lookup finds nothing
-//! for any row (then the step is a plain one).
+//! crossing the row's `quantized_kv_start`), or when no row drafts
+//! anything (then the step is a plain one).
 //!
 //! Output: greedy rows emit exactly the tokens plain decoding would (up to
 //! the float rounding of a wider forward pass). Sampled rows follow the same
@@ -29,23 +30,27 @@
 //! without speculation.
 
 pub(crate) mod accept;
+pub(crate) mod draft;
 mod ngram;
 
-use super::batch::Drawn;
+use super::batch::{Drawn, StepCtx};
 use super::row::Row;
 use super::row_set::RowSet;
-use super::trace::{SpanKind, Tracer};
+use super::trace::SpanKind;
 use crate::cache::LayerCache;
 use crate::error::{Error, Result};
 use crate::mlx::{self, Array};
-use crate::model::load::TextAssets;
 use crate::model::{LanguageModel, Output};
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Drafted tokens per verify step when not given.
 pub(crate) const DEFAULT_NGRAM_TOKENS: usize = 10;
+/// Most drafted tokens per verify step (the `num_tokens` option's bound).
+const MAX_DRAFTS: usize = 64;
+/// Draft-model tokens per verify step when not given.
+pub(crate) const DEFAULT_DRAFT_TOKENS: usize = 3;
 /// Shortest match lookup drafts from when not given.
 pub(crate) const NGRAM_MIN_MATCH: usize = ngram::MIN_MATCH;
 
@@ -57,17 +62,20 @@ pub enum Speculation {
     /// Prompt lookup, up to `num_tokens` drafted tokens per verify step,
     /// from a match of at least `min_match` (1..=4) trailing tokens.
     Ngram { num_tokens: usize, min_match: usize },
+    /// The engine's draft model (`EngineConfig::draft_model_path`) drafts
+    /// `num_tokens` greedily per verify step.
+    Draft { num_tokens: usize },
 }
 
 impl Speculation {
-    /// The request option: `"off"`, `"ngram"`, or `{"type": "ngram",
-    /// "num_tokens": n, "min_match": m}` (both optional; `{"type": "off"}`
-    /// too).
+    /// The request option: `"off"`, `"ngram"`, `"draft"`, `{"type":
+    /// "ngram", "num_tokens": n, "min_match": m}` (both optional) or
+    /// `{"type": "draft", "num_tokens": n}` (`{"type": "off"}` too).
     pub fn from_json(v: &Value) -> Result<Speculation> {
         let bad = || {
             Error::invalid(
-                "option `speculation` must be \"off\", \"ngram\" or {\"type\": \"ngram\", \"num_tokens\": n, \"min_match\": m} \
-                 (1 <= n <= 64, 1 <= m <= 4)",
+                "option `speculation` must be \"off\", \"ngram\", \"draft\", {\"type\": \"ngram\", \"num_tokens\": n, \"min_match\": m} \
+                 or {\"type\": \"draft\", \"num_tokens\": n} (1 <= n <= 64, 1 <= m <= 4)",
             )
         };
         let (kind, n, m) = match v {
@@ -82,7 +90,7 @@ impl Speculation {
                         Some(n) => Ok(Some(n.as_u64().filter(|&n| (1..=max).contains(&n)).ok_or_else(bad)? as usize)),
                     }
                 };
-                let (n, m) = (get("num_tokens", 64)?, get("min_match", ngram::MAX_MATCH as u64)?);
+                let (n, m) = (get("num_tokens", MAX_DRAFTS as u64)?, get("min_match", ngram::MAX_MATCH as u64)?);
                 (o.get("type").and_then(Value::as_str).ok_or_else(bad)?, n, m)
             }
             _ => return Err(bad()),
@@ -93,6 +101,7 @@ impl Speculation {
                 num_tokens: n.unwrap_or(DEFAULT_NGRAM_TOKENS),
                 min_match: m.unwrap_or(ngram::MIN_MATCH),
             }),
+            "draft" if m.is_none() => Ok(Speculation::Draft { num_tokens: n.unwrap_or(DEFAULT_DRAFT_TOKENS) }),
             _ => Err(bad()),
         }
     }
@@ -109,6 +118,8 @@ pub(crate) struct SpecState {
     gamma: usize,
     gamma_max: usize,
     min_match: usize,
+    /// Drafts come from the draft model (else from prompt lookup).
+    model: bool,
     /// The request's seed (its verify steps' draws are keyed by it).
     seed: u64,
     pub proposed: u32,
@@ -128,6 +139,18 @@ impl SpecState {
                 gamma: num_tokens.min(START_GAMMA),
                 gamma_max: num_tokens,
                 min_match,
+                model: false,
+                seed,
+                proposed: 0,
+                accepted: 0,
+                verify_steps: 0,
+            }),
+            // A draft model's γ is small: it starts there.
+            Speculation::Draft { num_tokens } => Some(SpecState {
+                gamma: num_tokens,
+                gamma_max: num_tokens,
+                min_match: 0,
+                model: true,
                 seed,
                 proposed: 0,
                 accepted: 0,
@@ -143,6 +166,8 @@ pub(crate) struct SpecStats {
     pub proposed: AtomicU64,
     pub accepted: AtomicU64,
     pub verify_steps: AtomicU64,
+    /// Rows the draft model holds a cache for now.
+    pub draft_rows: AtomicUsize,
 }
 
 /// A verify step's outcome, per row of the batch: the tokens to hand over
@@ -159,40 +184,45 @@ fn may_draft(row: &Row) -> bool {
     row.speculation.is_some() && row.logprobs.is_none() && row.constraint.is_none() && !row.is_ended() && !row.is_cancelled()
 }
 
-/// The drafts `row` proposes after its pending token `t0`: none when it
-/// does not speculate or would end with `t0`. Drafts never run past
-/// max_tokens or the context: the row would end inside the run anyway.
-fn drafts_for(row: &Row, t0: i32, text: &TextAssets, ctx_len: usize) -> Vec<i32> {
-    let Some(spec) = row.speculation.as_ref().filter(|_| may_draft(row)) else { return vec![] };
-    if row.stop_at_eos && text.eos_ids.contains(&(t0 as u32)) {
-        return vec![];
+/// The drafts `row` proposes after its pending token `t0`, at most
+/// `max_drafts`: none when it does not speculate or would end with `t0`.
+/// Drafts never run past max_tokens or the context: the row would end
+/// inside the run anyway.
+fn drafts_for(row: &Row, t0: i32, max_drafts: usize, step: &StepCtx) -> Result<Vec<i32>> {
+    let Some(spec) = row.speculation.as_ref().filter(|_| may_draft(row)) else { return Ok(vec![]) };
+    if row.stop_at_eos && step.text.eos_ids.contains(&(t0 as u32)) {
+        return Ok(vec![]);
     }
     let mut history = row.history_ids().to_vec();
     history.push(t0);
-    let mut room = (row.max_tokens as usize).saturating_sub(row.generated() as usize + 1);
-    if ctx_len > 0 {
-        room = room.min(ctx_len.saturating_sub(history.len()));
+    let mut room = (row.max_tokens as usize).saturating_sub(row.generated() as usize + 1).min(max_drafts);
+    if step.ctx_len > 0 {
+        room = room.min(step.ctx_len.saturating_sub(history.len()));
     }
-    ngram::propose(&history, spec.gamma.min(room), spec.min_match)
+    let gamma = spec.gamma.min(room);
+    match step.drafter.filter(|_| spec.model) {
+        Some(d) if gamma > 0 => {
+            let t = Instant::now();
+            let drafts = d.propose(row.id, &history, gamma)?;
+            // The draft model's forwards (and their wait) as one span.
+            step.tracer.record(SpanKind::Forward, 1, drafts.len(), t);
+            Ok(drafts)
+        }
+        Some(_) => Ok(vec![]),
+        None => Ok(ngram::propose(&history, gamma, spec.min_match)),
+    }
 }
 
 /// Runs a verify step instead of a plain decode step when some row of the
-/// batch speculates and lookup drafts something for it; None = decode
-/// plainly. Every row feeds its pending token and its drafts (none for the
-/// rows that do not speculate), padded to one width; each row accepts on
-/// its own, the batch keeps the longest run, and the shorter rows' rejected
-/// slots become holes (`Timeline::punch`), so rows with and without
-/// speculation share the step. Reads the pending tokens first: speculating
-/// gives up the one-step lookahead.
-pub(crate) fn try_round(
-    set: &mut RowSet,
-    pending: &Drawn,
-    model: &dyn LanguageModel,
-    text: &TextAssets,
-    ctx_len: usize,
-    tracer: &Tracer,
-    stats: &SpecStats,
-) -> Result<Option<Round>> {
+/// batch speculates and drafts something; None = decode plainly. Every row
+/// feeds its pending token and its drafts (none for the rows that do not
+/// speculate), padded to one width; each row accepts on its own, the batch
+/// keeps the longest run, and the shorter rows' rejected slots become holes
+/// (`Timeline::punch`), so rows with and without speculation share the
+/// step. Reads the pending tokens first: speculating gives up the one-step
+/// lookahead.
+pub(crate) fn try_round(set: &mut RowSet, pending: &Drawn, model: &dyn LanguageModel, step: &StepCtx) -> Result<Option<Round>> {
+    let (tracer, stats) = (step.tracer, step.spec);
     let b = set.len();
     // Log-probabilities and grammar masks are drawn per step for the whole
     // batch; several rows need caches whose rows can keep holes.
@@ -203,14 +233,24 @@ pub(crate) fn try_round(
     {
         return Ok(None);
     }
+    // A recurrent state (hybrid models, a row alone) is checkpointed and
+    // replayed instead of cut back. The widest step the caches allow bounds
+    // the drafts (a ring about to wrap allows none): no draft is made, by a
+    // draft model's forwards, only to be thrown away.
+    let fits = |w: i32| set.cache().iter().all(|c| c.can_trim_after(w) || matches!(c, LayerCache::State(_)));
+    let max_drafts = (1..=MAX_DRAFTS as i32 + 1).rev().find(|&w| fits(w)).map_or(0, |w| w as usize - 1);
     let t0s = pending.tokens.to_vec_i32()?;
-    let drafts: Vec<Vec<i32>> = set.rows.iter().zip(&t0s).map(|(r, &t0)| drafts_for(r, t0, text, ctx_len)).collect();
+    let mut drafts = Vec::with_capacity(b);
+    for (row, &t0) in set.rows.iter_mut().zip(&t0s) {
+        // A draft model that fails ends its row; the others go on.
+        drafts.push(drafts_for(row, t0, max_drafts, step).unwrap_or_else(|e| {
+            row.fail(e);
+            vec![]
+        }));
+    }
     let k_max = drafts.iter().map(Vec::len).max().unwrap_or(0);
     let width = 1 + k_max as i32;
-    // A recurrent state (hybrid models, a row alone) is checkpointed and
-    // replayed instead of cut back.
-    let rewinds = |c: &LayerCache| c.can_trim_after(width) || matches!(c, LayerCache::State(_));
-    if k_max == 0 || !set.cache().iter().all(rewinds) {
+    if k_max == 0 {
         return Ok(None);
     }
     let checkpoints: Vec<_> = set.cache().iter().map(LayerCache::checkpoint).collect();

@@ -33,6 +33,7 @@ public final class Engine: @unchecked Sendable {
         c.seed = configuration.seed
         c.prompt_cache_bytes = configuration.promptCacheBytes
         c.prompt_cache_dir = strings.add(configuration.promptCacheDirectory)
+        c.draft_model_path = strings.add(configuration.draftModelPath)
         var engine: OpaquePointer?
         var error: OpaquePointer?
         let status = mlxrt_engine_create(&c, &engine, &error)
@@ -172,7 +173,8 @@ public final class Engine: @unchecked Sendable {
         p.repetition_penalty = parameters.repetitionPenalty
         p.use_seed = parameters.seed == nil ? 0 : 1
         p.seed = parameters.seed ?? 0
-        p.options_json = strings.add(parameters.responseFormat?.merged(into: parameters.optionsJSON) ?? parameters.optionsJSON)
+        let formatted = parameters.responseFormat?.merged(into: parameters.optionsJSON) ?? parameters.optionsJSON
+        p.options_json = strings.add(parameters.speculation?.merged(into: formatted) ?? formatted)
         p.cache_namespace = strings.add(parameters.cacheNamespace)
         p.no_prompt_cache = parameters.usesPromptCache ? 0 : 1
         p.thinking = parameters.thinking.map { $0 ? Int32(1) : Int32(0) } ?? -1  // -1: the template's default

@@ -23,6 +23,10 @@ public struct EngineConfiguration: Sendable {
     public var promptCacheBytes: UInt64
     /// Where the prompt cache persists across restarts; nil = memory only.
     public var promptCacheDirectory: String?
+    /// A smaller model with the same tokenizer that drafts tokens for
+    /// speculative decoding; requests then default to `.draft()`
+    /// (`GenerateParameters.speculation`). nil = none.
+    public var draftModelPath: String?
 
     public init(modelPath: String) {
         var c = mlxrt_engine_config()
@@ -36,6 +40,7 @@ public struct EngineConfiguration: Sendable {
         seed = c.seed
         promptCacheBytes = c.prompt_cache_bytes
         promptCacheDirectory = nil
+        draftModelPath = nil
     }
 }
 
@@ -134,6 +139,9 @@ public struct GenerateParameters: Sendable {
     /// Structured output: the shape the output must have (merged into the
     /// options as `response_format`); nil = free text.
     public var responseFormat: ResponseFormat?
+    /// Speculative decoding (merged into the options as `speculation`); nil =
+    /// the engine's default (draft speculation when it has a draft model).
+    public var speculation: Speculation?
     /// Prompt-cache namespace: cached state is shared only within one.
     public var cacheNamespace: String?
     /// false: this request neither uses nor fills the prompt cache.
@@ -158,6 +166,7 @@ public struct GenerateParameters: Sendable {
         stop = []
         optionsJSON = nil
         responseFormat = nil
+        speculation = nil
         cacheNamespace = nil
         usesPromptCache = p.no_prompt_cache == 0
         thinking = nil
@@ -183,43 +192,76 @@ public enum ResponseFormat: Sendable, Equatable {
         switch self {
         case .jsonSchema(let schema): return "{\"type\":\"json_schema\",\"schema\":\(schema)}"
         case .jsonObject: return "{\"type\":\"json_object\"}"
-        case .regex(let pattern): return "{\"type\":\"regex\",\"pattern\":\(ResponseFormat.quoted(pattern))}"
-        case .lark(let grammar): return "{\"type\":\"grammar\",\"lark\":\(ResponseFormat.quoted(grammar))}"
+        case .regex(let pattern): return "{\"type\":\"regex\",\"pattern\":\(quotedJSON(pattern))}"
+        case .lark(let grammar): return "{\"type\":\"grammar\",\"lark\":\(quotedJSON(grammar))}"
         }
     }
 
     /// `options` (a JSON object's text, or nil) with this format added.
     func merged(into options: String?) -> String {
-        let field = "\"response_format\":\(json)"
-        guard let options = options else { return "{\(field)}" }
-        guard let open = options.firstIndex(of: "{"), let close = options.lastIndex(of: "}"), open < close else {
-            return options  // not an object: mlxrt reports it
+        mergedOptions(options, field: "\"response_format\":\(json)")
+    }
+}
+
+/// Speculative decoding: how a request drafts tokens that the model checks
+/// in one forward pass (greedy output unchanged).
+public enum Speculation: Sendable, Equatable {
+    /// One token per step.
+    case off
+    /// Prompt lookup: drafts copied from the prompt and output (nil = 10).
+    case ngram(numTokens: UInt32? = nil)
+    /// The engine's draft model (`EngineConfiguration.draftModelPath`) drafts
+    /// greedily (nil = 3 tokens per step).
+    case draft(numTokens: UInt32? = nil)
+
+    /// The `speculation` option's JSON.
+    public var json: String {
+        switch self {
+        case .off: return "\"off\""
+        case .ngram(nil): return "\"ngram\""
+        case .ngram(let n?): return "{\"type\":\"ngram\",\"num_tokens\":\(n)}"
+        case .draft(nil): return "\"draft\""
+        case .draft(let n?): return "{\"type\":\"draft\",\"num_tokens\":\(n)}"
         }
-        let inside = options[options.index(after: open)..<close]
-        let empty = inside.allSatisfy { $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "\r" }
-        return String(options[..<close]) + (empty ? "" : ",") + field + String(options[close...])
     }
 
-    private static func quoted(_ s: String) -> String {
-        var out = "\""
-        for u in s.unicodeScalars {
-            switch u {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            default:
-                if u.value < 0x20 {
-                    let hex = String(u.value, radix: 16)
-                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
-                } else {
-                    out.unicodeScalars.append(u)
-                }
+    /// `options` (a JSON object's text, or nil) with this choice added.
+    func merged(into options: String?) -> String {
+        mergedOptions(options, field: "\"speculation\":\(json)")
+    }
+}
+
+/// `options` (a JSON object's text, or nil) with `field` ("name":value) added.
+func mergedOptions(_ options: String?, field: String) -> String {
+    guard let options = options else { return "{\(field)}" }
+    guard let open = options.firstIndex(of: "{"), let close = options.lastIndex(of: "}"), open < close else {
+        return options  // not an object: mlxrt reports it
+    }
+    let inside = options[options.index(after: open)..<close]
+    let empty = inside.allSatisfy { $0 == " " || $0 == "\n" || $0 == "\t" || $0 == "\r" }
+    return String(options[..<close]) + (empty ? "" : ",") + field + String(options[close...])
+}
+
+/// `s` as a JSON string literal.
+func quotedJSON(_ s: String) -> String {
+    var out = "\""
+    for u in s.unicodeScalars {
+        switch u {
+        case "\"": out += "\\\""
+        case "\\": out += "\\\\"
+        case "\n": out += "\\n"
+        case "\r": out += "\\r"
+        case "\t": out += "\\t"
+        default:
+            if u.value < 0x20 {
+                let hex = String(u.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            } else {
+                out.unicodeScalars.append(u)
             }
         }
-        return out + "\""
     }
+    return out + "\""
 }
 
 /// Why a request ended.

@@ -173,6 +173,24 @@ final class EngineTests: XCTestCase {
         }
     }
 
+    func testSpeculation() async throws {
+        let engine = try sharedEngine.get()
+        var p = parameters(maxTokens: 16)
+        let plain = try await collect(engine.generate(messages: [.user("Name three colours.")], parameters: p))
+        p.optionsJSON = #"{"ignore_eos": false}"#
+        p.speculation = .ngram(numTokens: 4)
+        let spec = try await collect(engine.generate(messages: [.user("Name three colours.")], parameters: p))
+        XCTAssertEqual(spec.text, plain.text, "greedy output is unchanged")
+        p.speculation = .draft()
+        do {
+            _ = try await collect(engine.generate(messages: [.user("x")], parameters: p))
+            XCTFail("draft speculation without a draft model streamed")
+        } catch let error as MLXRTError {
+            XCTAssertEqual(error.code, .invalidArgument, "\(error)")
+        }
+        XCTAssertEqual(Speculation.draft(numTokens: 4).json, #"{"type":"draft","num_tokens":4}"#)
+    }
+
     func testEightConcurrentGenerations() async throws {
         let engine = try sharedEngine.get()
         let questions = ["Name a color.", "What is 2+2?", "Say hello.", "Name a fruit.",
