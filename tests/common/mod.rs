@@ -377,16 +377,21 @@ pub fn reference_cases(reference: &Path) -> Vec<Case> {
 /// reference outputs for it (tests/oracle/make_tiny_vlm.py): `model/`,
 /// `images/` and `reference.safetensors`. Built once per change of the script
 /// (cached under target/oracle/media); needs mlx-vlm in the venv
-/// (scripts/setup.sh installs it).
+/// (scripts/setup.sh installs it). Made once per test binary: tests running
+/// at once wait for one build instead of racing on the folder.
 pub fn tiny_vlm() -> PathBuf {
-    let dir = repo_root().join("target/oracle/media");
-    let script = repo_root().join("tests/oracle/make_tiny_vlm.py");
-    if !reference_fresh(&dir.join("reference.safetensors"), &[script.clone()]) {
-        let _ = std::fs::remove_dir_all(&dir);
-        let gguf = model_path();
-        py(&[script.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--gguf", gguf.to_str().unwrap()]);
-    }
-    dir
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = repo_root().join("target/oracle/media");
+        let script = repo_root().join("tests/oracle/make_tiny_vlm.py");
+        if !reference_fresh(&dir.join("reference.safetensors"), &[script.clone()]) {
+            let _ = std::fs::remove_dir_all(&dir);
+            let gguf = model_path();
+            py(&[script.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--gguf", gguf.to_str().unwrap()]);
+        }
+        dir
+    })
+    .clone()
 }
 
 /// A test image of `tiny_vlm()` for the binding tests: the PNG's path, and a
