@@ -57,10 +57,9 @@ void compute(const Inputs& in, float* out, float scale, MaskKind mask, int windo
   qsdpa::Problem p{qp, plane(kr, D), plane(vr, Dv), B, H, rep * L, L, T, 0, 32, mask,
                    nullptr, {0, 0, 0, 0}};
   p.window = window;
-  // Many rows per kv head (prefill) read every key many times: transposed
-  // once, the scores are a register-tiled product. Decode reads them once.
+  // Prefill: the keys transposed once (see transpose_keys).
   std::vector<float> kt;
-  if (p.M >= 2 * k->rows) {
+  if (qsdpa::transpose_keys(p, k->rows)) {
     p.kt_len = T + 2 * k->lanes;
     kt.assign(static_cast<size_t>(B) * H * D * p.kt_len, 0.0f);
     for (int b = 0; b < B; ++b)

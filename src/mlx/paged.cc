@@ -159,7 +159,7 @@ void compute(const Inputs& in, float* out, float scale, bool causal, int window,
   p.window = window;
   // Prefill: keys transposed once per (b, h) in logical order, as fattn does.
   std::vector<float> kt;
-  if (p.M >= 2 * k->rows) {
+  if (qsdpa::transpose_keys(p, k->rows)) {
     p.kt_len = c.T + 2 * k->lanes;
     kt.assign(static_cast<size_t>(B) * H * D * p.kt_len, 0.0f);
     for (int b = 0; b < B; ++b)

@@ -89,6 +89,15 @@ struct Split {
 };
 void flash_attention(const Split& s);
 
+// Whether float attention transposes the keys first (`Problem::keys_t`):
+// many rows per kv head (prefill) read every key many times, and the scores
+// become a register-tiled product. Transposing costs about what ~64 query
+// positions gain (Zen 4, SmolLM2 at T = 450: a speculative verify step of
+// 6..32 positions was 2-3 ms per forward slower with it); decode reads the
+// keys once. fattn and paged attention decide alike, so a row gives the
+// same bits through either.
+inline bool transpose_keys(const Problem& p, int rows) { return p.M >= 2 * rows && p.L >= 64; }
+
 // Attention of `p` with kernels `k` into `out` [B, H * rep, L, v.dim]: a
 // Split whose chunks are `k->chunk` (values back from the kernels' order).
 void run(const Problem& p, const Kernels* k, int rep, float* out);

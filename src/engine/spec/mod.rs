@@ -320,11 +320,10 @@ pub(crate) fn try_round(set: &mut RowSet, pending: &Drawn, model: &dyn LanguageM
 /// `collect` skips); the others go on.
 fn accept_rows(rows: &mut [Row], logits: &Array, fed: &[Vec<i32>], drafts: &[Vec<i32>]) -> Result<Vec<(usize, i32)>> {
     // Greedy rows (and rows that ended: their tokens are dropped) take the
-    // argmax of the log-probabilities, as the plain step; one for all.
+    // argmax of the logits, as the plain step (`Sampler::draw`); one for all.
     let fast = |r: &Row| (r.sampler.is_greedy() && !r.sampler.needs_history()) || r.is_ended() || r.is_cancelled();
     let argmax = if rows.iter().any(fast) {
-        let lp = logits.subtract(&logits.logsumexp(-1, true)?)?;
-        Some(lp.argmax(-1, false)?)
+        Some(logits.argmax(-1, false)?)
     } else {
         None
     };
