@@ -50,7 +50,9 @@ impl PixelFormat {
 
 fn check_size(w: u64, h: u64, limits: &Limits) -> Result<()> {
     if w == 0 || h == 0 {
-        return Err(Error::invalid(format!("image is empty ({w}x{h})")));
+        // A header can also read as 0 wide when its size field wrapped (a
+        // WebP past 16383 pixels a side).
+        return Err(Error::invalid(format!("image has no pixels ({w}x{h}): empty, or its header is corrupt or out of range")));
     }
     if w.saturating_mul(h) > limits.max_pixels {
         return Err(Error::invalid(format!("image is {w}x{h}, over the limit of {} pixels", limits.max_pixels)));
