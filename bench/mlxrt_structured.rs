@@ -13,7 +13,9 @@
 //! = output tokens / engine time (from the last submit's return to the last
 //! terminal event; prefill included); `wall_tps` also counts the submits,
 //! where the constrained run compiles its schemas on the caller's thread.
-//! Runs alternate ABBA after a warm-up of both; figures are medians.
+//! Runs alternate ABBA after a warm-up of both (4 rounds unless told: a
+//! run lasts ~4 s, and one slow round moves a 2-round median by 10%);
+//! figures are medians.
 //!
 //! Writes `structured_overhead_ratio` (constrained tok/s ÷ free tok/s;
 //! `structured_overhead_ratio_with_compile` from `wall_tps`),
@@ -141,7 +143,7 @@ fn spans_since(e: &Engine, before: &mlxrt::engine::EngineStats) -> Value {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (mut rounds, mut max_tokens, mut out) = (2usize, 96u32, "bench/results/structured.json".to_string());
+    let (mut rounds, mut max_tokens, mut out) = (4usize, 96u32, "bench/results/structured.json".to_string());
     let mut it = args.iter().skip(2);
     while let Some(a) = it.next() {
         let mut val = || it.next().expect("a value").clone();

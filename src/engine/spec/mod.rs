@@ -114,7 +114,7 @@ pub(crate) struct SpecState {
     /// that accepts every draft raises it by 2, one that rejects some sets it
     /// to the accepted count + 1 (not below 2), so the verify width follows
     /// the runs this row actually copies: on a CPU each drafted position
-    /// costs a fifth of a decode step or so (a width-11 verify ~3 steps).
+    /// costs a sixth of a decode step or so (a width-11 verify ~2.8 steps).
     gamma: usize,
     gamma_max: usize,
     min_match: usize,
