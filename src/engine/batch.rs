@@ -91,9 +91,12 @@ pub(crate) fn sample_rows(rows: &mut [Row], logits: &Array, unread: Option<&Arra
     let logits = masked.as_ref().unwrap_or(logits);
     let want_lp = rows.iter().any(|r| r.logprobs.is_some());
     let (tokens, lp) = if rows.iter().all(|r| r.sampler.is_greedy() && !r.sampler.needs_history()) {
-        // One argmax for the whole batch (of log-probabilities, as mlx-lm).
-        let lp = logits.subtract(&logits.logsumexp(-1, true)?)?;
-        (lp.argmax(-1, false)?, want_lp.then_some(lp))
+        // One argmax for the whole batch, of the logits: the same token as
+        // mlx-lm's argmax of the log-probabilities without waiting for their
+        // normalizer (see `Sampler::draw`), which is computed only when a
+        // row asks for log-probabilities.
+        let lp = want_lp.then(|| logits.subtract(&logits.logsumexp(-1, true)?)).transpose()?;
+        (logits.argmax(-1, false)?, lp)
     } else {
         let mut tokens = Vec::with_capacity(rows.len());
         let mut lps = Vec::with_capacity(rows.len());
