@@ -95,7 +95,7 @@ pub(crate) fn sample_rows(rows: &mut [Row], logits: &Array, unread: Option<&Arra
         // mlx-lm's argmax of the log-probabilities without waiting for their
         // normalizer (see `Sampler::draw`), which is computed only when a
         // row asks for log-probabilities.
-        let lp = want_lp.then(|| logits.subtract(&logits.logsumexp(-1, true)?)).transpose()?;
+        let lp = want_lp.then(|| crate::sample::log_softmax(logits)).transpose()?;
         (logits.argmax(-1, false)?, lp)
     } else {
         let mut tokens = Vec::with_capacity(rows.len());

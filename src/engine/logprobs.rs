@@ -91,7 +91,7 @@ mod tests {
     fn chosen_and_sorted_alternatives() {
         let logits: Vec<f32> = (0..30).map(|i| (i as f32 * 0.37).sin()).collect();
         let l = Array::from_f32(&logits, &[1, 30]).unwrap();
-        let lp = l.subtract(&l.logsumexp(-1, true).unwrap()).unwrap();
+        let lp = crate::sample::log_softmax(&l).unwrap();
         let s = StepLogprobs::new(&lp, &Array::from_i32(&[5], &[1]).unwrap()).unwrap();
         let r = &s.read(&[5], &[3]).unwrap()[0];
         let all = lp.to_vec_f32().unwrap();

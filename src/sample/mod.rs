@@ -164,8 +164,8 @@ impl Sampler {
     }
 }
 
-/// `x - logsumexp(x)` over the last axis.
-fn log_softmax(x: &Array) -> Result<Array> {
+/// `x - logsumexp(x)` over the last axis: log-probabilities from logits.
+pub fn log_softmax(x: &Array) -> Result<Array> {
     Ok(x.subtract(&x.logsumexp(-1, true)?)?)
 }
 
