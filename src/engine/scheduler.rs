@@ -362,6 +362,11 @@ impl Scheduler<'_> {
                 rx.try_recv().ok()
             };
             let mut shutdown = first.is_none() && self.idle();
+            // Flush and clear answer after this batch of commands: the file
+            // thread's results for their writes (queued before `sync`
+            // returned) are read in it, so the stats the caller sees next
+            // count what is on disk.
+            let mut replies = vec![];
             for cmd in first.into_iter().chain(std::iter::from_fn(|| rx.try_recv().ok())) {
                 match cmd {
                     Command::Submit(job) => {
@@ -380,16 +385,22 @@ impl Scheduler<'_> {
                             c.persist_all();
                             c.sync();
                         }
-                        let _ = reply.send(Ok(()));
+                        replies.push(reply);
                     }
                     Command::ClearCache(disk, reply) => {
                         if let Some(c) = &mut self.pcache {
                             c.clear(disk);
                             c.sync();
                         }
-                        let _ = reply.send(Ok(()));
+                        replies.push(reply);
                     }
                     Command::Shutdown => shutdown = true,
+                }
+            }
+            if !replies.is_empty() {
+                self.publish_stats();
+                for reply in replies {
+                    let _ = reply.send(Ok(()));
                 }
             }
             if shutdown {
