@@ -724,6 +724,14 @@ typedef struct mlxrt_engine_stats {
   uint64_t encoder_cache_entries;
   uint64_t encoder_cache_hits;
   uint64_t tower_runs;
+  /**
+   * Model calls that ran decoding rows and a prefill chunk in one forward
+   * (mixed iterations; counted in `model_calls` too). Models whose
+   * architecture has no mixed forward (Gemma 3 and 4, Qwen3.5) make two
+   * calls instead, as do iterations with a speculative verify step or an
+   * image prompt.
+   */
+  uint64_t mixed_steps;
 } mlxrt_engine_stats;
 
 /**

@@ -10,7 +10,6 @@ use common::*;
 use mlxrt::media::{self, ImageProcessor, Limits};
 use mlxrt::mlx::io::TensorFile;
 use mlxrt::ErrorKind;
-use std::path::PathBuf;
 
 fn reference(dir: &std::path::Path) -> TensorFile {
     TensorFile::load_safetensors(dir.join("reference.safetensors").to_str().unwrap()).unwrap()

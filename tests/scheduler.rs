@@ -1,6 +1,7 @@
 //! Scheduler behaviours on tiny random-weight models (tests/oracle/make_tiny.py):
-//! `len - 1` prompt snapshots on a hybrid (recurrent-state) model, and one
-//! row's failure leaving the rest of its batch untouched.
+//! `len - 1` prompt snapshots on a hybrid (recurrent-state) model, one
+//! row's failure leaving the rest of its batch untouched, and mixed
+//! iterations (decoding rows and a prefill chunk in one forward).
 
 mod common;
 
@@ -115,4 +116,63 @@ fn one_rows_failure_leaves_its_batch_untouched() {
     let s = wait_idle(&e);
     assert_eq!((s.active, s.in_flight, s.kv_reserved), (0, 0, 0), "{s:?}");
     let _ = std::fs::remove_dir_all(&folder);
+}
+
+/// Rows decoding while two prompts of different lengths arrive: the
+/// iterations that decode and prefill together make one model call (one
+/// forward span, counted in `mixed_steps`), and every request gets the
+/// tokens it gets alone; with and without paged KV.
+#[test]
+fn mixed_iterations_make_one_model_call_and_keep_each_rows_tokens() {
+    use mlxrt::engine::{Span, SpanKind};
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    let folder = tiny("qwen3");
+    for paging in [false, true] {
+        let seen: Arc<Mutex<Vec<Span>>> = Arc::default();
+        let mut c = EngineConfig::new(&folder);
+        c.kv_paging = paging;
+        c.kv_block_size = 32;
+        c.prompt_cache_bytes = 0;
+        let log = seen.clone();
+        c.trace = Some(Arc::new(move |s: &Span| log.lock().unwrap().push(*s)));
+        let e = Engine::new(c).unwrap();
+        let reqs = [(40, 0, 48), (25, 1, 48), (300, 2, 8), (170, 3, 8)];
+        let req = |&(len, salt, steps): &(usize, u32, usize)| token_request(&prompt(len, salt), steps, None);
+        let alone: Vec<Vec<u32>> = reqs.iter().map(|r| tokens_and_cached(&e, req(r)).0).collect();
+        let calls_before = e.stats().model_calls;
+        seen.lock().unwrap().clear();
+
+        // The first two decode; the others arrive once both have tokens.
+        let early: Vec<_> = reqs[..2].iter().map(|r| submit(&e, req(r))).collect();
+        let mut events: Vec<Vec<Event>> = vec![];
+        for rx in &early {
+            let mut ev = vec![];
+            while !matches!(ev.last(), Some(Event::Delta { .. })) {
+                ev.push(rx.recv_timeout(Duration::from_secs(300)).expect("a first token"));
+            }
+            events.push(ev);
+        }
+        let late: Vec<_> = reqs[2..].iter().map(|r| submit(&e, req(r))).collect();
+        for (ev, rx) in events.iter_mut().zip(&early) {
+            ev.extend(collect(rx));
+        }
+        events.extend(late.iter().map(collect));
+        for (i, ev) in events.iter().enumerate() {
+            assert_eq!(tokens_of(ev), alone[i], "paging {paging}: request {i}'s tokens differ from running alone");
+        }
+
+        let s = wait_idle(&e);
+        let spans = seen.lock().unwrap().clone();
+        let mut per_iteration: HashMap<u64, usize> = HashMap::new();
+        for sp in spans.iter().filter(|s| s.kind == SpanKind::Forward) {
+            *per_iteration.entry(sp.iteration).or_default() += 1;
+        }
+        assert_eq!(per_iteration.values().sum::<usize>() as u64, s.model_calls - calls_before);
+        assert!(per_iteration.values().all(|&n| n == 1), "paging {paging}: an iteration made two model calls");
+        // The late prompts prefill over several chunks while the early rows
+        // still have ~40 tokens to go.
+        assert!(s.mixed_steps >= 3, "paging {paging}: {} mixed steps", s.mixed_steps);
+        assert_eq!((s.active, s.kv_reserved), (0, 0), "{s:?}");
+    }
 }

@@ -12,6 +12,7 @@ use super::row::Row;
 use super::row_set::{Offer, RowSet};
 use super::spec::{self, SpecStats};
 use super::trace::{SpanKind, Tracer};
+use crate::cache::LayerCache;
 use crate::error::Result;
 use crate::mlx::{self, Array};
 use crate::model::load::TextAssets;
@@ -171,22 +172,41 @@ impl DecodeBatch {
     /// Builds and starts the step that consumes the pending tokens: a
     /// speculative verify step when `spec` runs one, else a plain step.
     pub fn schedule(&mut self, model: &dyn LanguageModel, step: &StepCtx) -> Result<()> {
-        let Some(drawn) = self.pending.take() else { return Ok(()) };
-        let tracer = step.tracer;
+        let Some(drawn) = self.begin(model, step)? else { return Ok(()) };
+        let b = self.set.len() as i32;
+        let t = Instant::now();
+        let x = drawn.tokens.reshape(&[b, 1])?;
+        step.tracer.model_call();
+        let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
+        step.tracer.record(SpanKind::Forward, b as usize, b as usize, t);
+        self.finish_plain(drawn, logits.reshape(&[b, -1])?, step.tracer)
+    }
+
+    /// The first half of `schedule`: runs a speculative verify step when
+    /// `spec` takes one (None), or hands back the tokens a plain step feeds
+    /// (`[B]`, lazy), for a forward the caller makes (alone, or in a mixed
+    /// forward beside a prefill chunk) and passes to `finish_plain`.
+    pub fn begin(&mut self, model: &dyn LanguageModel, step: &StepCtx) -> Result<Option<Drawn>> {
+        let Some(drawn) = self.pending.take() else { return Ok(None) };
         if let Some(round) = spec::try_round(&mut self.set, &drawn, model, step)? {
             let next: Vec<i32> = round.next.iter().map(|&t| t as i32).collect();
             let next = Array::from_i32(&next, &[next.len() as i32])?.astype(crate::mlx::Dtype::U32)?;
             self.runs = Some(round.runs);
             self.pending = Some(Drawn { tokens: next, logprobs: None });
-            return Ok(());
+            return Ok(None);
         }
-        let b = self.set.len() as i32;
-        let t = Instant::now();
-        let x = drawn.tokens.reshape(&[b, 1])?;
-        tracer.model_call();
-        let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
-        let logits = logits.reshape(&[b, -1])?;
-        tracer.record(SpanKind::Forward, b as usize, b as usize, t);
+        Ok(Some(drawn))
+    }
+
+    /// The rows' caches (for a mixed forward's decode group).
+    pub fn cache_mut(&mut self) -> &mut [LayerCache] {
+        self.set.cache_mut()
+    }
+
+    /// The second half of `schedule`: the draw from the plain step's logits
+    /// (`[B, vocab]`, lazy) of the tokens `drawn` fed.
+    pub fn finish_plain(&mut self, drawn: Drawn, logits: Array, tracer: &Tracer) -> Result<()> {
+        let b = self.set.len();
         if self.set.rows.iter().any(|r| r.constraint.is_some()) {
             // Structured output: the forward runs while `collect` feeds the
             // current tokens to the matchers and computes the next masks;
@@ -198,7 +218,7 @@ impl DecodeBatch {
         }
         let t = Instant::now();
         let next = sample_rows(&mut self.set.rows, &logits, Some(&drawn.tokens))?;
-        tracer.record(SpanKind::Sample, b as usize, b as usize, t);
+        tracer.record(SpanKind::Sample, b, b, t);
         self.current = Some(drawn);
         self.pending = Some(next);
         Ok(())

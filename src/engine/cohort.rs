@@ -45,6 +45,28 @@ pub(crate) struct Progress {
     pub captures: Vec<Result<Capture>>,
 }
 
+/// One forward of a cohort (`Cohort::next_step`).
+pub(crate) struct CohortStep {
+    /// `[rows, len]` token ids.
+    pub tokens: Array,
+    /// The timeline position the step ends at.
+    to: i32,
+    pub out: Output,
+    /// The snapshots due at `to`: (position, row).
+    stops: Vec<(i32, usize)>,
+}
+
+impl CohortStep {
+    pub fn rows(&self) -> usize {
+        self.tokens.dim(0) as usize
+    }
+
+    /// Tokens over all rows.
+    pub fn len(&self) -> usize {
+        self.tokens.size()
+    }
+}
+
 impl Cohort {
     /// A cohort of new rows whose full-attention layers store KV as
     /// `scheme` says (each row from its own `quantized_kv_start`), with room
@@ -192,42 +214,66 @@ impl Cohort {
         if self.media.is_some() {
             return self.advance_media(model, tracer);
         }
+        let step = self.next_step(model, chunk)?;
+        let t = Instant::now();
+        tracer.model_call();
+        let logits = model.forward(&step.tokens, self.set.cache_mut(), step.out)?;
+        tracer.record(SpanKind::Forward, step.rows(), step.len(), t);
+        let logits = logits.map(|l| l.reshape(&[self.len() as i32, -1])).transpose()?;
+        self.finish_step(step, logits, true, tracer)
+    }
+
+    /// The forward `advance` makes next (not for a media cohort): up to
+    /// `chunk` positions (`Output::CacheOnly`), or the last position alone
+    /// (`Output::LastLogits`), for `finish_step`.
+    pub fn next_step(&self, model: &dyn LanguageModel, chunk: i32) -> Result<CohortStep> {
         let body_end = self.total - 1;
+        if self.done >= body_end {
+            let tokens = self.tokens(body_end, self.total)?;
+            return Ok(CohortStep { tokens, to: self.total, out: Output::LastLogits, stops: vec![] });
+        }
+        let chunk = model.prefill_chunk(self.len(), self.done as usize, chunk.max(1) as usize) as i32;
+        let mut to = (self.done + chunk.max(1)).min(body_end);
+        let stops = self.stops();
+        if let Some(&(at, _)) = stops.iter().filter(|(at, _)| *at > self.done).min() {
+            to = to.min(at);
+        }
+        if let Some(at) = self.conversions().filter(|&at| at > self.done).min() {
+            to = to.min(at);
+        }
+        let stops = stops.into_iter().filter(|&(at, _)| at == to).collect();
+        Ok(CohortStep { tokens: self.tokens(self.done, to)?, to, out: Output::CacheOnly, stops })
+    }
+
+    /// The rows' caches (for a mixed forward's prefill group).
+    pub fn cache_mut(&mut self) -> &mut [LayerCache] {
+        self.set.cache_mut()
+    }
+
+    /// After `step`'s forward: its logits (`[rows, vocab]`, the last
+    /// position's) give the first tokens, or its KV is evaluated (now with
+    /// `wait`; else started, for a mixed forward whose decode rows' draw
+    /// the caller reads later) and the snapshots due at its end are taken.
+    pub fn finish_step(&mut self, step: CohortStep, logits: Option<Array>, wait: bool, tracer: &Tracer) -> Result<Progress> {
         let mut captures = vec![];
-        if self.done < body_end {
-            let chunk = model.prefill_chunk(self.len(), self.done as usize, chunk.max(1) as usize) as i32;
-            let mut to = (self.done + chunk.max(1)).min(body_end);
-            let stops = self.stops();
-            if let Some(&(at, _)) = stops.iter().filter(|(at, _)| *at > self.done).min() {
-                to = to.min(at);
-            }
-            if let Some(at) = self.conversions().filter(|&at| at > self.done).min() {
-                to = to.min(at);
-            }
-            let (rows, tokens) = (self.len(), self.len() * (to - self.done) as usize);
-            let t = Instant::now();
-            let x = self.tokens(self.done, to)?;
-            tracer.model_call();
-            model.forward(&x, self.set.cache_mut(), Output::CacheOnly)?;
-            tracer.record(SpanKind::Forward, rows, tokens, t);
+        let rows = self.len();
+        if step.out == Output::CacheOnly {
             let t = Instant::now();
             let pools: Vec<Array> = self.set.cache().iter().flat_map(LayerCache::pool_state).collect();
             let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).chain(&pools).collect();
-            mlx::eval(&state)?;
-            tracer.record(SpanKind::Evaluate, rows, tokens, t);
-            self.done = to;
-            for (_, i) in stops.into_iter().filter(|&(at, _)| at == to) {
+            if wait {
+                mlx::eval(&state)?;
+                tracer.record(SpanKind::Evaluate, rows, step.len(), t);
+            } else {
+                mlx::async_eval(&state)?;
+            }
+            self.done = step.to;
+            for &(_, i) in &step.stops {
                 captures.push(self.capture(i, tracer));
             }
             return Ok(Progress { first: None, captures });
         }
-        let rows = self.len();
-        let t = Instant::now();
-        let x = self.tokens(body_end, self.total)?;
-        tracer.model_call();
-        let logits = model.forward(&x, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
-        let logits = logits.reshape(&[rows as i32, -1])?;
-        tracer.record(SpanKind::Forward, rows, rows, t);
+        let logits = logits.ok_or_else(|| crate::Error::internal("the cohort's last step gave no logits"))?;
         let t = Instant::now();
         let first = sample_rows(&mut self.set.rows, &logits, None)?;
         tracer.record(SpanKind::Sample, rows, rows, t);

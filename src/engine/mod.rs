@@ -225,6 +225,9 @@ pub struct EngineStats {
     /// and model forward calls made (prefill chunks and decode steps).
     pub iterations: u64,
     pub model_calls: u64,
+    /// Model calls that ran decoding rows and a prefill chunk in one forward
+    /// (a mixed iteration; counted in `model_calls` too).
+    pub mixed_steps: u64,
     /// The scheduler's spans so far, per kind (indexed by `SpanKind as usize`).
     pub spans: [SpanStats; SPAN_KINDS],
     /// Speculative decoding: drafted tokens, accepted ones, verify steps.
@@ -414,6 +417,7 @@ impl Engine {
             cache_memory: s.cache_memory.load(Ordering::Relaxed),
             iterations: self.shared.trace.iterations.load(Ordering::Relaxed),
             model_calls: self.shared.trace.model_calls.load(Ordering::Relaxed),
+            mixed_steps: self.shared.trace.mixed_steps.load(Ordering::Relaxed),
             spans: self.shared.trace.spans(),
             spec_proposed: self.shared.spec.proposed.load(Ordering::Relaxed),
             spec_accepted: self.shared.spec.accepted.load(Ordering::Relaxed),

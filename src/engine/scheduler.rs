@@ -10,8 +10,8 @@
 //! Commands (submit, cancel, shutdown) are taken between iterations. The
 //! work is timed in trace spans (`trace`), summarised in the stats.
 
-use super::batch::{DecodeBatch, StepCtx};
-use super::cohort::{Cohort, Entrant};
+use super::batch::{DecodeBatch, Drawn, StepCtx};
+use super::cohort::{Cohort, Entrant, Progress};
 use super::delivery::{self, DeliveryTx, Msg};
 use super::encoder_cache::EncoderCache;
 use super::cache_io::IoDone;
@@ -28,9 +28,9 @@ use crate::error::{Error, Result};
 use crate::cache::paged::PagedPools;
 use crate::mlx;
 use crate::model::load::TextAssets;
-use crate::mlx::Array;
+use crate::mlx::{Array, Dtype};
 use crate::model::siglip::Gemma3Vision;
-use crate::model::{self, LanguageModel, LoadOptions, MediaInput, ModelInfo};
+use crate::model::{self, Group, LanguageModel, LoadOptions, MediaInput, ModelInfo, Output};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -445,13 +445,11 @@ impl Scheduler<'_> {
         self.prune_prefixes();
         let t0 = Instant::now();
         let decoding = !self.batch.is_empty();
-        if let Err(e) = self.decode() {
-            let (n, freed) = self.batch.end_all(|r| r.fail(e.clone()));
-            self.rows_ended(n, freed);
-        }
         let prefilling = self.cohort.is_some();
-        if let Err(e) = self.prefill(plan.chunk) {
-            self.fail_cohort(e);
+        if decoding && prefilling && self.model.supports_mixed() {
+            self.mixed(plan.chunk);
+        } else {
+            self.decode_and_prefill(plan.chunk);
         }
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         match (decoding, prefilling) {
@@ -743,6 +741,100 @@ impl Scheduler<'_> {
         (row, mark)
     }
 
+    /// A decode step and a prefill chunk, one forward each (either may have
+    /// nothing to do).
+    fn decode_and_prefill(&mut self, chunk: usize) {
+        let decoded = self.decode();
+        self.then_prefill(decoded, chunk);
+    }
+
+    /// After a decode step (`decoded`: failed, its rows end): the prefill
+    /// chunk in its own forward.
+    fn then_prefill(&mut self, decoded: Result<()>, chunk: usize) {
+        if let Err(e) = decoded {
+            self.fail_batch(e);
+        }
+        if let Err(e) = self.prefill(chunk) {
+            self.fail_cohort(e);
+        }
+    }
+
+    /// An MLX error leaves the batch's arrays unusable: its requests fail.
+    fn fail_batch(&mut self, e: Error) {
+        let (n, freed) = self.batch.end_all(|r| r.fail(e.clone()));
+        self.rows_ended(n, freed);
+    }
+
+    /// A decode step and a prefill chunk in one forward (the seed's mixed
+    /// iteration): the decoding rows' tokens and the cohort's chunk packed
+    /// into one model call, attention per group. A verify step, a media
+    /// prompt, or a cohort that just lost its last row runs the two apart.
+    /// An error in the shared forward ends the rows of both.
+    fn mixed(&mut self, chunk: usize) {
+        match self.drop_cancelled() {
+            Ok(true) if !self.cohort.as_ref().is_some_and(Cohort::is_atomic) => {}
+            Ok(_) => return self.decode_and_prefill(chunk),
+            Err(e) => {
+                self.fail_cohort(e);
+                return self.decode_and_prefill(chunk);
+            }
+        }
+        let step = StepCtx {
+            text: &self.text,
+            ctx_len: self.ctx_len,
+            tracer: &self.tracer,
+            spec: &self.shared.spec,
+            drafter: self.drafter.as_ref(),
+        };
+        let drawn = match self.batch.begin(self.model.as_ref(), &step) {
+            Ok(Some(d)) => d,
+            // A verify step ran (or nothing was pending): the chunk alone.
+            Ok(None) => {
+                let decoded = self.finish_decode();
+                return self.then_prefill(decoded, chunk);
+            }
+            Err(e) => return self.then_prefill(Err(e), chunk),
+        };
+        let progress = match self.mixed_forward(drawn, chunk) {
+            Ok(p) => p,
+            Err(e) => {
+                self.fail_batch(e.clone());
+                return self.fail_cohort(e);
+            }
+        };
+        if let Err(e) = self.finish_decode() {
+            self.fail_batch(e);
+        }
+        if let Err(e) = self.finish_prefill(progress) {
+            self.fail_cohort(e);
+        }
+    }
+
+    /// The one forward of a mixed iteration: the batch's plain step on the
+    /// tokens `drawn`, and the cohort's next step.
+    fn mixed_forward(&mut self, drawn: Drawn, chunk: usize) -> Result<Progress> {
+        let cohort = self.cohort.as_mut().expect("a mixed iteration has a cohort");
+        let cstep = cohort.next_step(self.model.as_ref(), chunk as i32)?;
+        let (b, r) = (self.batch.len() as i32, cstep.rows() as i32);
+        let t = Instant::now();
+        let tokens = Array::concatenate(
+            &[&drawn.tokens.astype(Dtype::I32)?.reshape(&[1, b])?, &cstep.tokens.reshape(&[1, -1])?],
+            1,
+        )?;
+        let len = cstep.tokens.dim(1);
+        let mut groups = [
+            Group { cache: self.batch.cache_mut(), rows: b, len: 1, out: Output::LastLogits },
+            Group { cache: cohort.cache_mut(), rows: r, len, out: cstep.out },
+        ];
+        self.tracer.model_call();
+        self.tracer.mixed_step();
+        let logits = self.model.forward_mixed(&tokens, &mut groups)?.expect("the decode rows' logits");
+        self.tracer.record(SpanKind::Forward, (b + r) as usize, b as usize + cstep.len(), t);
+        let first = (cstep.out == Output::LastLogits).then(|| logits.slice_axis(0, b, b + r)).transpose()?;
+        self.batch.finish_plain(drawn, logits.slice_axis(0, 0, b)?, &self.tracer)?;
+        cohort.finish_step(cstep, first, false, &self.tracer)
+    }
+
     fn decode(&mut self) -> Result<()> {
         if self.batch.is_empty() {
             return Ok(());
@@ -755,6 +847,12 @@ impl Scheduler<'_> {
             drafter: self.drafter.as_ref(),
         };
         self.batch.schedule(self.model.as_ref(), &step)?;
+        self.finish_decode()
+    }
+
+    /// What follows a decode step's forward: read and deliver the current
+    /// tokens, take the snapshots rows that ended offer, drop those rows.
+    fn finish_decode(&mut self) -> Result<()> {
         let offers = self.batch.collect(&self.text, self.ctx_len, &self.tracer)?;
         if let Some(pc) = &mut self.pcache {
             for o in offers {
@@ -778,8 +876,9 @@ impl Scheduler<'_> {
         Ok(())
     }
 
-    fn prefill(&mut self, chunk: usize) -> Result<()> {
-        let Some(c) = self.cohort.as_mut() else { return Ok(()) };
+    /// Ends the cohort's cancelled rows; returns whether a cohort is left.
+    fn drop_cancelled(&mut self) -> Result<bool> {
+        let Some(c) = self.cohort.as_mut() else { return Ok(false) };
         let t = Instant::now();
         let (n, freed) = c.drop_cancelled()?;
         if n > 0 {
@@ -789,10 +888,22 @@ impl Scheduler<'_> {
         self.rows_ended(n, freed);
         if empty {
             self.cohort = None;
+        }
+        Ok(!empty)
+    }
+
+    fn prefill(&mut self, chunk: usize) -> Result<()> {
+        if !self.drop_cancelled()? {
             return Ok(());
         }
         let c = self.cohort.as_mut().expect("checked above");
         let progress = c.advance(self.model.as_ref(), chunk as i32, &self.tracer)?;
+        self.finish_prefill(progress)
+    }
+
+    /// What follows a cohort's forward: its snapshots go to the prompt
+    /// cache, and once prefill is over its rows join the decode batch.
+    fn finish_prefill(&mut self, progress: Progress) -> Result<()> {
         if let Some(pc) = &mut self.pcache {
             for c in progress.captures {
                 match c {

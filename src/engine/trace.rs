@@ -160,6 +160,8 @@ pub(crate) struct TraceStats {
     pub iterations: AtomicU64,
     /// Model forward calls.
     pub model_calls: AtomicU64,
+    /// Forward calls that ran decoding rows and a prefill chunk together.
+    pub mixed_steps: AtomicU64,
     kinds: Mutex<[KindSummary; SPAN_KINDS]>,
 }
 
@@ -198,6 +200,12 @@ impl Tracer {
     /// Counts one model forward call.
     pub fn model_call(&self) {
         self.stats.model_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a model call (also counted by `model_call`) that ran decoding
+    /// rows and a prefill chunk together.
+    pub fn mixed_step(&self) {
+        self.stats.mixed_steps.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records a span of `kind` that began at `start` and ends now.

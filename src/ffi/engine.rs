@@ -477,6 +477,12 @@ pub struct mlxrt_engine_stats {
     pub encoder_cache_entries: u64,
     pub encoder_cache_hits: u64,
     pub tower_runs: u64,
+    /// Model calls that ran decoding rows and a prefill chunk in one forward
+    /// (mixed iterations; counted in `model_calls` too). Models whose
+    /// architecture has no mixed forward (Gemma 3 and 4, Qwen3.5) make two
+    /// calls instead, as do iterations with a speculative verify step or an
+    /// image prompt.
+    pub mixed_steps: u64,
 }
 
 /// The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
@@ -538,6 +544,7 @@ pub extern "C" fn mlxrt_engine_get_stats(
             encoder_cache_entries: s.encoder_cache_entries,
             encoder_cache_hits: s.encoder_cache_hits,
             tower_runs: s.tower_runs,
+            mixed_steps: s.mixed_steps,
         };
         write_versioned(out, stats, "out")
     })

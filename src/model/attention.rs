@@ -51,6 +51,17 @@ impl Masks {
     }
 }
 
+/// One group of a mixed forward, as one attention layer sees it: `rows`
+/// sequences of `len` new tokens each, with that layer's cache and the
+/// group's RoPE positions and masks.
+pub struct AttnGroup<'a> {
+    pub cache: &'a mut LayerCache,
+    pub pos: &'a Positions,
+    pub masks: &'a Masks,
+    pub rows: i32,
+    pub len: i32,
+}
+
 /// Shapes and options of an attention layer.
 pub struct AttnSpec {
     pub dim: i32,
@@ -125,18 +136,49 @@ impl Attention {
     /// Attends through `cache`: a `KvCache` for a full layer, a `RingCache`
     /// of the layer's window for a sliding one.
     pub fn forward(&self, x: &Array, cache: &mut LayerCache, pos: &Positions, masks: &Masks) -> Result<Array> {
+        let (q, k, v, gate) = self.project(x)?;
+        let o = self.attend(q, k, v, cache, pos, masks)?;
+        self.output(o, gate)
+    }
+
+    /// `forward` of several groups of sequences packed into one `[1, T, dim]`
+    /// input (a mixed forward, see `LanguageModel::forward_mixed`): the
+    /// projections run on all tokens at once, attention per group through
+    /// the group's own cache, positions and masks.
+    pub fn forward_groups(&self, x: &Array, groups: &mut [AttnGroup]) -> Result<Array> {
+        let (q, k, v, gate) = self.project(x)?;
+        let mut parts = Vec::with_capacity(groups.len());
+        let mut at = 0;
+        for g in groups.iter_mut() {
+            let n = g.rows * g.len;
+            let part = |a: &Array| -> Result<Array> {
+                let s = a.shape();
+                Ok(a.slice_axis(1, at, at + n)?.reshape(&[g.rows, g.len, s[2], s[3]])?)
+            };
+            let o = self.attend(part(&q)?, part(&k)?, part(&v)?, g.cache, g.pos, g.masks)?;
+            parts.push(o.reshape(&[1, n, self.heads * self.head_dim])?);
+            at += n;
+        }
+        if at != x.dim(1) {
+            return Err(Error::internal("mixed forward: the groups do not cover the input"));
+        }
+        let o = Array::concatenate(&parts.iter().collect::<Vec<_>>(), 1)?;
+        self.output(o, gate)
+    }
+
+    /// Queries, keys and values of `x` (`[b, l, dim]`) as `[b, l, heads,
+    /// head_dim]` (per-head norms applied), and the output gate if any.
+    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
         let s = x.shape();
         let (b, l) = (s[0], s[1]);
         let mut qkv = self.qkv.forward(x)?.into_iter();
         let mut next = || qkv.next().expect("three projections");
-        // Norms act per head, before the heads move to axis 1.
         let heads = |y: Array, h: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = y.reshape(&[b, l, h, self.head_dim])?;
-            let y = match norm {
+            Ok(match norm {
                 Some(n) => n.forward(&y)?,
                 None => y,
-            };
-            Ok(y.transpose(&[0, 2, 1, 3])?)
+            })
         };
         let (q, gate) = if self.output_gate {
             let qg = next().reshape(&[b, l, self.heads, 2 * self.head_dim])?;
@@ -149,8 +191,17 @@ impl Attention {
         let q = heads(q, self.heads, &self.q_norm)?;
         let k = heads(next(), self.kv_heads, &self.k_norm)?;
         let v = heads(next(), self.kv_heads, &None)?;
-        let q = self.rope.forward(&q, pos)?;
-        let k = self.rope.forward(&k, pos)?;
+        Ok((q, k, v, gate))
+    }
+
+    /// Attention of `[b, l, heads, head_dim]` queries, keys and values
+    /// through `cache` (RoPE at `pos`); `[b, l, heads * head_dim]`.
+    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache, pos: &Positions, masks: &Masks) -> Result<Array> {
+        let (b, l) = (q.dim(0), q.dim(1));
+        let to_heads = |y: Array| y.transpose(&[0, 2, 1, 3]);
+        let q = self.rope.forward(&to_heads(q)?, pos)?;
+        let k = self.rope.forward(&to_heads(k)?, pos)?;
+        let v = to_heads(v)?;
         let o = match (self.window, cache) {
             (Some(w), LayerCache::Ring(c)) if c.window() == w => {
                 let (keys, values) = c.update_and_fetch(&k, &v)?;
@@ -165,7 +216,11 @@ impl Attention {
             (None, c) => c.kv_mut()?.update_with(&k, &v, self.kernels)?.attend(&q, self.scale, masks.full()?, self.kernels)?,
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };
-        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?;
+        Ok(o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?)
+    }
+
+    /// The output projection of the attention result (gated if the layer is).
+    fn output(&self, o: Array, gate: Option<Array>) -> Result<Array> {
         match gate {
             Some(g) => self.o.forward(&o.multiply(&g.sigmoid()?)?),
             None => self.o.forward(&o),

@@ -38,6 +38,27 @@ pub enum Output {
     AllLogits,
 }
 
+/// One group of a mixed forward (`LanguageModel::forward_mixed`): `rows`
+/// sequences of `len` new tokens each after what `cache` holds.
+pub struct Group<'a> {
+    pub cache: &'a mut [LayerCache],
+    pub rows: i32,
+    pub len: i32,
+    pub out: Output,
+}
+
+impl Group<'_> {
+    /// Where the positions `out` asks for lie among the group's `rows * len`
+    /// tokens.
+    pub fn outputs(&self) -> Vec<i32> {
+        match self.out {
+            Output::CacheOnly => vec![],
+            Output::AllLogits => (0..self.rows * self.len).collect(),
+            Output::LastLogits => (0..self.rows).map(|r| r * self.len + self.len - 1).collect(),
+        }
+    }
+}
+
 /// Facts about a loaded model, reported through the engine info.
 #[derive(Debug, Clone, Default)]
 pub struct ModelInfo {
@@ -82,6 +103,21 @@ pub trait LanguageModel {
     fn forward_media(&self, tokens: &Array, media: &MediaInput, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
         let _ = (tokens, media, cache, out);
         Err(crate::error::Error::unsupported("this model takes no media input"))
+    }
+    /// Whether `forward_mixed` runs (else the scheduler makes one forward
+    /// per group).
+    fn supports_mixed(&self) -> bool {
+        false
+    }
+    /// One forward over several groups of sequences, each with its own
+    /// caches (decoding rows and a prefill chunk: one model call instead of
+    /// two). `tokens` is `[1, T]`: each group's `[rows, len]` tokens
+    /// flattened, in group order. Token-wise work runs on all T at once,
+    /// attention per group. Returns the logits each group's `out` asks
+    /// for, as `[n, vocab]` rows in group order (None when none does).
+    fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
+        let _ = (tokens, groups);
+        Err(crate::error::Error::unsupported("this model has no mixed forward"))
     }
     /// Every parameter array (for evaluation at load and memory accounting).
     fn parameters(&self) -> Vec<&Array>;

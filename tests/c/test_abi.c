@@ -708,6 +708,7 @@ static void test_prompt_cache(const char *model, const char *scratch) {
   /* every model call is a FORWARD span; lookups and snapshots are spans too */
   const mlxrt_span_stats *fw = &st.spans[MLXRT_SPAN_FORWARD];
   CHECK(st.iterations > 0 && st.model_calls > 0 && fw->count == st.model_calls && fw->total_ms > 0 &&
+            st.mixed_steps <= st.model_calls &&
             fw->p95_ms > 0 && st.spans[MLXRT_SPAN_LOOKUP_RESTORE].count >= 5 &&
             st.spans[MLXRT_SPAN_SNAPSHOT].count >= 1,
         "iterations %llu model calls %llu forward spans %llu (%.3f ms, p95 %.3f ms)",
