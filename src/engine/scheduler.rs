@@ -779,14 +779,7 @@ impl Scheduler<'_> {
                 return self.decode_and_prefill(chunk);
             }
         }
-        let step = StepCtx {
-            text: &self.text,
-            ctx_len: self.ctx_len,
-            tracer: &self.tracer,
-            spec: &self.shared.spec,
-            drafter: self.drafter.as_ref(),
-        };
-        let drawn = match self.batch.begin(self.model.as_ref(), &step) {
+        let drawn = match self.with_batch(DecodeBatch::begin) {
             Ok(Some(d)) => d,
             // A verify step ran (or nothing was pending): the chunk alone.
             Ok(None) => {
@@ -835,10 +828,9 @@ impl Scheduler<'_> {
         cohort.finish_step(cstep, first, false, &self.tracer)
     }
 
-    fn decode(&mut self) -> Result<()> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
+    /// Calls `f` (a `DecodeBatch` step) with the batch, the model and what a
+    /// step needs besides.
+    fn with_batch<R>(&mut self, f: impl FnOnce(&mut DecodeBatch, &dyn LanguageModel, &StepCtx) -> R) -> R {
         let step = StepCtx {
             text: &self.text,
             ctx_len: self.ctx_len,
@@ -846,7 +838,14 @@ impl Scheduler<'_> {
             spec: &self.shared.spec,
             drafter: self.drafter.as_ref(),
         };
-        self.batch.schedule(self.model.as_ref(), &step)?;
+        f(&mut self.batch, self.model.as_ref(), &step)
+    }
+
+    fn decode(&mut self) -> Result<()> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        self.with_batch(DecodeBatch::schedule)?;
         self.finish_decode()
     }
 

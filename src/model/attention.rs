@@ -173,6 +173,7 @@ impl Attention {
         let (b, l) = (s[0], s[1]);
         let mut qkv = self.qkv.forward(x)?.into_iter();
         let mut next = || qkv.next().expect("three projections");
+        // Norms act per head, before `attend` moves the heads to axis 1.
         let heads = |y: Array, h: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = y.reshape(&[b, l, h, self.head_dim])?;
             Ok(match norm {
