@@ -17,7 +17,7 @@ use super::encoder_cache::EncoderCache;
 use super::cache_io::IoDone;
 use super::pacing::Pacer;
 use super::prefix_share::{Asker, Share, SharedPrefixes};
-use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
+use super::prompt_cache::{CacheSetup, Capture, Found, PagedSetup, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
@@ -181,7 +181,7 @@ fn main(
             return;
         }
     };
-    let pcache = match open_prompt_cache(&config, &loaded, commands) {
+    let pcache = match open_prompt_cache(&config, &loaded, pools.as_ref(), commands) {
         Ok(c) => c,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -236,8 +236,14 @@ fn paged_pools(config: &EngineConfig, model: &dyn LanguageModel) -> Result<Optio
 
 /// The prompt cache, if enabled. Its files are stamped with what must match
 /// for a saved state to be valid here: model files, tokenizer, MLX version,
-/// device and the KV layout.
-fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Sender<Command>) -> Result<Option<PromptCache>> {
+/// device and the KV layout (with `kv_paging`, the block size too: paged
+/// layers are stored as blocks and loaded into `pools`).
+fn open_prompt_cache(
+    config: &EngineConfig,
+    m: &model::LoadedModel,
+    pools: Option<&PagedPools>,
+    commands: Sender<Command>,
+) -> Result<Option<PromptCache>> {
     if config.prompt_cache_bytes == 0 {
         return Ok(None);
     }
@@ -253,8 +259,9 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         s if s.is_quantized() => format!("{};start={}", s.stored_form(), config.kv.start),
         _ => "f32".to_string(),
     };
+    let paged = pools.map_or(String::new(), |p| format!(";paged={}", p.block));
     let compat = format!(
-        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv={kv}{ring}",
+        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv={kv}{ring}{paged}",
         m.fingerprint,
         crc32fast::hash(tokenizer.as_bytes()),
         mlx::version(),
@@ -271,6 +278,7 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         layers: caches.len(),
         // Quantized KV layers are not trimmable (`LayerCache::trimmable`).
         trimmable: !config.kv.scheme.is_quantized() && caches.iter().all(crate::cache::LayerCache::trimmable),
+        paged: pools.map(|p| PagedSetup { pools: p.clone(), layers: m.model.kv_layers() }),
     };
     PromptCache::new(setup, config.logger.clone(), commands).map(Some)
 }
@@ -566,20 +574,9 @@ impl Scheduler<'_> {
                         drop(row);
                         self.rows_ended(1, freed);
                     }
+                    // Paged: the hit shares the entry's blocks (an entry read
+                    // from disk was loaded into blocks).
                     Ok(Some(cache)) => {
-                        // Paged: a hit restored from disk is moved into blocks
-                        // (one from memory shares its blocks already).
-                        let cache = match &self.pools {
-                            Some(p) => cache
-                                .into_iter()
-                                .zip(&p.layers)
-                                .map(|(c, pool)| match pool {
-                                    Some(pool) => c.into_paged(pool),
-                                    None => Ok(c),
-                                })
-                                .collect::<Result<Vec<_>>>()?,
-                            None => cache,
-                        };
                         row.cached = tokens;
                         let media = self.media_input(&row)?;
                         let e = self.entrant(row);
@@ -999,6 +996,7 @@ impl Scheduler<'_> {
         let kv = if self.pools.is_some() { blocks.bytes_used as usize } else { kv };
         s.kv_blocks_used.store(blocks.used, Ordering::Relaxed);
         s.kv_blocks_free.store(blocks.free, Ordering::Relaxed);
+        s.kv_blocks_shared.store(blocks.shared, Ordering::Relaxed);
         s.kv_bytes.store(kv, Ordering::Relaxed);
         let (dense, quant) = self.batch.kv_bytes_by_kind();
         let (cd, cq) = self.cohort.as_ref().map_or((0, 0), Cohort::kv_bytes_by_kind);
