@@ -117,7 +117,14 @@ fn round_trip_paged(f: &Path, kv: KvQuant, tag: &str, paged: bool) {
     assert!(entry_files(&dir) > 0, "{label}: nothing was written to {}", dir.display());
     let again = engine_paged(f, kv, Some(&dir), paged);
     let (t3, c3) = go(&again, ask("Do you deliver cakes?", true, None));
-    assert_eq!(c3, c2, "{label}: the entry was not loaded from disk");
+    if kv.scheme.is_quantized() {
+        assert_eq!(c3, c2, "{label}: the entry was not loaded from disk");
+    } else {
+        // Dense KV is cut back: the second question's own entry serves all
+        // of its prompt but the last token.
+        let len = again.tokenize_input(&ask("Do you deliver cakes?", true, None)).unwrap().len() as u32;
+        assert_eq!(c3, len - 1, "{label}: the entry was not loaded from disk");
+    }
     assert_eq!(t3, cold2, "{label}: a disk hit changed the result");
     assert!(wait_idle(&again).prompt_cache_hits >= 1, "{label}");
     drop(again);
