@@ -21,11 +21,13 @@ use super::prompt_cache::{CacheSetup, Capture, Found, PagedSetup, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
+use super::row_set::RowSet;
 use super::spec::draft::Drafter;
 use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::cache::paged::PagedPools;
+use crate::cache::LayerCache;
 use crate::mlx;
 use crate::model::load::TextAssets;
 use crate::mlx::{Array, Dtype};
@@ -106,6 +108,13 @@ fn drain_poisoned(rx: &Receiver<Command>, why: &str) {
             Command::Shutdown => break,
         }
     }
+}
+
+/// How an admitted request starts: fresh, or with the caches of its cached
+/// prefix (`row.cached` positions).
+enum Start {
+    Fresh(Entrant),
+    Cached(Entrant, Vec<LayerCache>),
 }
 
 /// A job waiting for admission, with what the prompt cache holds for it
@@ -430,6 +439,8 @@ impl Scheduler<'_> {
             prefill_chunk: self.config.prefill_chunk,
             step_budget: self.config.step_token_budget,
             pace_cap: self.pacer.cap(),
+            join_tokens: self.config.prefill_join_tokens,
+            paged: self.pools.is_some(),
         }
     }
 
@@ -509,7 +520,8 @@ impl Scheduler<'_> {
             .collect();
         let cohort = self.cohort.as_ref().map(|c| CohortView {
             rows: c.len(),
-            remaining: c.remaining().max(0) as usize,
+            done: c.done().max(0) as usize,
+            weight: c.weight(),
             chunk: c.rows().iter().filter_map(|r| r.prefill_chunk).min(),
             atomic: c.is_atomic(),
         });
@@ -530,11 +542,14 @@ impl Scheduler<'_> {
         match admit {
             Admit::Nothing => Ok(()),
             Admit::Join(n) => {
-                let entrants = self.open_missed(n);
-                let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
-                for e in entrants {
-                    let (t, tokens) = (Instant::now(), e.0.prompt.len());
-                    cohort.join(e)?;
+                for share in &shares[..n] {
+                    let (t, tokens) = (Instant::now(), self.queue.front().map_or(0, |q| q.job.spec.prompt.len()));
+                    let Some(start) = self.open_one(share) else { continue };
+                    let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
+                    match start {
+                        Start::Fresh(e) => cohort.join(e)?,
+                        Start::Cached(e, cache) => cohort.join_cached(e, cache)?,
+                    }
                     self.tracer.record(SpanKind::BatchSetup, 1, tokens, t);
                 }
                 Ok(())
@@ -559,46 +574,65 @@ impl Scheduler<'_> {
             }
             Admit::FromCache(n) if shares.first().is_some_and(|s| s.from.is_some()) => self.admit_shared(&shares[..n]),
             Admit::FromCache(_) => {
-                let Some(Found::Hit(tokens)) = self.queue.front().map(|q| q.found) else {
-                    return Err(Error::internal("a prompt-cache start without a hit"));
+                let Some(start) = self.open_one(&Share::default()) else { return Ok(()) };
+                let (mut cohort, media) = match start {
+                    Start::Cached(e, cache) => {
+                        let media = self.media_input(&e.0)?;
+                        (Cohort::with_prefixes(vec![(e, cache)])?, media)
+                    }
+                    // Evicted since the probe: from scratch.
+                    Start::Fresh(e) => {
+                        let media = self.media_input(&e.0)?;
+                        (Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?, media)
+                    }
                 };
-                let Some(mut row) = self.open(1).pop() else { return Ok(()) };
+                if let Some(m) = media {
+                    cohort.set_media(m)?;
+                }
+                self.cohort = Some(cohort);
+                Ok(())
+            }
+        }
+    }
+
+    /// Turns the queue's head into a row: with the caches of its cached
+    /// prefix (a prompt-cache hit, or with `share` a concurrent row's
+    /// blocks), else fresh (a miss, also when the entry was evicted since
+    /// the probe). None when it could not be set up (it has had its error
+    /// event).
+    fn open_one(&mut self, share: &Share) -> Option<Start> {
+        let found = self.queue.front().map(|q| q.found)?;
+        let mut row = self.open(1).pop()?;
+        let claimed = match (share.from, found) {
+            (Some((i, n)), _) => self.prefixes.caches(i, n).map(|c| Some((c, n))),
+            (None, Found::Hit(n)) => {
                 let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
                 let t = Instant::now();
-                let claimed = pc.claim(&row.namespace, row.key(), tokens);
-                self.tracer.record(SpanKind::LookupRestore, 1, tokens, t);
-                match claimed {
-                    Err(e) => {
-                        row.fail(e);
-                        let freed = row.kv_reserved;
-                        drop(row);
-                        self.rows_ended(1, freed);
-                    }
-                    // Paged: the hit shares the entry's blocks (an entry read
-                    // from disk was loaded into blocks).
-                    Ok(Some(cache)) => {
-                        row.cached = tokens;
-                        let media = self.media_input(&row)?;
-                        let e = self.entrant(row);
-                        let total = e.0.prompt.len();
-                        let mut cohort = Cohort::with_prefixes(vec![(e, cache)], total, tokens)?;
-                        if let Some(m) = media {
-                            cohort.set_media(m)?;
-                        }
-                        self.cohort = Some(cohort);
-                    }
-                    // Evicted since the probe: start from scratch.
-                    Ok(None) => {
-                        let media = self.media_input(&row)?;
-                        let e = self.entrant(row);
-                        let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?;
-                        if let Some(m) = media {
-                            cohort.set_media(m)?;
-                        }
-                        self.cohort = Some(cohort);
-                    }
+                let claimed = pc.claim(&row.namespace, row.key(), n);
+                self.tracer.record(SpanKind::LookupRestore, 1, n, t);
+                // Paged: the hit shares the entry's blocks (an entry read
+                // from disk was loaded into blocks).
+                claimed.map(|c| c.map(|c| (c, n)))
+            }
+            (None, _) => {
+                if let Some(pc) = self.pcache.as_mut().filter(|_| row.use_cache) {
+                    pc.miss();
                 }
-                Ok(())
+                Ok(None)
+            }
+        };
+        match claimed {
+            Ok(Some((cache, n))) => {
+                row.cached = n;
+                Some(Start::Cached(self.entrant(row), cache))
+            }
+            Ok(None) => Some(Start::Fresh(self.entrant(row))),
+            Err(e) => {
+                row.fail(e);
+                let freed = row.kv_reserved;
+                drop(row);
+                self.rows_ended(1, freed);
+                None
             }
         }
     }
@@ -640,7 +674,7 @@ impl Scheduler<'_> {
                 (self.entrant(row), cache)
             })
             .collect();
-        self.cohort = Some(Cohort::with_prefixes(members, total, done)?);
+        self.cohort = Some(Cohort::with_prefixes(members)?);
         self.tracer.record(SpanKind::LookupRestore, n, mapped, t);
         Ok(())
     }
@@ -908,9 +942,11 @@ impl Scheduler<'_> {
                 }
             }
         }
-        if let Some(first) = progress.first {
-            self.keep_shared_prefixes();
-            let rows = self.cohort.take().expect("checked above").into_set();
+        if let Some((rows, first)) = progress.ready {
+            if self.cohort.as_ref().is_some_and(|c| c.len() == 0) {
+                self.cohort = None;
+            }
+            self.keep_shared_prefixes(&rows);
             let (t, n) = (Instant::now(), rows.len());
             self.batch.join(rows, first)?;
             self.tracer.record(SpanKind::BatchSetup, n, 0, t);
@@ -918,16 +954,16 @@ impl Scheduler<'_> {
         Ok(())
     }
 
-    /// Keeps the prompts of the cohort's rows (prefill just ended) whose
-    /// blocks queued requests can map (`prefix_share`).
-    fn keep_shared_prefixes(&mut self) {
-        let (Some(pools), Some(c)) = (&self.pools, &self.cohort) else { return };
+    /// Keeps the prompts of `rows` (their prefill just ended) whose blocks
+    /// queued requests can map (`prefix_share`).
+    fn keep_shared_prefixes(&mut self, rows: &RowSet) {
+        let Some(pools) = &self.pools else { return };
         let block = pools.block as usize;
         let askers = self.askers();
         let mut keep = vec![];
-        for (i, r) in c.rows().iter().enumerate() {
+        for (i, r) in rows.rows.iter().enumerate() {
             if r.use_cache && r.media.is_none() && SharedPrefixes::wanted(block, &r.namespace, r.key(), &askers) {
-                match c.snapshot(i, r.prompt.len()) {
+                match rows.snapshot(i, r.prompt.len(), false) {
                     Ok(s) => keep.push((r.namespace.clone(), r.key().to_vec(), s)),
                     // The requests waiting for it start without it.
                     Err(e) => self.config.logger.log(LogLevel::Warn, format!("prefix sharing: snapshot skipped: {e}")),
