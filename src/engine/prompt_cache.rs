@@ -93,11 +93,10 @@ impl Snapshot {
     fn from_entry(e: &EntryFile, layers: usize, paged: Option<&PagedSetup>) -> std::result::Result<Snapshot, String> {
         let tensor = |name: &str| e.tensors.iter().find(|t| t.name == name);
         let mut parts = vec![];
-        let mut stored = 0;
         for i in 0..layers {
             let pool = paged.and_then(|p| Some((p.pools.layers.get(i)?.as_ref()?, p.layers.get(i).copied().flatten()?)));
             let part = match (pool, e.meta.get(&format!("paged.{i}"))) {
-                (Some((pool, layer)), Some(json)) => {
+                (Some((pool, layer)), Some(json)) => (|| -> std::result::Result<Part, String> {
                     let meta = PagedMeta::parse(json)?;
                     let format = BlockFormat::of_pool(&pool.borrow(), &layer, &meta)?;
                     let planes = (0..format.planes.len())
@@ -105,11 +104,10 @@ impl Snapshot {
                         .collect::<std::result::Result<Vec<_>, String>>()?;
                     let dims: Vec<_> = planes.iter().map(|t| (t.dtype, t.shape.as_slice())).collect();
                     codec::check(&meta, &dims, &format, e.tokens.len())?;
-                    stored += planes.len();
-                    Part::Paged { pool, meta, format, planes }
-                }
-                (Some(_), None) => return Err(format!("layer {i} is paged here, the file holds it unpaged")),
-                (None, Some(_)) => return Err(format!("layer {i} is stored paged, this engine does not page it")),
+                    Ok(Part::Paged { pool, meta, format, planes })
+                })(),
+                (Some(_), None) => Err("paged here, the file holds it unpaged".to_string()),
+                (None, Some(_)) => Err("stored paged, this engine does not page it".to_string()),
                 (None, None) => {
                     let get = |name: &str| -> std::result::Result<Option<Array>, String> {
                         match tensor(&format!("{i}.{name}")) {
@@ -117,13 +115,18 @@ impl Snapshot {
                             Some(t) => Array::from_bytes(&t.data, &t.shape, t.dtype).map(Some).map_err(|e| e.to_string()),
                         }
                     };
-                    let l = LayerSnapshot::from_tensors(e.tokens.len() as i32, get)?;
-                    stored += l.tensors().len();
-                    Part::Ready(l)
+                    LayerSnapshot::from_tensors(e.tokens.len() as i32, get).map(Part::Ready)
                 }
             };
-            parts.push(part);
+            parts.push(part.map_err(|why| format!("layer {i}: {why}"))?);
         }
+        let stored: usize = parts
+            .iter()
+            .map(|p| match p {
+                Part::Ready(l) => l.tensors().len(),
+                Part::Paged { planes, .. } => planes.len(),
+            })
+            .sum();
         let paged_layers = parts.iter().filter(|p| matches!(p, Part::Paged { .. })).count();
         if e.tensors.len() != stored || e.meta.len() != paged_layers {
             return Err(format!("{} tensors and {} layouts for a model of {layers} layer caches", e.tensors.len(), e.meta.len()));
