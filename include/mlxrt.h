@@ -740,6 +740,12 @@ typedef struct mlxrt_engine_stats {
    * image prompt.
    */
   uint64_t mixed_steps;
+  /**
+   * With `kv_paging`: blocks in use held more than once (a prefix mapped
+   * by several rows, or by a prompt-cache entry and rows), summed over
+   * the paged layers' pools.
+   */
+  uint64_t kv_blocks_shared;
 } mlxrt_engine_stats;
 
 /**

@@ -3,7 +3,7 @@
 //! float copy a cold run keeps too), so a hit from memory or from disk
 //! after a restart gives exactly the cold run's tokens; an engine opened
 //! with another scheme or start on the same directory never loads those
-//! files. Tiny random-weight llama (tests/oracle/make_tiny.py `llama_kv`,
+//! files. Dense paged entries (`kv_paging`) round-trip the same way. Tiny random-weight llama (tests/oracle/make_tiny.py `llama_kv`,
 //! head_dim 64) and SmolLM2 (the default GGUF), greedy decoding.
 
 mod common;
@@ -43,7 +43,14 @@ fn folder() -> PathBuf {
 }
 
 fn engine(folder: &Path, kv: KvQuant, dir: Option<&Path>) -> Engine {
+    engine_paged(folder, kv, dir, false)
+}
+
+/// `engine`, with `kv_paging` (blocks of 32) when `paged`.
+fn engine_paged(folder: &Path, kv: KvQuant, dir: Option<&Path>, paged: bool) -> Engine {
     let mut cfg = EngineConfig::new(folder);
+    cfg.kv_paging = paged;
+    cfg.kv_block_size = 32;
     cfg.prefill_chunk = CHUNK;
     cfg.kv = kv;
     cfg.prompt_cache_bytes = if dir.is_some() { 64 << 20 } else { 0 };
@@ -87,10 +94,15 @@ fn entry_files(dir: &Path) -> usize {
 /// disk by a new engine, gives the cold run's tokens; so does the snapshot
 /// of a whole conversation reused by its next turn.
 fn round_trip(f: &Path, kv: KvQuant, tag: &str) {
+    round_trip_paged(f, kv, tag, false)
+}
+
+/// `round_trip`, the caching engines paged when `paged` (the cold one never).
+fn round_trip_paged(f: &Path, kv: KvQuant, tag: &str, paged: bool) {
     let dir = temp_dir(tag);
     let cold = engine(f, kv, None);
-    let warm = engine(f, kv, Some(&dir));
-    let label = format!("{} start {}", kv.scheme.name(), kv.start);
+    let warm = engine_paged(f, kv, Some(&dir), paged);
+    let label = format!("{} start {} paged {paged}", kv.scheme.name(), kv.start);
 
     let (t1, c1) = go(&warm, ask("When do you open?", true, None));
     assert_eq!(c1, 0, "{label}");
@@ -103,9 +115,16 @@ fn round_trip(f: &Path, kv: KvQuant, tag: &str) {
     warm.flush_prompt_cache().unwrap();
     drop(warm);
     assert!(entry_files(&dir) > 0, "{label}: nothing was written to {}", dir.display());
-    let again = engine(f, kv, Some(&dir));
+    let again = engine_paged(f, kv, Some(&dir), paged);
     let (t3, c3) = go(&again, ask("Do you deliver cakes?", true, None));
-    assert_eq!(c3, c2, "{label}: the entry was not loaded from disk");
+    if kv.scheme.is_quantized() {
+        assert_eq!(c3, c2, "{label}: the entry was not loaded from disk");
+    } else {
+        // Dense KV is cut back: the second question's own entry serves all
+        // of its prompt but the last token.
+        let len = again.tokenize_input(&ask("Do you deliver cakes?", true, None)).unwrap().len() as u32;
+        assert_eq!(c3, len - 1, "{label}: the entry was not loaded from disk");
+    }
     assert_eq!(t3, cold2, "{label}: a disk hit changed the result");
     assert!(wait_idle(&again).prompt_cache_hits >= 1, "{label}");
     drop(again);
@@ -127,6 +146,14 @@ fn turboquant_snapshots_round_trip() {
     for (start, tag) in [(0, "tqs0"), (16, "tqs16")] {
         round_trip(&folder(), KvQuant { scheme: K8V3, start }, tag);
     }
+}
+
+/// Dense KV with `kv_paging`: entries stored as blocks (a boundary that
+/// ends inside a block), loaded back into the pool by a new engine.
+#[test]
+fn paged_snapshots_round_trip() {
+    round_trip_paged(&folder(), KvQuant::default(), "paged", true);
+    round_trip_paged(&model_path(), KvQuant::default(), "smol-paged", true);
 }
 
 /// The real model (the default SmolLM2 GGUF), both schemes.

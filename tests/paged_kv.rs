@@ -1,17 +1,22 @@
 //! Paged KV (`kv_paging`) on the real model (SmolLM2): mlx-lm's greedy
 //! tokens, and the contiguous cache's, for rows of different lengths
 //! prefilling and decoding together, for a prompt-cache hit that maps its
-//! blocks and for concurrent requests sharing a prefix's blocks; blocks
-//! return to the pool (a cancelled sharing row frees only its own); the
-//! options are validated.
+//! blocks (alone, and into a running batch) and for concurrent requests
+//! sharing a prefix's blocks; paged entries on disk (stored as blocks,
+//! loaded back whole or trimmed, damaged files refused); blocks return to
+//! the pool (a cancelled sharing row frees only its own); the options are
+//! validated.
 
 mod common;
 
 use common::*;
 use mlxrt::cache::scheme::{KvQuant, KvScheme};
-use mlxrt::engine::{Engine, EngineConfig, Event, RequestHandle};
+use mlxrt::cache::store;
+use mlxrt::engine::{Engine, EngineConfig, Event, Input, LogLevel, Logger, RequestHandle, RequestOptions};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 const PROMPTS: [&str; 5] = [
@@ -88,37 +93,259 @@ fn a_prompt_cache_hit_maps_blocks_and_gives_the_cold_tokens() {
     assert_eq!(s.kv_blocks_used, 0, "blocks held after the cache was cleared: {s:?}");
 }
 
+const FRIDGE: &str = "Explain how a refrigerator keeps food cold, step by step. ";
+
+/// The ~300-token disk-tier prompt, for exactly `n` tokens.
+fn fridge(n: u32) -> mlxrt::engine::RequestOptions {
+    let mut o = chat(&FRIDGE.repeat(25));
+    o.max_tokens = n;
+    o.stop_at_eos = false;
+    o
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mlxrt-paged-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A paged engine (blocks of `block`) on the cache directory `dir`, its
+/// warnings collected in `log`.
+fn on_disk(dir: &Path, block: usize, log: &Arc<Mutex<Vec<String>>>) -> Engine {
+    let mut c = config(true, block, true);
+    c.prompt_cache_dir = Some(dir.to_path_buf());
+    let log = log.clone();
+    c.logger = Logger::new(Some(LogLevel::Warn), Arc::new(move |_, m| log.lock().unwrap().push(m.to_string())));
+    Engine::new(c).unwrap()
+}
+
+fn entry_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "safetensors")).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The JSON header of an entry file.
+fn header(path: &Path) -> Value {
+    let b = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(b[..8].try_into().unwrap()) as usize;
+    serde_json::from_slice(&b[8..8 + n]).unwrap()
+}
+
+/// Rewrites an entry file through the store's own codec (so that its
+/// checksum is right again) after `edit` changed it.
+fn reseal(path: &Path, edit: impl FnOnce(&mut store::EntryFile)) {
+    let compat = header(path)["__metadata__"]["compat"].as_str().unwrap().to_string();
+    let mut e = store::decode(&std::fs::read(path).unwrap(), &compat).unwrap();
+    edit(&mut e);
+    std::fs::write(path, store::encode(&e, &compat).unwrap()).unwrap();
+}
+
+/// Edits layer 0's paged layout in an entry file, resealed.
+fn edit_layout(path: &Path, edit: impl FnOnce(&mut Value)) {
+    reseal(path, |e| {
+        let mut v: Value = serde_json::from_str(&e.meta["paged.0"]).unwrap();
+        edit(&mut v);
+        e.meta.insert("paged.0".into(), v.to_string());
+    });
+}
+
 #[test]
 fn a_paged_entry_saved_to_disk_comes_back_into_blocks() {
-    // Saved gathered as dense keys/values; a new engine reads the file and
-    // writes it into fresh blocks: the same tokens as a cold run.
-    let dir = std::env::temp_dir().join(format!("mlxrt-paged-disk-{}", std::process::id()));
+    // Stored as blocks with their layout; a new engine reads the file and
+    // writes it into fresh blocks: the same tokens as a cold run, for the
+    // whole entry and for a shorter prefix of it.
+    let dir = scratch("disk");
+    let log = Arc::new(Mutex::new(vec![]));
+    let e = on_disk(&dir, 64, &log);
+    let (cold, _) = tokens_and_cached(&e, fridge(10));
+    e.flush_prompt_cache().unwrap();
+    drop(e);
+    let files = entry_files(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let h = header(&files[0]);
+    let tokens: Vec<u32> = serde_json::from_str(h["__metadata__"]["tokens"].as_str().unwrap()).unwrap();
+    let layout: Value = serde_json::from_str(h["__metadata__"]["paged.0"].as_str().expect("layer 0 stored paged")).unwrap();
+    let blocks = tokens.len().div_ceil(64);
+    assert_eq!(layout["kind"], "paged");
+    assert_eq!(layout["offset"], tokens.len());
+    assert_eq!(layout["paged"]["block_size"], 64);
+    assert_eq!(layout["paged"]["block_table"], Value::from((0..blocks).collect::<Vec<_>>()));
+    assert_eq!(layout["paged"]["num_blocks"], blocks);
+    assert_eq!(layout["paged"]["capacity_tokens"], blocks * 64);
+    // SmolLM2: 3 KV heads of 64, keys and values.
+    assert_eq!(h["0.p.0"]["shape"], serde_json::json!([blocks, 3, 64, 64]));
+    assert_eq!(h["0.p.1"]["shape"], serde_json::json!([blocks, 3, 64, 64]));
+    assert!(h.get("0.keys").is_none(), "no dense copy");
+
+    let e = on_disk(&dir, 64, &log);
+    // Four tokens more: its whole history is a new entry, of its own caches.
+    let (warm, cached) = tokens_and_cached(&e, fridge(14));
+    assert!(cached > 256, "the entry was read from disk ({cached} tokens)");
+    assert_eq!(warm[..10], cold[..], "tokens from a disk entry loaded into blocks differ");
+    assert!(wait_idle(&e).kv_blocks_used > 0, "the disk entry was not loaded into blocks");
+    drop(e);
+
+    // A prompt sharing only a prefix of the entry (not a whole number of
+    // blocks): the loaded entry's table is cut.
+    let mut shorter = chat(&(FRIDGE.repeat(25) + "Keep it short."));
+    shorter.max_tokens = 10;
+    shorter.stop_at_eos = false;
+    let cold_short = tokens_of(&run(&Engine::new(config(false, 256, false)).unwrap(), shorter.clone()));
+    let e = on_disk(&dir, 64, &log);
+    let (t, cached) = tokens_and_cached(&e, shorter);
+    assert!(cached > 256 && (cached as usize) < tokens.len() && cached % 64 != 0, "a partial hit of {cached} tokens");
+    assert_eq!(t, cold_short, "tokens from a trimmed disk entry differ from a cold run");
+    drop(e);
+    let logged = log.lock().unwrap().clone();
+    assert!(!logged.iter().any(|m| m.contains("prompt cache")), "{logged:?}");
     let _ = std::fs::remove_dir_all(&dir);
-    let long = "Explain how a refrigerator keeps food cold, step by step. ".repeat(25);
-    let req = |n: u32| {
-        let mut o = chat(&long);
-        o.max_tokens = n;
+}
+
+#[test]
+fn corrupted_paged_entries_are_refused() {
+    // One entry file, damaged in each way on its own: never loaded (a miss,
+    // the cold tokens), logged, deleted; the pools hold exactly what an
+    // engine that never saw the file holds.
+    let pristine = scratch("pristine");
+    let log = Arc::new(Mutex::new(vec![]));
+    {
+        let e = on_disk(&pristine, 64, &log);
+        tokens_and_cached(&e, fridge(10));
+        e.flush_prompt_cache().unwrap();
+    }
+    let files = entry_files(&pristine);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let name = files[0].file_name().unwrap().to_owned();
+    // Another length than the saved entry's: the run's own entry is another file.
+    let cold = tokens_of(&run(&Engine::new(config(false, 256, false)).unwrap(), fridge(12)));
+    let clean = {
+        let dir = scratch("clean");
+        let e = on_disk(&dir, 64, &log);
+        assert_eq!(tokens_and_cached(&e, fridge(12)), (cold.clone(), 0));
+        let s = wait_idle(&e);
+        drop(e);
+        let _ = std::fs::remove_dir_all(&dir);
+        s
+    };
+    type Damage = Box<dyn Fn(&Path)>;
+    fn damage(f: impl Fn(&Path) + 'static) -> Damage {
+        Box::new(f)
+    }
+    // The same bytes but `from` (in the header) replaced by `to`.
+    let flip = |from: &'static str, to: &'static str| -> Damage {
+        assert_eq!(from.len(), to.len());
+        damage(move |p: &Path| {
+            let mut b = std::fs::read(p).unwrap();
+            let at = b.windows(from.len()).position(|w| w == from.as_bytes()).expect(from);
+            b[at..at + to.len()].copy_from_slice(to.as_bytes());
+            std::fs::write(p, b).unwrap()
+        })
+    };
+    let cases: Vec<(&str, usize, Damage, &str)> = vec![
+        // Still a valid table (a permutation), but not what was written.
+        ("swapped table entries", 64, flip(r#"\"block_table\":[0,1,"#, r#"\"block_table\":[1,0,"#), "checksum"),
+        ("repeated table entry", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_table"][1] = 0.into())), "block table entry 0"),
+        ("table entry out of range", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_table"][0] = 99.into())), "block table entry 99"),
+        ("offset", 64, damage(|p| edit_layout(p, |v| v["offset"] = (v["offset"].as_i64().unwrap() + 1).into())), "offset"),
+        ("num_blocks", 64, damage(|p| edit_layout(p, |v| v["paged"]["num_blocks"] = 99.into())), "plane 0"),
+        ("block size field", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_size"] = 32.into())), "blocks of 32 positions"),
+        ("missing plane", 64, damage(|p| reseal(p, |e| e.tensors.retain(|t| t.name != "3.p.1"))), "no tensor 3.p.1"),
+        // An engine of another block size never opens the file.
+        ("engine block size", 32, damage(|_| {}), "another model/tokenizer/MLX/device/format"),
+    ];
+    for (what, block, damage, why) in cases {
+        let dir = scratch("damaged");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(&name);
+        std::fs::copy(&files[0], &path).unwrap();
+        damage(&path);
+        log.lock().unwrap().clear();
+        let e = on_disk(&dir, block, &log);
+        let (t, cached) = tokens_and_cached(&e, fridge(12));
+        assert_eq!(cached, 0, "{what}: a damaged entry was used");
+        assert_eq!(t, cold, "{what}: the engine keeps serving, with the cold tokens");
+        e.flush_prompt_cache().unwrap();
+        assert!(!path.exists(), "{what}: the damaged file was not deleted");
+        let logged = log.lock().unwrap().clone();
+        assert!(logged.iter().any(|m| m.contains(&*name.to_string_lossy()) && m.contains(why)), "{what}: {logged:?}");
+        if block == 64 {
+            let s = wait_idle(&e);
+            assert_eq!((s.kv_blocks_used, s.kv_blocks_free), (clean.kv_blocks_used, clean.kv_blocks_free), "{what}: blocks differ from a clean engine's");
+        }
+        drop(e);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let _ = std::fs::remove_dir_all(&pristine);
+}
+
+#[test]
+fn a_prompt_cache_hit_maps_into_a_running_batch() {
+    // Two rows decode (outside the prompt cache); a request whose prompt an
+    // entry holds maps its blocks (shared while it runs), joins them and
+    // gives the cold tokens; so do they.
+    let long = "Describe the water cycle in detail, from evaporation to rain. ".repeat(30);
+    let hit = || {
+        let mut o = RequestOptions::new(Input::Prompt(long.clone()));
+        o.max_tokens = 12;
         o.stop_at_eos = false;
         o
     };
-    let on_disk = || {
-        let mut c = config(true, 64, true);
-        c.prompt_cache_dir = Some(dir.clone());
-        Engine::new(c).unwrap()
+    let busy = |p: &str| {
+        let mut o = chat(p);
+        o.max_tokens = 60;
+        o.stop_at_eos = false;
+        o.prompt_cache = false;
+        o
     };
-    let e = on_disk();
-    let (cold, _) = tokens_and_cached(&e, req(10));
-    e.flush_prompt_cache().unwrap();
-    drop(e);
-    let e = on_disk();
-    // Four tokens more: its whole history is a new entry, of its own caches.
-    let (warm, cached) = tokens_and_cached(&e, req(14));
-    assert!(cached > 256, "the entry was read from disk ({cached} tokens)");
-    assert_eq!(warm[..10], cold[..], "tokens from a disk entry written into blocks differ");
-    // The restored row was paged: its snapshot holds blocks.
-    assert!(wait_idle(&e).kv_blocks_used > 0, "the disk hit was not moved into blocks");
-    drop(e);
-    let _ = std::fs::remove_dir_all(&dir);
+    let flat = Engine::new(config(false, 256, false)).unwrap();
+    let cold_hit = tokens_of(&run(&flat, hit()));
+    let cold_busy: Vec<Vec<u32>> = PROMPTS[..2].iter().map(|p| tokens_of(&run(&flat, busy(p)))).collect();
+    drop(flat);
+
+    let e = Engine::new(config(true, 32, true)).unwrap();
+    assert_eq!(tokens_and_cached(&e, hit()), (cold_hit.clone(), 0));
+    let before = wait_idle(&e);
+    assert!(before.kv_blocks_used > 0, "the entry holds blocks: {before:?}");
+    assert_eq!(before.kv_blocks_shared, 0, "one entry, no rows: {before:?}");
+    let subs: Vec<_> = PROMPTS[..2].iter().map(|p| submit_handle(&e, busy(p))).collect();
+    let mut events: Vec<Vec<Event>> = vec![vec![]; subs.len()];
+    for (i, (_, rx)) in subs.iter().enumerate() {
+        while tokens_of(&events[i]).is_empty() {
+            events[i].push(rx.recv_timeout(Duration::from_secs(300)).expect("a first token"));
+        }
+    }
+    let stop = AtomicBool::new(false);
+    let (hit_events, shared) = std::thread::scope(|s| {
+        let sampler = s.spawn(|| {
+            let mut peak = 0;
+            while !stop.load(Ordering::Relaxed) {
+                peak = peak.max(e.stats().kv_blocks_shared);
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            peak
+        });
+        let ev = run(&e, hit());
+        stop.store(true, Ordering::Relaxed);
+        (ev, sampler.join().unwrap())
+    });
+    // The busy rows were still decoding when the hit finished.
+    for (i, (_, rx)) in subs.iter().enumerate() {
+        events[i].extend(rx.try_iter());
+        assert!(!events[i].last().unwrap().is_terminal(), "busy row {i} ended before the hit did");
+    }
+    let Some(Event::Done { usage, .. }) = hit_events.last() else { panic!("{hit_events:?}") };
+    assert!(usage.cached_tokens > 256, "the hit mapped {} tokens", usage.cached_tokens);
+    assert!(shared > 0, "the hit row did not share the entry's blocks");
+    assert_eq!(tokens_of(&hit_events), cold_hit, "tokens of the mapped hit differ from a cold run");
+    for (i, (_, rx)) in subs.iter().enumerate() {
+        events[i].extend(collect(rx));
+        assert_eq!(tokens_of(&events[i]), cold_busy[i], "busy row {i}: tokens differ");
+    }
+    e.clear_prompt_cache(false).unwrap();
+    assert_eq!(engine_stats_settled(&e).kv_blocks_used, 0);
 }
 
 /// Stats once nothing holds blocks any more (published after each unit of work).

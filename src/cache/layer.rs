@@ -7,14 +7,12 @@
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
 use super::kv::QuantRow;
-use super::paged::{LayerPool, PagedKv, PagedSnapshot};
+use super::paged::{PagedKv, PagedSnapshot};
 use super::scheme::KvScheme;
 use super::state::StateCheckpoint;
 use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
-use std::cell::RefCell;
-use std::rc::Rc;
 
 pub enum LayerCache {
     Kv(KvCache),
@@ -254,22 +252,6 @@ impl LayerCache {
         }
     }
 
-    /// A one-row dense KV cache (a prompt-cache hit restored from disk)
-    /// moved into blocks of `pool`; other caches as they are.
-    pub fn into_paged(self, pool: &Rc<RefCell<LayerPool>>) -> Result<LayerCache> {
-        match self {
-            LayerCache::Kv(c) if !c.is_quantized() && c.rows() == 1 => {
-                let mut p = PagedKv::new(1, pool.clone());
-                if c.row_len(0) > 0 {
-                    let (k, v) = c.row_view(0, 0, c.row_len(0))?;
-                    p.update(&k, &v)?;
-                }
-                Ok(LayerCache::Paged(p))
-            }
-            c => Ok(c),
-        }
-    }
-
     pub fn nbytes(&self) -> usize {
         match self {
             LayerCache::Kv(c) => c.nbytes(),
@@ -341,8 +323,8 @@ pub enum LayerSnapshot {
     /// `[kind (1 affine, 2 TurboQuant), bits | key bits, group size | value
     /// bits, start]`.
     Quant { planes: Vec<Array>, float: Option<(Array, Array)>, meta: Array },
-    /// A paged layer's blocks (shared, not copied). On disk it is stored as
-    /// `Kv` (see `PagedSnapshot::gather`) and comes back as one.
+    /// A paged layer's blocks (shared, not copied). On disk its blocks and
+    /// their layout (`paged::codec`); loaded back into fresh blocks.
     Paged(PagedSnapshot),
 }
 
@@ -410,7 +392,7 @@ impl LayerSnapshot {
     }
 
     /// The tensors with their names in an entry file (`<layer>.<name>`);
-    /// none for a paged layer (its blocks are gathered to be stored).
+    /// none for a paged layer (`paged::codec` stores its blocks).
     pub fn tensors(&self) -> Vec<(&'static str, &Array)> {
         match self {
             LayerSnapshot::Paged(_) => vec![],

@@ -1,8 +1,9 @@
 //! The persistent tier of the prompt cache: one safetensors file per entry
-//! (the KV tensors, plus metadata: namespace, token ids, a compatibility key
-//! and a checksum of the tensor data), written atomically (temp file, fsync,
-//! rename). A file that is corrupt, truncated, or made by another model,
-//! tokenizer, MLX version, device or file-format version is never loaded.
+//! (the KV tensors, plus metadata: namespace, token ids, a compatibility key,
+//! the layouts of paged layers, and a checksum of all of it: metadata,
+//! tensor headers and data), written atomically (temp file, fsync, rename).
+//! A file that is corrupt, truncated, or made by another model, tokenizer,
+//! MLX version, device, KV layout or file-format version is never loaded.
 //!
 //! This module is plain Rust (bytes and files); MLX arrays are made from the
 //! bytes on the scheduler thread.
@@ -10,14 +11,18 @@
 use super::radix::Radix;
 use crate::mlx::Dtype;
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 const FORMAT: &str = "mlxrt-prompt-cache";
-/// Bumped on any change to what an entry file holds.
-pub const FORMAT_VERSION: u32 = 2;
+/// Bumped on any change to what an entry file holds (3: paged layers stored
+/// as blocks with their layout, the checksum covers the header too).
+pub const FORMAT_VERSION: u32 = 3;
+/// Metadata keys of the store itself; other keys are the entry's own
+/// (`EntryFile::meta`).
+const RESERVED: [&str; 6] = ["format", "format_version", "compat", "namespace", "tokens", "checksum"];
 const SUFFIX: &str = ".safetensors";
 
 #[derive(Debug)]
@@ -34,6 +39,9 @@ pub struct EntryFile {
     pub namespace: String,
     pub tokens: Vec<u32>,
     pub tensors: Vec<Tensor>,
+    /// Further metadata strings by key (a paged layer's layout), covered by
+    /// the checksum like everything else.
+    pub meta: BTreeMap<String, String>,
 }
 
 fn st_dtype(d: Dtype) -> Option<&'static str> {
@@ -69,26 +77,57 @@ fn elem_size(d: Dtype) -> usize {
     }
 }
 
+/// The checksum of an entry: every metadata string but the checksum itself
+/// (by key), every tensor's name, dtype, shape and offsets, and the data. So
+/// a flipped byte anywhere (a token id, a block table entry) is caught.
+fn checksum(meta: &BTreeMap<&str, &str>, tensors: &[TensorHeader], data: &[u8]) -> String {
+    let mut crc = crc32fast::Hasher::new();
+    for (k, v) in meta.iter().filter(|(k, _)| **k != "checksum") {
+        crc.update(k.as_bytes());
+        crc.update(&[0]);
+        crc.update(v.as_bytes());
+        crc.update(&[0]);
+    }
+    for t in tensors {
+        crc.update(t.name.as_bytes());
+        crc.update(&[0, t.dtype as u8]);
+        for d in &t.shape {
+            crc.update(&d.to_le_bytes());
+        }
+        crc.update(&(t.start as u64).to_le_bytes());
+        crc.update(&(t.end as u64).to_le_bytes());
+    }
+    crc.update(data);
+    format!("{:08x}", crc.finalize())
+}
+
 /// Serializes an entry (safetensors layout) stamped with `compat`.
 pub fn encode(e: &EntryFile, compat: &str) -> Result<Vec<u8>, String> {
+    if let Some(k) = e.meta.keys().find(|k| RESERVED.contains(&k.as_str())) {
+        return Err(format!("metadata key `{k}` is the store's own"));
+    }
     let mut header = Map::new();
     let mut offset = 0usize;
-    let mut crc = crc32fast::Hasher::new();
+    let mut heads = vec![];
     for t in &e.tensors {
         let dt = st_dtype(t.dtype).ok_or_else(|| format!("dtype {:?} cannot be stored", t.dtype))?;
         header.insert(t.name.clone(), json!({"dtype": dt, "shape": t.shape, "data_offsets": [offset, offset + t.data.len()]}));
+        heads.push(TensorHeader { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone(), start: offset, end: offset + t.data.len() });
         offset += t.data.len();
-        crc.update(&t.data);
     }
-    let meta = json!({
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION.to_string(),
-        "compat": compat,
-        "namespace": e.namespace,
-        "tokens": serde_json::to_string(&e.tokens).expect("ids serialize"),
-        "checksum": format!("{:08x}", crc.finalize()),
-    });
-    header.insert("__metadata__".into(), meta);
+    let (version, tokens) = (FORMAT_VERSION.to_string(), serde_json::to_string(&e.tokens).expect("ids serialize"));
+    let mut meta: BTreeMap<&str, &str> = e.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    meta.extend([
+        ("format", FORMAT),
+        ("format_version", version.as_str()),
+        ("compat", compat),
+        ("namespace", e.namespace.as_str()),
+        ("tokens", tokens.as_str()),
+    ]);
+    let data: Vec<u8> = e.tensors.iter().flat_map(|t| t.data.iter().copied()).collect();
+    let sum = checksum(&meta, &heads, &data);
+    meta.insert("checksum", sum.as_str());
+    header.insert("__metadata__".into(), json!(meta));
     let mut h = serde_json::to_vec(&Value::Object(header)).expect("header serializes");
     while h.len() % 8 != 0 {
         h.push(b' ');
@@ -96,10 +135,17 @@ pub fn encode(e: &EntryFile, compat: &str) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(8 + h.len() + offset);
     out.extend_from_slice(&(h.len() as u64).to_le_bytes());
     out.extend_from_slice(&h);
-    for t in &e.tensors {
-        out.extend_from_slice(&t.data);
-    }
+    out.extend_from_slice(&data);
     Ok(out)
+}
+
+/// One tensor as an entry file's header describes it (offsets into the data).
+struct TensorHeader {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<i32>,
+    start: usize,
+    end: usize,
 }
 
 /// What the header of an entry file says.
@@ -107,8 +153,9 @@ pub struct Header {
     pub namespace: String,
     pub tokens: Vec<u32>,
     compat: String,
-    checksum: String,
-    tensors: Vec<(String, Dtype, Vec<i32>, usize, usize)>,
+    /// Every metadata string, the store's own included.
+    meta: BTreeMap<String, String>,
+    tensors: Vec<TensorHeader>,
     data_start: usize,
 }
 
@@ -118,9 +165,18 @@ fn parse_header(bytes: &[u8]) -> Result<Header, String> {
     let v: Value = serde_json::from_slice(raw).map_err(|e| format!("header is not JSON: {e}"))?;
     let obj = v.as_object().ok_or("header is not an object")?;
     let meta = obj.get("__metadata__").and_then(Value::as_object).ok_or("no metadata")?;
-    let s = |k: &str| meta.get(k).and_then(Value::as_str).map(str::to_owned).ok_or(format!("metadata lacks `{k}`"));
+    let mut strings = BTreeMap::new();
+    for (k, v) in meta {
+        strings.insert(k.clone(), v.as_str().ok_or(format!("metadata `{k}` is not a string"))?.to_owned());
+    }
+    let s = |k: &str| strings.get(k).cloned().ok_or(format!("metadata lacks `{k}`"));
     if s("format")? != FORMAT {
         return Err("not an mlxrt prompt-cache file".into());
+    }
+    // Checked first: another version's fields are never read.
+    let version = s("format_version")?;
+    if version != FORMAT_VERSION.to_string() {
+        return Err(format!("file format version {version}, this engine reads version {FORMAT_VERSION}"));
     }
     let tokens: Vec<u32> = serde_json::from_str(&s("tokens")?).map_err(|e| format!("bad token list: {e}"))?;
     let mut tensors = vec![];
@@ -129,18 +185,29 @@ fn parse_header(bytes: &[u8]) -> Result<Header, String> {
         let shape: Vec<i32> = serde_json::from_value(t.get("shape").cloned().unwrap_or_default()).map_err(|_| format!("tensor {name}: bad shape"))?;
         let off: Vec<usize> = serde_json::from_value(t.get("data_offsets").cloned().unwrap_or_default()).map_err(|_| format!("tensor {name}: bad offsets"))?;
         let [a, b] = off[..] else { return Err(format!("tensor {name}: bad offsets")) };
-        let count: usize = shape.iter().map(|&d| d.max(0) as usize).product();
+        if shape.iter().any(|&d| d < 0) {
+            return Err(format!("tensor {name}: negative dimension"));
+        }
+        let count: usize = shape.iter().map(|&d| d as usize).product();
         if b < a || b - a != count * elem_size(dt) {
             return Err(format!("tensor {name}: size does not match its shape"));
         }
-        tensors.push((name.clone(), dt, shape, a, b));
+        tensors.push(TensorHeader { name: name.clone(), dtype: dt, shape, start: a, end: b });
     }
-    tensors.sort_by_key(|t| t.3);
+    tensors.sort_by_key(|t| t.start);
+    // The tensors tile the data: no overlap, no gap.
+    let mut end = 0;
+    for t in &tensors {
+        if t.start != end {
+            return Err(format!("tensor {}: data overlaps or leaves a gap", t.name));
+        }
+        end = t.end;
+    }
     Ok(Header {
         namespace: s("namespace")?,
         tokens,
-        compat: format!("{}|v{}", s("compat")?, s("format_version")?),
-        checksum: s("checksum")?,
+        compat: format!("{}|v{version}", s("compat")?),
+        meta: strings,
         tensors,
         data_start: 8 + n,
     })
@@ -168,7 +235,7 @@ pub fn read_header(path: &Path, compat: &str) -> Result<(Header, u64), String> {
     if h.compat != compat_stamp(compat) {
         return Err(format!("made for another model/tokenizer/MLX/device/format ({})", h.compat));
     }
-    let data_len = h.tensors.last().map_or(0, |t| t.4);
+    let data_len = h.tensors.last().map_or(0, |t| t.end);
     if (h.data_start + data_len) as u64 != len {
         return Err(format!("size {len} does not match its header (truncated?)"));
     }
@@ -182,19 +249,21 @@ pub fn decode(bytes: &[u8], compat: &str) -> Result<EntryFile, String> {
         return Err(format!("made for another model/tokenizer/MLX/device/format ({})", h.compat));
     }
     let data = &bytes[h.data_start.min(bytes.len())..];
-    let end = h.tensors.last().map_or(0, |t| t.4);
+    let end = h.tensors.last().map_or(0, |t| t.end);
     if data.len() != end {
         return Err(format!("tensor data is {} bytes, header says {end} (truncated?)", data.len()));
     }
-    if format!("{:08x}", crc32fast::hash(data)) != h.checksum {
+    let meta: BTreeMap<&str, &str> = h.meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    if Some(&checksum(&meta, &h.tensors, data)[..]) != meta.get("checksum").copied() {
         return Err("checksum mismatch (corrupt file)".into());
     }
     let tensors = h
         .tensors
         .into_iter()
-        .map(|(name, dtype, shape, a, b)| Tensor { name, dtype, shape, data: data[a..b].to_vec() })
+        .map(|t| Tensor { data: data[t.start..t.end].to_vec(), name: t.name, dtype: t.dtype, shape: t.shape })
         .collect();
-    Ok(EntryFile { namespace: h.namespace, tokens: h.tokens, tensors })
+    let meta = h.meta.into_iter().filter(|(k, _)| !RESERVED.contains(&k.as_str())).collect();
+    Ok(EntryFile { namespace: h.namespace, tokens: h.tokens, tensors, meta })
 }
 
 /// The file name of an entry: a hash of namespace and tokens, so the same
@@ -355,7 +424,52 @@ mod tests {
             namespace: "ns".into(),
             tokens,
             tensors: vec![Tensor { name: "0.k".into(), dtype: Dtype::F32, shape: vec![1, 1, 2, 3], data }],
+            meta: BTreeMap::from([("paged.0".to_string(), r#"{"block_table":[0,1]}"#.to_string())]),
         }
+    }
+
+    /// `bytes` with the first `from` in its header replaced by `to` (same
+    /// length: the header size stays right).
+    fn edit_header(bytes: &[u8], from: &str, to: &str) -> Vec<u8> {
+        assert_eq!(from.len(), to.len());
+        let n = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let header = String::from_utf8(bytes[8..n].to_vec()).unwrap();
+        assert!(header.contains(from), "{from} in {header}");
+        let mut out = bytes[..8].to_vec();
+        out.extend_from_slice(header.replacen(from, to, 1).as_bytes());
+        out.extend_from_slice(&bytes[n..]);
+        out
+    }
+
+    #[test]
+    fn the_checksum_covers_metadata_and_tensor_headers() {
+        let bytes = encode(&entry(vec![5, 6, 7]), "model-a").unwrap();
+        assert_eq!(decode(&bytes, "model-a").unwrap().meta["paged.0"], r#"{"block_table":[0,1]}"#);
+        // Still well-formed, but not what was written: a table entry, a
+        // token id, a tensor's shape.
+        for (from, to) in [(r#"[0,1]"#, r#"[1,0]"#), ("[5,6,7]", "[5,6,8]"), ("[1,1,2,3]", "[1,2,1,3]")] {
+            let edited = edit_header(&bytes, from, to);
+            assert!(decode(&edited, "model-a").unwrap_err().contains("checksum"), "{from} -> {to}");
+        }
+        let mut e = entry(vec![1]);
+        e.meta.insert("tokens".into(), "[2]".into());
+        assert!(encode(&e, "m").unwrap_err().contains("store's own"));
+    }
+
+    #[test]
+    fn other_format_versions_are_refused_before_anything_is_read() {
+        let bytes = encode(&entry(vec![5, 6, 7]), "model-a").unwrap();
+        let old = edit_header(&bytes, &format!(r#""format_version":"{FORMAT_VERSION}""#), r#""format_version":"2""#);
+        let err = decode(&old, "model-a").unwrap_err();
+        assert!(err.contains("format version 2"), "{err}");
+        let dir = std::env::temp_dir().join(format!("mlxrt-store-version-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write_atomic(&dir, "old.safetensors", &old).unwrap();
+        let logged = std::cell::RefCell::new(vec![]);
+        let idx = DiskIndex::open(&dir, 1 << 20, "model-a", &|m| logged.borrow_mut().push(m)).unwrap();
+        assert!(idx.is_empty() && logged.borrow()[0].contains("format version 2"), "{:?}", logged.borrow());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "the old file is removed");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

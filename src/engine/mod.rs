@@ -199,6 +199,7 @@ pub(crate) struct StatsCell {
     pub cache_memory: AtomicUsize,
     pub kv_blocks_used: AtomicU64,
     pub kv_blocks_free: AtomicU64,
+    pub kv_blocks_shared: AtomicU64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -254,6 +255,9 @@ pub struct EngineStats {
     /// layers' pools. 0 without paging.
     pub kv_blocks_used: u64,
     pub kv_blocks_free: u64,
+    /// Blocks in use held more than once (a prefix mapped by rows or by a
+    /// prompt-cache entry and rows), summed over the pools.
+    pub kv_blocks_shared: u64,
 }
 
 /// State shared between the handle and the scheduler.
@@ -435,6 +439,7 @@ impl Engine {
             encoder_cache_entries: self.shared.encoder_cache_entries.load(Ordering::Relaxed),
             kv_blocks_used: s.kv_blocks_used.load(Ordering::Relaxed),
             kv_blocks_free: s.kv_blocks_free.load(Ordering::Relaxed),
+            kv_blocks_shared: s.kv_blocks_shared.load(Ordering::Relaxed),
         }
     }
 

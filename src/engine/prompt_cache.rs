@@ -13,14 +13,19 @@
 use super::cache_io::{self, IoDone, IoJob};
 use super::log::{LogLevel, Logger};
 use super::scheduler::Command;
+use crate::cache::paged::codec::{self, BlockFormat, PagedMeta};
+use crate::cache::paged::{LayerPool, PagedPools};
 use crate::cache::prefix::{self, PrefixCache};
+use crate::cache::scheme::KvLayer;
 use crate::cache::store::{DiskIndex, EntryFile, Tensor};
 use crate::cache::{LayerCache, LayerSnapshot};
 use crate::error::{Error, Result};
 use crate::mlx::{self, Array};
 use crossbeam_channel::Sender;
-use std::collections::HashSet;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Cache state of positions `0..len` of a sequence, one part per layer (KV,
@@ -56,43 +61,114 @@ impl Snapshot {
 
     fn to_entry(&self, namespace: &str, tokens: &[u32]) -> Result<EntryFile> {
         let mut tensors = vec![];
+        let mut meta = BTreeMap::new();
+        let mut add = |name: String, a: &Array| -> Result<()> {
+            tensors.push(Tensor { name, dtype: a.dtype(), shape: a.shape(), data: a.to_bytes()? });
+            Ok(())
+        };
         for (i, l) in self.layers.iter().enumerate() {
-            // A paged layer is stored as dense keys and values.
-            let gathered = match l {
-                LayerSnapshot::Paged(p) => Some(p.gather()?),
-                _ => None,
-            };
-            let named: Vec<(&str, &Array)> = match &gathered {
-                Some((k, v)) => vec![("keys", k), ("values", v)],
-                None => l.tensors(),
-            };
-            for (name, a) in named {
-                let name = format!("{i}.{name}");
-                tensors.push(Tensor { name, dtype: a.dtype(), shape: a.shape(), data: a.to_bytes()? });
+            match l {
+                // A paged layer: its blocks and their layout.
+                LayerSnapshot::Paged(p) => {
+                    let (layout, planes) = codec::encode(p)?;
+                    for (k, a) in planes.iter().enumerate() {
+                        add(format!("{i}.p.{k}"), a)?;
+                    }
+                    meta.insert(format!("paged.{i}"), layout.to_json());
+                }
+                l => {
+                    for (name, a) in l.tensors() {
+                        add(format!("{i}.{name}"), a)?;
+                    }
+                }
             }
         }
-        Ok(EntryFile { namespace: namespace.to_string(), tokens: tokens.to_vec(), tensors })
+        Ok(EntryFile { namespace: namespace.to_string(), tokens: tokens.to_vec(), tensors, meta })
     }
 
-    /// Rebuilds a snapshot from a file for a model of `layers` layer caches.
-    fn from_entry(e: &EntryFile, layers: usize) -> std::result::Result<Snapshot, String> {
+    /// Rebuilds a snapshot from a file for a model of `layers` layer caches
+    /// (`paged`: the engine's pools, into which paged layers are loaded).
+    /// Every layer is checked before a block is taken; a failure after that
+    /// drops the blocks taken, so none is lost.
+    fn from_entry(e: &EntryFile, layers: usize, paged: Option<&PagedSetup>) -> std::result::Result<Snapshot, String> {
+        let tensor = |name: &str| e.tensors.iter().find(|t| t.name == name);
         let mut parts = vec![];
         for i in 0..layers {
-            let get = |name: &str| -> std::result::Result<Option<Array>, String> {
-                let name = format!("{i}.{name}");
-                match e.tensors.iter().find(|t| t.name == name) {
-                    None => Ok(None),
-                    Some(t) => Array::from_bytes(&t.data, &t.shape, t.dtype).map(Some).map_err(|e| e.to_string()),
+            let pool = paged.and_then(|p| Some((p.pools.layers.get(i)?.as_ref()?, p.layers.get(i).copied().flatten()?)));
+            let part = match (pool, e.meta.get(&format!("paged.{i}"))) {
+                (Some((pool, layer)), Some(json)) => (|| -> std::result::Result<Part, String> {
+                    let meta = PagedMeta::parse(json)?;
+                    let format = BlockFormat::of_pool(&pool.borrow(), &layer, &meta)?;
+                    let planes = (0..format.planes.len())
+                        .map(|k| tensor(&format!("{i}.p.{k}")).ok_or(format!("no tensor {i}.p.{k}")))
+                        .collect::<std::result::Result<Vec<_>, String>>()?;
+                    let dims: Vec<_> = planes.iter().map(|t| (t.dtype, t.shape.as_slice())).collect();
+                    codec::check(&meta, &dims, &format, e.tokens.len())?;
+                    Ok(Part::Paged { pool, meta, format, planes })
+                })(),
+                (Some(_), None) => Err("paged here, the file holds it unpaged".to_string()),
+                (None, Some(_)) => Err("stored paged, this engine does not page it".to_string()),
+                (None, None) => {
+                    let get = |name: &str| -> std::result::Result<Option<Array>, String> {
+                        match tensor(&format!("{i}.{name}")) {
+                            None => Ok(None),
+                            Some(t) => Array::from_bytes(&t.data, &t.shape, t.dtype).map(Some).map_err(|e| e.to_string()),
+                        }
+                    };
+                    LayerSnapshot::from_tensors(e.tokens.len() as i32, get).map(Part::Ready)
                 }
             };
-            parts.push(LayerSnapshot::from_tensors(e.tokens.len() as i32, get).map_err(|why| format!("layer {i}: {why}"))?);
+            parts.push(part.map_err(|why| format!("layer {i}: {why}"))?);
         }
-        if e.tensors.len() != parts.iter().map(|p| p.tensors().len()).sum::<usize>() {
-            return Err(format!("{} tensors for a model of {layers} layer caches", e.tensors.len()));
+        let stored: usize = parts
+            .iter()
+            .map(|p| match p {
+                Part::Ready(l) => l.tensors().len(),
+                Part::Paged { planes, .. } => planes.len(),
+            })
+            .sum();
+        let paged_layers = parts.iter().filter(|p| matches!(p, Part::Paged { .. })).count();
+        if e.tensors.len() != stored || e.meta.len() != paged_layers {
+            return Err(format!("{} tensors and {} layouts for a model of {layers} layer caches", e.tensors.len(), e.meta.len()));
         }
-        let bytes = parts.iter().map(LayerSnapshot::nbytes).sum();
-        Ok(Snapshot { layers: parts, bytes, persisted: true })
+        // Checked: now the paged layers go into fresh blocks.
+        let mut pools = vec![];
+        let layers = parts
+            .into_iter()
+            .map(|p| match p {
+                Part::Ready(l) => Ok(l),
+                Part::Paged { pool, meta, format, planes } => {
+                    let arrays = planes.iter().map(|t| Array::from_bytes(&t.data, &t.shape, t.dtype)).collect::<mlx::Result<Vec<_>>>()?;
+                    pools.push(pool);
+                    Ok(LayerSnapshot::Paged(codec::load(&meta, &arrays, pool, &format)?))
+                }
+            })
+            .collect::<Result<Vec<_>>>()
+            .map_err(|e| e.to_string())?;
+        // The writes are done here, so that an MLX error shows now (the
+        // entry's blocks go back) and not in a later step.
+        let mut state = vec![];
+        for p in pools {
+            state.extend(p.borrow().planes().into_iter().flatten().map(Array::share));
+        }
+        mlx::eval(&state.iter().collect::<Vec<_>>()).map_err(|e| e.to_string())?;
+        let bytes = layers.iter().map(LayerSnapshot::nbytes).sum();
+        Ok(Snapshot { layers, bytes, persisted: true })
     }
+}
+
+/// One layer of an entry file being loaded: rebuilt, or a paged layer
+/// checked and waiting for its blocks.
+enum Part<'a> {
+    Ready(LayerSnapshot),
+    Paged { pool: &'a Rc<RefCell<LayerPool>>, meta: PagedMeta, format: BlockFormat, planes: Vec<&'a Tensor> },
+}
+
+/// What loading paged layers needs: the engine's pools and the model's
+/// layer shapes (`LanguageModel::kv_layers`).
+pub(crate) struct PagedSetup {
+    pub pools: PagedPools,
+    pub layers: Vec<Option<KvLayer>>,
 }
 
 fn persist_to(io: Option<&Sender<IoJob>>, log: &Logger, namespace: &str, tokens: &[u32], snap: &Snapshot) {
@@ -151,6 +227,8 @@ pub(crate) struct PromptCache {
     /// Entries are only usable whole (the model has recurrent layers, whose
     /// state cannot be cut back to a shorter prefix).
     whole_only: bool,
+    /// With `kv_paging`: where entry files' paged layers are loaded.
+    paged: Option<PagedSetup>,
     log: Logger,
 }
 
@@ -165,6 +243,7 @@ pub(crate) struct CacheSetup {
     pub layers: usize,
     /// Whether every layer cache can be cut back (`LayerCache::trimmable`).
     pub trimmable: bool,
+    pub paged: Option<PagedSetup>,
 }
 
 impl PromptCache {
@@ -192,6 +271,7 @@ impl PromptCache {
             misses: 0,
             hit_tokens: 0,
             whole_only: !s.trimmable,
+            paged: s.paged,
             log,
         })
     }
@@ -333,7 +413,7 @@ impl PromptCache {
             },
             IoDone::Loaded { path, result } => {
                 self.loading.remove(&path);
-                match result.and_then(|e| Snapshot::from_entry(&e, self.layers).map(|s| (e, s))) {
+                match result.and_then(|e| Snapshot::from_entry(&e, self.layers, self.paged.as_ref()).map(|s| (e, s))) {
                     Ok((e, snap)) => {
                         for ev in self.mem.insert(&e.namespace, e.tokens, snap) {
                             self.persist(&ev.namespace, &ev.tokens, &ev.value);

@@ -17,7 +17,7 @@ use super::encoder_cache::EncoderCache;
 use super::cache_io::IoDone;
 use super::pacing::Pacer;
 use super::prefix_share::{Asker, Share, SharedPrefixes};
-use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
+use super::prompt_cache::{CacheSetup, Capture, Found, PagedSetup, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
@@ -198,7 +198,7 @@ fn main(
             return;
         }
     };
-    let pcache = match open_prompt_cache(&config, &loaded, commands) {
+    let pcache = match open_prompt_cache(&config, &loaded, pools.as_ref(), commands) {
         Ok(c) => c,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -253,8 +253,14 @@ fn paged_pools(config: &EngineConfig, model: &dyn LanguageModel) -> Result<Optio
 
 /// The prompt cache, if enabled. Its files are stamped with what must match
 /// for a saved state to be valid here: model files, tokenizer, MLX version,
-/// device and the KV layout.
-fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Sender<Command>) -> Result<Option<PromptCache>> {
+/// device and the KV layout (with `kv_paging`, the block size too: paged
+/// layers are stored as blocks and loaded into `pools`).
+fn open_prompt_cache(
+    config: &EngineConfig,
+    m: &model::LoadedModel,
+    pools: Option<&PagedPools>,
+    commands: Sender<Command>,
+) -> Result<Option<PromptCache>> {
     if config.prompt_cache_bytes == 0 {
         return Ok(None);
     }
@@ -270,8 +276,9 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         s if s.is_quantized() => format!("{};start={}", s.stored_form(), config.kv.start),
         _ => "f32".to_string(),
     };
+    let paged = pools.map_or(String::new(), |p| format!(";paged={}", p.block));
     let compat = format!(
-        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv={kv}{ring}",
+        "model={};tokenizer={:08x};mlx={};device={};arch={};layers={};kv={kv}{ring}{paged}",
         m.fingerprint,
         crc32fast::hash(tokenizer.as_bytes()),
         mlx::version(),
@@ -288,6 +295,7 @@ fn open_prompt_cache(config: &EngineConfig, m: &model::LoadedModel, commands: Se
         layers: caches.len(),
         // Quantized KV layers are not trimmable (`LayerCache::trimmable`).
         trimmable: !config.kv.scheme.is_quantized() && caches.iter().all(crate::cache::LayerCache::trimmable),
+        paged: pools.map(|p| PagedSetup { pools: p.clone(), layers: m.model.kv_layers() }),
     };
     PromptCache::new(setup, config.logger.clone(), commands).map(Some)
 }
@@ -625,7 +633,9 @@ impl Scheduler<'_> {
             (None, Found::Hit(n)) => {
                 let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
                 let claimed = pc.claim(&row.namespace, row.key(), n);
-                claimed.and_then(|c| c.map(|c| self.paged(c).map(|c| (c, n))).transpose())
+                // Paged: the hit shares the entry's blocks (an entry read
+                // from disk was loaded into blocks).
+                claimed.map(|c| c.map(|c| (c, n)))
             }
             (None, _) => {
                 if let Some(pc) = self.pcache.as_mut().filter(|_| row.use_cache) {
@@ -653,21 +663,6 @@ impl Scheduler<'_> {
                 None
             }
         }
-    }
-
-    /// A claimed prompt-cache entry's caches for a paged engine: a hit
-    /// restored from disk is moved into blocks (one from memory shares its
-    /// blocks already).
-    fn paged(&self, cache: Vec<LayerCache>) -> Result<Vec<LayerCache>> {
-        let Some(p) = &self.pools else { return Ok(cache) };
-        cache
-            .into_iter()
-            .zip(&p.layers)
-            .map(|(c, pool)| match pool {
-                Some(pool) => c.into_paged(pool),
-                None => Ok(c),
-            })
-            .collect()
     }
 
     /// A media prompt's image rows for its positions past `row.cached` and
@@ -1023,6 +1018,7 @@ impl Scheduler<'_> {
         let kv = if self.pools.is_some() { blocks.bytes_used as usize } else { kv };
         s.kv_blocks_used.store(blocks.used, Ordering::Relaxed);
         s.kv_blocks_free.store(blocks.free, Ordering::Relaxed);
+        s.kv_blocks_shared.store(blocks.shared, Ordering::Relaxed);
         s.kv_bytes.store(kv, Ordering::Relaxed);
         let (dense, quant) = self.batch.kv_bytes_by_kind();
         let (cd, cq) = self.cohort.as_ref().map_or((0, 0), Cohort::kv_bytes_by_kind);

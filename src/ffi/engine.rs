@@ -491,6 +491,10 @@ pub struct mlxrt_engine_stats {
     /// calls instead, as do iterations with a speculative verify step or an
     /// image prompt.
     pub mixed_steps: u64,
+    /// With `kv_paging`: blocks in use held more than once (a prefix mapped
+    /// by several rows, or by a prompt-cache entry and rows), summed over
+    /// the paged layers' pools.
+    pub kv_blocks_shared: u64,
 }
 
 /// The summary of one kind of trace span in `mlxrt_engine_stats.spans`.
@@ -553,6 +557,7 @@ pub extern "C" fn mlxrt_engine_get_stats(
             encoder_cache_hits: s.encoder_cache_hits,
             tower_runs: s.tower_runs,
             mixed_steps: s.mixed_steps,
+            kv_blocks_shared: s.kv_blocks_shared,
         };
         write_versioned(out, stats, "out")
     })

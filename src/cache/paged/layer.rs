@@ -211,20 +211,4 @@ impl PagedSnapshot {
     pub fn nbytes(&self) -> usize {
         self.blocks.len() * self.pool.borrow().bytes_per_block()
     }
-
-    /// Contiguous keys and values `[1, H, len, ·]` (what an entry file
-    /// stores; it loads back as a dense snapshot).
-    pub fn gather(&self) -> Result<(Array, Array)> {
-        let pool = self.pool.borrow();
-        let [k, v] = pool.planes().ok_or_else(|| Error::internal("a paged snapshot of an empty pool"))?;
-        let n = self.blocks.len() as i32;
-        let ids: Vec<i32> = self.blocks.iter().map(|b| b.id() as i32).collect();
-        let ids = Array::from_i32(&ids, &[n])?;
-        let g = |x: &Array| -> Result<Array> {
-            let (h, bs, d) = (x.dim(1), x.dim(2), x.dim(3));
-            let rows = x.take(&ids, 0)?.transpose(&[1, 0, 2, 3])?.reshape(&[1, h, n * bs, d])?;
-            Ok(rows.slice_axis(2, 0, self.len)?.contiguous()?)
-        };
-        Ok((g(k)?, g(v)?))
-    }
 }

@@ -6,8 +6,10 @@
 //! a prompt-cache snapshot is a list of block references: a row restored
 //! from it shares those blocks until it writes into a partial one (copied
 //! first, copy-on-write). A block returns to its pool's free list when its
-//! last reference is dropped.
+//! last reference is dropped. An entry written to disk keeps its blocks'
+//! layout (`codec`) and is loaded back into fresh blocks.
 
+pub mod codec;
 pub mod layer;
 mod pool;
 

@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::mlx::{paged_write, Array, Dtype};
 use std::cell::RefCell;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
 
 /// Ids free for reuse, most recently freed last.
 type FreeList = Rc<RefCell<Vec<u32>>>;
@@ -48,6 +48,8 @@ pub struct PagedPools {
 pub struct PoolStats {
     pub used: u64,
     pub free: u64,
+    /// Blocks in use by more than one holder (rows, prompt-cache entries).
+    pub shared: u64,
     pub bytes_used: u64,
 }
 
@@ -64,6 +66,7 @@ impl PagedPools {
             let p = p.borrow();
             s.used += p.used() as u64;
             s.free += p.free_count() as u64;
+            s.shared += p.shared_count() as u64;
             s.bytes_used += (p.used() * p.bytes_per_block()) as u64;
         }
         s
@@ -76,6 +79,8 @@ pub struct LayerPool {
     planes: Option<[Array; 2]>,
     capacity: u32,
     free: FreeList,
+    /// By id: the block handed out last (to count the shared ones).
+    handed: Vec<Weak<Block>>,
 }
 
 /// Blocks a pool starts with (about 1k positions), then it doubles.
@@ -83,7 +88,7 @@ const FIRST_POSITIONS: i32 = 1024;
 
 impl LayerPool {
     pub fn new(block: i32) -> LayerPool {
-        LayerPool { block, planes: None, capacity: 0, free: Rc::new(RefCell::new(vec![])) }
+        LayerPool { block, planes: None, capacity: 0, free: Rc::new(RefCell::new(vec![])), handed: vec![] }
     }
 
     pub fn block(&self) -> i32 {
@@ -100,6 +105,11 @@ impl LayerPool {
 
     pub fn used(&self) -> usize {
         self.capacity as usize - self.free_count()
+    }
+
+    /// Blocks in use with more than one holder.
+    pub fn shared_count(&self) -> usize {
+        self.handed.iter().filter(|b| b.strong_count() > 1).count()
     }
 
     /// Bytes of one block (keys and values).
@@ -128,7 +138,9 @@ impl LayerPool {
             self.grow(heads, k_dim, v_dim, dtype)?;
         }
         let id = self.free.borrow_mut().pop().expect("grown above");
-        Ok(Rc::new(Block { id, free: self.free.clone() }))
+        let block = Rc::new(Block { id, free: self.free.clone() });
+        self.handed[id as usize] = Rc::downgrade(&block);
+        Ok(block)
     }
 
     fn grow(&mut self, heads: i32, k_dim: i32, v_dim: i32, dtype: Dtype) -> Result<()> {
@@ -143,6 +155,7 @@ impl LayerPool {
         // Lowest ids first out.
         free.extend((self.capacity..self.capacity + add).rev());
         self.capacity += add;
+        self.handed.resize(self.capacity as usize, Weak::new());
         Ok(())
     }
 
