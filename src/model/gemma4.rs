@@ -414,9 +414,7 @@ impl Gemma4 {
         let mixed = proj.add(&e)?;
         Ok(Some(mixed.multiply(&mixed.scalar_like(0.5f64.sqrt() as f32)?)?))
     }
-}
 
-impl Gemma4 {
     fn run(&self, tokens: &Array, mut pass: Pass) -> Result<Option<Array>> {
         let h0 = self.embed.forward(tokens)?;
         let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
