@@ -21,11 +21,13 @@ use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
+use super::row_set::RowSet;
 use super::spec::draft::Drafter;
 use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::cache::paged::PagedPools;
+use crate::cache::LayerCache;
 use crate::mlx;
 use crate::model::load::TextAssets;
 use crate::mlx::{Array, Dtype};
@@ -104,6 +106,21 @@ fn drain_poisoned(rx: &Receiver<Command>, why: &str) {
             }
             Command::Cancel(_) | Command::CacheIo(_) => {}
             Command::Shutdown => break,
+        }
+    }
+}
+
+/// How an admitted request starts: fresh, or with the caches of its cached
+/// prefix (`row.cached` positions).
+enum Start {
+    Fresh(Entrant),
+    Cached(Entrant, Vec<LayerCache>),
+}
+
+impl Start {
+    fn row(&self) -> &Row {
+        match self {
+            Start::Fresh((row, _)) | Start::Cached((row, _), _) => row,
         }
     }
 }
@@ -422,6 +439,8 @@ impl Scheduler<'_> {
             prefill_chunk: self.config.prefill_chunk,
             step_budget: self.config.step_token_budget,
             pace_cap: self.pacer.cap(),
+            join_tokens: self.config.prefill_join_tokens,
+            paged: self.pools.is_some(),
         }
     }
 
@@ -501,7 +520,8 @@ impl Scheduler<'_> {
             .collect();
         let cohort = self.cohort.as_ref().map(|c| CohortView {
             rows: c.len(),
-            remaining: c.remaining().max(0) as usize,
+            done: c.done().max(0) as usize,
+            weight: c.weight(),
             chunk: c.rows().iter().filter_map(|r| r.prefill_chunk).min(),
             atomic: c.is_atomic(),
         });
@@ -522,11 +542,14 @@ impl Scheduler<'_> {
         match admit {
             Admit::Nothing => Ok(()),
             Admit::Join(n) => {
-                let entrants = self.open_missed(n);
-                let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
-                for e in entrants {
-                    let (t, tokens) = (Instant::now(), e.0.prompt.len());
-                    cohort.join(e)?;
+                for share in &shares[..n] {
+                    let (t, tokens) = (Instant::now(), self.queue.front().map_or(0, |q| q.job.spec.prompt.len()));
+                    let Some(start) = self.open_one(share) else { continue };
+                    let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
+                    match start {
+                        Start::Fresh(e) => cohort.join(e)?,
+                        Start::Cached(e, cache) => cohort.join_cached(e, cache)?,
+                    }
                     self.tracer.record(SpanKind::BatchSetup, 1, tokens, t);
                 }
                 Ok(())
@@ -549,103 +572,102 @@ impl Scheduler<'_> {
                 }
                 Ok(())
             }
-            Admit::FromCache(n) if shares.first().is_some_and(|s| s.from.is_some()) => self.admit_shared(&shares[..n]),
-            Admit::FromCache(_) => {
-                let Some(Found::Hit(tokens)) = self.queue.front().map(|q| q.found) else {
-                    return Err(Error::internal("a prompt-cache start without a hit"));
-                };
-                let Some(mut row) = self.open(1).pop() else { return Ok(()) };
-                let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
+            Admit::FromCache(n) => {
                 let t = Instant::now();
-                let claimed = pc.claim(&row.namespace, row.key(), tokens);
-                self.tracer.record(SpanKind::LookupRestore, 1, tokens, t);
-                match claimed {
-                    Err(e) => {
-                        row.fail(e);
-                        let freed = row.kv_reserved;
-                        drop(row);
-                        self.rows_ended(1, freed);
-                    }
-                    Ok(Some(cache)) => {
-                        // Paged: a hit restored from disk is moved into blocks
-                        // (one from memory shares its blocks already).
-                        let cache = match &self.pools {
-                            Some(p) => cache
-                                .into_iter()
-                                .zip(&p.layers)
-                                .map(|(c, pool)| match pool {
-                                    Some(pool) => c.into_paged(pool),
-                                    None => Ok(c),
-                                })
-                                .collect::<Result<Vec<_>>>()?,
-                            None => cache,
-                        };
-                        row.cached = tokens;
-                        let media = self.media_input(&row)?;
-                        let e = self.entrant(row);
-                        let total = e.0.prompt.len();
-                        let mut cohort = Cohort::with_prefixes(vec![(e, cache)], total, tokens)?;
-                        if let Some(m) = media {
-                            cohort.set_media(m)?;
-                        }
-                        self.cohort = Some(cohort);
-                    }
-                    // Evicted since the probe: start from scratch.
-                    Ok(None) => {
-                        let media = self.media_input(&row)?;
-                        let e = self.entrant(row);
-                        let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?;
-                        if let Some(m) = media {
-                            cohort.set_media(m)?;
-                        }
-                        self.cohort = Some(cohort);
-                    }
+                let starts: Vec<Start> = shares[..n].iter().filter_map(|share| self.open_one(share)).collect();
+                let media = match &starts[..] {
+                    [s] => self.media_input(s.row())?,
+                    _ => None,
+                };
+                let (rows, tokens) = (starts.len(), starts.iter().map(|s| s.row().prompt.len()).sum());
+                let mut cohort = self.start_cohort(starts)?;
+                if let Some(m) = media {
+                    cohort.set_media(m)?;
                 }
+                self.cohort = Some(cohort);
+                self.tracer.record(SpanKind::BatchSetup, rows, tokens, t);
                 Ok(())
             }
         }
     }
 
-    /// Starts the first `shares.len()` queued requests as one cohort, each
-    /// from the shared prefix its share names (mapping its blocks), aligned
-    /// as `planner::hit_group` says.
-    fn admit_shared(&mut self, shares: &[Share]) -> Result<()> {
-        let t = Instant::now();
-        let mut rows = vec![];
-        for s in shares {
-            let from = s.from.ok_or_else(|| Error::internal("a shared start without a prefix"))?;
-            if let Some(row) = self.open(1).pop() {
-                rows.push((row, from));
+    /// A new cohort of rows that start from their cached prefixes or fresh
+    /// (a hit evicted since the probe).
+    fn start_cohort(&self, starts: Vec<Start>) -> Result<Cohort> {
+        let (mut cached, mut fresh) = (vec![], vec![]);
+        for s in starts {
+            match s {
+                Start::Cached(e, cache) => cached.push((e, cache)),
+                Start::Fresh(e) => fresh.push(e),
             }
         }
-        // Without the rows that could not be set up the others still line up,
-        // each mapping as much or more (see `hit_group`).
-        let spans: Vec<(usize, usize)> = rows.iter().map(|(r, (_, n))| (r.prompt.len(), *n)).collect();
-        let (total, done) = planner::hit_group(&spans);
-        let caches: Result<Vec<_>> =
-            rows.iter().map(|(r, (i, _))| self.prefixes.caches(*i, done + r.prompt.len() - total)).collect();
-        let members: Vec<_> = match caches {
-            Ok(c) => rows.into_iter().zip(c).collect(),
-            Err(e) => {
-                let (n, freed) = (rows.len(), rows.iter().map(|(r, _)| r.kv_reserved).sum());
-                rows.into_iter().for_each(|(mut r, _)| r.fail(e.clone()));
-                self.rows_ended(n, freed);
-                return Ok(());
+        if cached.is_empty() {
+            return Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), fresh);
+        }
+        let mut cohort = Cohort::with_prefixes(cached)?;
+        for e in fresh {
+            cohort.join(e)?;
+        }
+        Ok(cohort)
+    }
+
+    /// Turns the queue's head into a row: with the caches of its cached
+    /// prefix (a prompt-cache hit, or with `share` a concurrent row's
+    /// blocks), else fresh (a miss, also when the entry was evicted since
+    /// the probe). None when it could not be set up (it has had its error
+    /// event).
+    fn open_one(&mut self, share: &Share) -> Option<Start> {
+        let found = self.queue.front().map(|q| q.found)?;
+        let mut row = self.open(1).pop()?;
+        let t = Instant::now();
+        let claimed = match (share.from, found) {
+            (Some((i, n)), _) => self.prefixes.caches(i, n).map(|c| Some((c, n))),
+            (None, Found::Hit(n)) => {
+                let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
+                let claimed = pc.claim(&row.namespace, row.key(), n);
+                claimed.and_then(|c| c.map(|c| self.paged(c).map(|c| (c, n))).transpose())
+            }
+            (None, _) => {
+                if let Some(pc) = self.pcache.as_mut().filter(|_| row.use_cache) {
+                    pc.miss();
+                }
+                return Some(Start::Fresh(self.entrant(row)));
             }
         };
-        let n = members.len();
-        let mut mapped = 0;
-        let members = members
+        let mapped = match &claimed {
+            Ok(Some((_, n))) => *n,
+            _ => 0,
+        };
+        self.tracer.record(SpanKind::LookupRestore, 1, mapped, t);
+        match claimed {
+            Ok(Some((cache, n))) => {
+                row.cached = n;
+                Some(Start::Cached(self.entrant(row), cache))
+            }
+            Ok(None) => Some(Start::Fresh(self.entrant(row))),
+            Err(e) => {
+                row.fail(e);
+                let freed = row.kv_reserved;
+                drop(row);
+                self.rows_ended(1, freed);
+                None
+            }
+        }
+    }
+
+    /// A claimed prompt-cache entry's caches for a paged engine: a hit
+    /// restored from disk is moved into blocks (one from memory shares its
+    /// blocks already).
+    fn paged(&self, cache: Vec<LayerCache>) -> Result<Vec<LayerCache>> {
+        let Some(p) = &self.pools else { return Ok(cache) };
+        cache
             .into_iter()
-            .map(|((mut row, _), cache)| {
-                row.cached = done + row.prompt.len() - total;
-                mapped += row.cached;
-                (self.entrant(row), cache)
+            .zip(&p.layers)
+            .map(|(c, pool)| match pool {
+                Some(pool) => c.into_paged(pool),
+                None => Ok(c),
             })
-            .collect();
-        self.cohort = Some(Cohort::with_prefixes(members, total, done)?);
-        self.tracer.record(SpanKind::LookupRestore, n, mapped, t);
-        Ok(())
+            .collect()
     }
 
     /// A media prompt's image rows for its positions past `row.cached` and
@@ -911,9 +933,11 @@ impl Scheduler<'_> {
                 }
             }
         }
-        if let Some(first) = progress.first {
-            self.keep_shared_prefixes();
-            let rows = self.cohort.take().expect("checked above").into_set();
+        if let Some((rows, first)) = progress.ready {
+            if self.cohort.as_ref().is_some_and(|c| c.len() == 0) {
+                self.cohort = None;
+            }
+            self.keep_shared_prefixes(&rows);
             let (t, n) = (Instant::now(), rows.len());
             self.batch.join(rows, first)?;
             self.tracer.record(SpanKind::BatchSetup, n, 0, t);
@@ -921,16 +945,16 @@ impl Scheduler<'_> {
         Ok(())
     }
 
-    /// Keeps the prompts of the cohort's rows (prefill just ended) whose
-    /// blocks queued requests can map (`prefix_share`).
-    fn keep_shared_prefixes(&mut self) {
-        let (Some(pools), Some(c)) = (&self.pools, &self.cohort) else { return };
+    /// Keeps the prompts of `rows` (their prefill just ended) whose blocks
+    /// queued requests can map (`prefix_share`).
+    fn keep_shared_prefixes(&mut self, rows: &RowSet) {
+        let Some(pools) = &self.pools else { return };
         let block = pools.block as usize;
         let askers = self.askers();
         let mut keep = vec![];
-        for (i, r) in c.rows().iter().enumerate() {
+        for (i, r) in rows.rows.iter().enumerate() {
             if r.use_cache && r.media.is_none() && SharedPrefixes::wanted(block, &r.namespace, r.key(), &askers) {
-                match c.snapshot(i, r.prompt.len()) {
+                match rows.snapshot(i, r.prompt.len(), false) {
                     Ok(s) => keep.push((r.namespace.clone(), r.key().to_vec(), s)),
                     // The requests waiting for it start without it.
                     Err(e) => self.config.logger.log(LogLevel::Warn, format!("prefix sharing: snapshot skipped: {e}")),
