@@ -7,6 +7,7 @@
 //! attention (`mlx::fused_sdpa`; a sliding window computed in the kernel).
 
 use super::layers::{FusedLinear, Kernels, Linear, LinearGroup, RmsNorm, Rope};
+use super::pass::Pass;
 use super::weights::Weights;
 use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvView, LayerCache, Positions};
@@ -49,17 +50,6 @@ impl Masks {
     pub fn window(&self) -> Result<&AttnMask> {
         self.window.as_ref().ok_or_else(|| Error::internal("a sliding-window layer in a model without its cache"))
     }
-}
-
-/// One group of a mixed forward, as one attention layer sees it: `rows`
-/// sequences of `len` new tokens each, with that layer's cache and the
-/// group's RoPE positions and masks.
-pub struct AttnGroup<'a> {
-    pub cache: &'a mut LayerCache,
-    pub pos: &'a Positions,
-    pub masks: &'a Masks,
-    pub rows: i32,
-    pub len: i32,
 }
 
 /// Shapes and options of an attention layer.
@@ -133,36 +123,17 @@ impl Attention {
         })
     }
 
-    /// Attends through `cache`: a `KvCache` for a full layer, a `RingCache`
-    /// of the layer's window for a sliding one.
-    pub fn forward(&self, x: &Array, cache: &mut LayerCache, pos: &Positions, masks: &Masks) -> Result<Array> {
+    /// Attends through layer `layer`'s cache of each of the pass's row
+    /// sets (a `KvCache` for a full layer, a `RingCache` of the layer's
+    /// window for a sliding one) with their positions and masks. The
+    /// projections run on the whole input at once.
+    pub fn forward(&self, x: &Array, pass: &mut Pass, layer: usize) -> Result<Array> {
         let (q, k, v, gate) = self.project(x)?;
-        let o = self.attend(q, k, v, cache, pos, masks)?;
-        self.output(o, gate)
-    }
-
-    /// `forward` of several groups of sequences packed into one `[1, T, dim]`
-    /// input (a mixed forward, see `LanguageModel::forward_mixed`): the
-    /// projections run on all tokens at once, attention per group through
-    /// the group's own cache, positions and masks.
-    pub fn forward_groups(&self, x: &Array, groups: &mut [AttnGroup]) -> Result<Array> {
-        let (q, k, v, gate) = self.project(x)?;
-        let mut parts = Vec::with_capacity(groups.len());
-        let mut at = 0;
-        for g in groups.iter_mut() {
-            let n = g.rows * g.len;
-            let part = |a: &Array| -> Result<Array> {
-                let s = a.shape();
-                Ok(a.slice_axis(1, at, at + n)?.reshape(&[g.rows, g.len, s[2], s[3]])?)
-            };
-            let o = self.attend(part(&q)?, part(&k)?, part(&v)?, g.cache, g.pos, g.masks)?;
-            parts.push(o.reshape(&[1, n, self.heads * self.head_dim])?);
-            at += n;
-        }
-        if at != x.dim(1) {
-            return Err(Error::internal("mixed forward: the groups do not cover the input"));
-        }
-        let o = Array::concatenate(&parts.iter().collect::<Vec<_>>(), 1)?;
+        let o = pass.each(vec![q, k, v], |_, qkv, cache, ctx| {
+            let mut qkv = qkv.into_iter();
+            let mut next = || qkv.next().expect("q, k and v");
+            self.attend(next(), next(), next(), &mut cache[layer], &ctx.pos, &ctx.masks)
+        })?;
         self.output(o, gate)
     }
 

@@ -3,13 +3,14 @@
 //! output head. The family files (llama.rs, qwen2.rs, qwen3.rs,
 //! qwen3_moe.rs) read their configs and checkpoints into it.
 
-use super::attention::{AttnGroup, Attention, Masks};
-use super::layers::{output_positions, Embedding, Head, Mlp, RmsNorm};
+use super::attention::Attention;
+use super::layers::{Embedding, Head, Mlp, RmsNorm};
 use super::moe::SparseMoe;
+use super::pass::Pass;
 use super::{Group, LanguageModel, ModelInfo, Output};
 use crate::cache::scheme::KvLayer;
 use crate::cache::{KvCache, LayerCache};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::mlx::Array;
 
 /// A block's feed-forward part.
@@ -49,6 +50,19 @@ pub struct Decoder {
     pub info: ModelInfo,
 }
 
+impl Decoder {
+    fn run(&self, tokens: &Array, mut pass: Pass) -> Result<Option<Array>> {
+        let mut h = self.embed.forward(tokens)?;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let a = blk.attn.forward(&blk.input_norm.forward(&h)?, &mut pass, i)?;
+            h = h.add(&a)?;
+            let m = blk.ffn.forward(&blk.post_norm.forward(&h)?)?;
+            h = h.add(&m)?;
+        }
+        pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
+    }
+}
+
 impl LanguageModel for Decoder {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -63,21 +77,7 @@ impl LanguageModel for Decoder {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        if cache.len() != self.blocks.len() {
-            return Err(Error::internal("cache has the wrong number of layers"));
-        }
-        let pos = cache[0].positions()?;
-        let masks = Masks::new(cache, tokens.dim(1))?;
-        let mut h = self.embed.forward(tokens)?;
-        for (blk, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            let a = blk.attn.forward(&blk.input_norm.forward(&h)?, c, &pos, &masks)?;
-            h = h.add(&a)?;
-            let m = blk.ffn.forward(&blk.post_norm.forward(&h)?)?;
-            h = h.add(&m)?;
-        }
-        let Some(h) = output_positions(h, out)? else { return Ok(None) };
-        let h = self.norm.forward(&h)?;
-        Ok(Some(self.head.forward(&h, &self.embed)?))
+        self.run(tokens, Pass::single(cache, tokens.dim(1), out, self.blocks.len())?)
     }
 
     fn supports_mixed(&self) -> bool {
@@ -85,35 +85,7 @@ impl LanguageModel for Decoder {
     }
 
     fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
-        if groups.iter().any(|g| g.cache.len() != self.blocks.len()) {
-            return Err(Error::internal("cache has the wrong number of layers"));
-        }
-        let mut ctx = Vec::with_capacity(groups.len());
-        for g in groups.iter() {
-            ctx.push((g.cache[0].positions()?, Masks::new(g.cache, g.len)?));
-        }
-        let mut h = self.embed.forward(tokens)?;
-        for (i, blk) in self.blocks.iter().enumerate() {
-            let mut parts: Vec<AttnGroup> = (groups.iter_mut().zip(&ctx))
-                .map(|(g, (pos, masks))| AttnGroup { cache: &mut g.cache[i], pos, masks, rows: g.rows, len: g.len })
-                .collect();
-            let a = blk.attn.forward_groups(&blk.input_norm.forward(&h)?, &mut parts)?;
-            h = h.add(&a)?;
-            let m = blk.ffn.forward(&blk.post_norm.forward(&h)?)?;
-            h = h.add(&m)?;
-        }
-        let (mut at, mut idx) = (0, vec![]);
-        for g in groups.iter() {
-            idx.extend(g.outputs().into_iter().map(|p| at + p));
-            at += g.rows * g.len;
-        }
-        if idx.is_empty() {
-            return Ok(None);
-        }
-        let n = idx.len() as i32;
-        let h = h.take(&Array::from_i32(&idx, &[n])?, 1)?;
-        let h = self.norm.forward(&h)?;
-        Ok(Some(self.head.forward(&h, &self.embed)?.reshape(&[n, -1])?))
+        self.run(tokens, Pass::mixed(tokens, groups, self.blocks.len())?)
     }
 
     fn parameters(&self) -> Vec<&Array> {

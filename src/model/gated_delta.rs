@@ -13,6 +13,7 @@
 //! row computes exactly what it computes alone.
 
 use super::layers::{LinearGroup, FusedLinear, Linear, RmsNorm};
+use super::pass::Pass;
 use super::weights::Weights;
 use crate::cache::StateCache;
 use crate::error::{Error, Result};
@@ -153,15 +154,35 @@ impl GatedDeltaNet {
         Ok((qkv, z.reshape(&[bsz, len, hv, s.v_dim])?, b, a))
     }
 
-    pub fn forward(&self, x: &Array, cache: &mut StateCache, mask: Option<&Array>) -> Result<Array> {
-        let s = &self.s;
-        let sh = x.shape();
-        let (bsz, len) = (sh[0], sh[1]);
+    /// Runs through layer `layer`'s `StateCache` of each of the pass's row
+    /// sets (with its token mask); the projections, gates and output run on
+    /// the whole input at once.
+    pub fn forward(&self, x: &Array, pass: &mut Pass, layer: usize) -> Result<Array> {
         let (qkv, z, b, a) = self.project(x)?;
+        let beta = b.sigmoid()?;
+        let g = decay(&self.a_log, &a, &self.dt_bias)?;
+        let y = pass.each(vec![qkv, beta, g], |_, x, cache, ctx| {
+            let mut x = x.into_iter();
+            let mut next = || x.next().expect("qkv, beta and g");
+            self.recur(next(), next(), next(), cache[layer].state_mut()?, ctx.token_mask.as_ref())
+        })?;
+        // Gated RMSNorm: silu(z) * norm(y), in f32, back to the input dtype.
+        let n = self.norm.forward(&y)?;
+        let out = z.astype(Dtype::F32)?.silu()?.multiply(&n.astype(Dtype::F32)?)?.astype(y.dtype())?;
+        let sh = x.shape();
+        self.out_proj.forward(&out.reshape(&[sh[0], sh[1], self.s.value_dim()])?)
+    }
+
+    /// The convolution and the gated delta rule of `[B, S, …]` rows after
+    /// what `cache` holds (`mask`: their real tokens); `y` is `[B, S, Hv, Dv]`.
+    fn recur(&self, qkv: Array, beta: Array, g: Array, cache: &mut StateCache, mask: Option<&Array>) -> Result<Array> {
+        let s = &self.s;
+        let sh = qkv.shape();
+        let (bsz, len) = (sh[0], sh[1]);
         let k1 = s.kernel - 1;
         let conv_state = match cache.conv() {
             Some(c) => c.share(),
-            None => Array::zeros(&[bsz, k1, s.conv_dim()], x.dtype())?,
+            None => Array::zeros(&[bsz, k1, s.conv_dim()], qkv.dtype())?,
         };
         let qkv = match mask {
             Some(m) => Array::select(&m.expand_dims(-1)?, &qkv, &qkv.scalar_like(0.0)?)?,
@@ -187,8 +208,6 @@ impl GatedDeltaNet {
         let q = q.multiply(&q.scalar_like((inv * inv) as f32)?)?;
         let k = fast::rms_norm_plain(&k, eps)?;
         let k = k.multiply(&k.scalar_like(inv as f32)?)?;
-        let beta = b.sigmoid()?;
-        let g = decay(&self.a_log, &a, &self.dt_bias)?;
         let state = match cache.recurrent() {
             Some(st) => st.share(),
             None => Array::zeros(&[bsz, s.v_heads, s.v_dim, s.k_dim], Dtype::F32)?,
@@ -200,10 +219,7 @@ impl GatedDeltaNet {
         let (y, state) = fast::gated_delta_update(&f32(&q)?, &f32(&k)?, &f32(&v)?, &g, &f32(&beta)?, &state, mask)?;
         let y = if y.dtype() != v.dtype() { y.astype(v.dtype())? } else { y };
         cache.update(new_conv, state, len)?;
-        // Gated RMSNorm: silu(z) * norm(y), in f32, back to the input dtype.
-        let n = self.norm.forward(&y)?;
-        let out = z.astype(Dtype::F32)?.silu()?.multiply(&n.astype(Dtype::F32)?)?.astype(y.dtype())?;
-        self.out_proj.forward(&out.reshape(&[bsz, len, s.value_dim()])?)
+        Ok(y)
     }
 
     pub fn arrays(&self) -> Vec<&Array> {

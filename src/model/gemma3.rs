@@ -9,11 +9,12 @@
 //! (`RingCache`, mlx-lm's `RotatingKVCache`): their memory and attention cost
 //! stay bounded by the window however long the context grows.
 
-use super::attention::{AttnSpec, Attention, Masks};
-use super::layers::{output_positions, Act, Embedding, Head, Mlp, RmsNorm, Rope};
+use super::attention::{AttnSpec, Attention};
+use super::layers::{Act, Embedding, Head, Mlp, RmsNorm, Rope};
 use super::load::FamilyConfig;
+use super::pass::Pass;
 use super::weights::Weights;
-use super::{LanguageModel, MediaInput, ModelInfo, Output};
+use super::{Group, LanguageModel, MediaInput, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
 use crate::cache::{KvCache, LayerCache, RingCache};
 use crate::error::{Error, Result};
@@ -159,23 +160,16 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Gemm
 }
 
 impl Gemma3 {
-    /// The layers over input embeddings `h` (`[B, L, hidden]`, unscaled).
-    fn run(&self, h: Array, len: i32, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        if cache.len() != self.blocks.len() {
-            return Err(Error::internal("cache has the wrong number of layers"));
-        }
-        let pos = cache[0].positions()?;
-        let masks = Masks::new(cache, len)?;
+    /// The layers over input embeddings `h` (unscaled) of the pass's tokens.
+    fn run(&self, h: Array, mut pass: Pass) -> Result<Option<Array>> {
         let mut h = h.multiply(&h.scalar_like(self.embed_scale)?)?;
-        for (b, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            let r = b.attn.forward(&b.input_norm.forward(&h)?, c, &pos, &masks)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let r = b.attn.forward(&b.input_norm.forward(&h)?, &mut pass, i)?;
             h = residual(&h, &b.post_attn_norm.forward(&r)?)?;
             let r = b.mlp.forward(&b.pre_ff_norm.forward(&h)?)?;
             h = residual(&h, &b.post_ff_norm.forward(&r)?)?;
         }
-        let Some(h) = output_positions(h, out)? else { return Ok(None) };
-        let h = self.norm.forward(&h)?;
-        Ok(Some(self.head.forward(&h, &self.embed)?))
+        pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
     }
 }
 
@@ -194,8 +188,15 @@ impl LanguageModel for Gemma3 {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        let h = self.embed.forward(tokens)?;
-        self.run(h, tokens.dim(1), cache, out)
+        self.run(self.embed.forward(tokens)?, Pass::single(cache, tokens.dim(1), out, self.blocks.len())?)
+    }
+
+    fn supports_mixed(&self) -> bool {
+        true
+    }
+
+    fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
+        self.run(self.embed.forward(tokens)?, Pass::mixed(tokens, groups, self.blocks.len())?)
     }
 
     /// As mlx-vlm's gemma3 `get_input_embeddings`: token embeddings, zero at
@@ -204,7 +205,7 @@ impl LanguageModel for Gemma3 {
     /// over image tokens, as mlx-vlm's `generate` runs it.
     fn forward_media(&self, tokens: &Array, media: &MediaInput, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
         let h = media.splice(&self.embed.forward(tokens)?)?;
-        self.run(h, tokens.dim(1), cache, out)
+        self.run(h, Pass::single(cache, tokens.dim(1), out, self.blocks.len())?)
     }
 
     fn parameters(&self) -> Vec<&Array> {

@@ -19,14 +19,14 @@
 //! (`RingCache`), as in gemma3.rs; a KV-shared sliding layer attends to the
 //! keys its donor's ring returned, with the same mask.
 
-use super::attention::Masks;
-use super::layers::{gelu_tanh, output_positions, Act, Embedding, FusedLinear, Head, Kernels, Linear, LinearGroup, Mlp, RmsNorm, Rope};
+use super::layers::{gelu_tanh, Act, Embedding, FusedLinear, Head, Kernels, Linear, LinearGroup, Mlp, RmsNorm, Rope};
 use super::load::FamilyConfig;
 use super::moe::SwitchGlu;
+use super::pass::Pass;
 use super::weights::Weights;
-use super::{LanguageModel, ModelInfo, Output};
+use super::{Group, LanguageModel, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
-use crate::cache::{AttnMask, KvCache, KvView, LayerCache, Positions, RingCache};
+use crate::cache::{KvCache, KvView, LayerCache, RingCache};
 use crate::error::{Error, Result};
 use crate::mlx::{fast, Array, Dtype};
 use serde::Deserialize;
@@ -122,45 +122,53 @@ struct Attn {
 }
 
 impl Attn {
-    /// Returns the output and the keys/values it attended to (for the layers
-    /// that share them).
-    fn forward(
-        &self,
-        x: &Array,
-        cache: Option<&mut LayerCache>,
-        shared: Option<&KvView>,
-        pos: &Positions,
-        mask: &AttnMask,
-    ) -> Result<(Array, KvView)> {
+    /// Attends through layer `layer`'s cache of each of the pass's row sets,
+    /// or through `shared` (per row set, the keys and values the donor layer
+    /// attended to). Returns the output and, per row set, the keys and values
+    /// it attended to (for the layers that share them).
+    fn forward(&self, x: &Array, pass: &mut Pass, layer: usize, shared: Option<&[KvView]>) -> Result<(Array, Vec<KvView>)> {
         let s = x.shape();
         let (b, l, hd) = (s[0], s[1], self.head_dim);
         let parts = self.proj.forward(x)?;
         let q = self.q_norm.forward(&parts[0].reshape(&[b, l, self.heads, hd])?)?;
-        let q = self.rope.forward(&q.transpose(&[0, 2, 1, 3])?, pos)?;
-        let kv = match (shared, self.has_kv) {
-            (Some(kv), _) => kv.share(),
+        let inputs = match (shared, self.has_kv) {
+            (Some(_), _) => vec![q],
             (None, false) => return Err(Error::internal("a KV-shared layer got no keys")),
             (None, true) => {
                 let k = parts[1].reshape(&[b, l, self.kv_heads, hd])?;
                 let v = if self.k_eq_v { k.share() } else { parts[2].reshape(&[b, l, self.kv_heads, hd])? };
                 let k = self.k_norm.as_ref().expect("layers with keys have k_norm").forward(&k)?;
-                let k = self.rope.forward(&k.transpose(&[0, 2, 1, 3])?, pos)?;
-                let v = fast::rms_norm_plain(&v, self.eps)?.transpose(&[0, 2, 1, 3])?;
-                // A ring returns only the keys inside the new queries'
-                // windows; the layers sharing them see the same.
-                match (cache, self.sliding) {
-                    (Some(LayerCache::Ring(c)), true) => {
-                        let (keys, values) = c.update_and_fetch(&k, &v)?;
-                        KvView::Dense { keys, values }
-                    }
-                    (Some(c), false) => c.kv_mut()?.update_with(&k, &v, self.kernels)?,
-                    _ => return Err(Error::internal("a layer with keys got no cache of its kind")),
-                }
+                vec![q, k, fast::rms_norm_plain(&v, self.eps)?]
             }
         };
-        let o = kv.attend(&q, 1.0, mask, self.kernels)?;
-        let o = o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * hd])?;
-        Ok((self.o.forward(&o)?, kv))
+        let mut views = vec![];
+        let o = pass.each(inputs, |g, x, cache, ctx| {
+            let (rows, len) = (x[0].dim(0), x[0].dim(1));
+            let mut x = x.into_iter();
+            let q = self.rope.forward(&x.next().expect("q").transpose(&[0, 2, 1, 3])?, &ctx.pos)?;
+            let kv = match shared {
+                Some(kvs) => kvs[g].share(),
+                None => {
+                    let k = self.rope.forward(&x.next().expect("k").transpose(&[0, 2, 1, 3])?, &ctx.pos)?;
+                    let v = x.next().expect("v").transpose(&[0, 2, 1, 3])?;
+                    // A ring returns only the keys inside the new queries'
+                    // windows; the layers sharing them see the same.
+                    match (cache.get_mut(layer), self.sliding) {
+                        (Some(LayerCache::Ring(c)), true) => {
+                            let (keys, values) = c.update_and_fetch(&k, &v)?;
+                            KvView::Dense { keys, values }
+                        }
+                        (Some(c), false) => c.kv_mut()?.update_with(&k, &v, self.kernels)?,
+                        _ => return Err(Error::internal("a layer with keys got no cache of its kind")),
+                    }
+                }
+            };
+            let mask = if self.sliding { ctx.masks.window()? } else { ctx.masks.full()? };
+            let o = kv.attend(&q, 1.0, mask, self.kernels)?;
+            views.push(kv);
+            Ok(o.transpose(&[0, 2, 1, 3])?.reshape(&[rows, len, self.heads * hd])?)
+        })?;
+        Ok((self.o.forward(&o)?, views))
     }
 }
 
@@ -406,6 +414,38 @@ impl Gemma4 {
         let mixed = proj.add(&e)?;
         Ok(Some(mixed.multiply(&mixed.scalar_like(0.5f64.sqrt() as f32)?)?))
     }
+
+    fn run(&self, tokens: &Array, mut pass: Pass) -> Result<Option<Array>> {
+        let h0 = self.embed.forward(tokens)?;
+        let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
+        let per_layer = self.per_layer_inputs(tokens, &h)?;
+        // Per layer with its own keys: those it attended to, per row set.
+        let mut kvs: Vec<Option<Vec<KvView>>> = Vec::with_capacity(self.blocks.len());
+        for (i, b) in self.blocks.iter().enumerate() {
+            let own = b.kv_from == i;
+            let shared = if own { None } else { kvs[b.kv_from].as_deref() };
+            let (r, kv) = b.attn.forward(&b.input_norm.forward(&h)?, &mut pass, i, shared)?;
+            h = h.add(&b.post_attn_norm.forward(&r)?)?;
+            h = h.add(&b.post_ff_norm.forward(&b.ffn(&h)?)?)?;
+            if let (Some(p), Some(inputs)) = (&b.per_layer, &per_layer) {
+                let x = inputs.slice_axis(2, i as i32, i as i32 + 1)?.squeeze(2)?;
+                let g = gelu_tanh(&p.gate.forward(&h)?)?.multiply(&x)?;
+                h = h.add(&p.norm.forward(&p.projection.forward(&g)?)?)?;
+            }
+            h = h.multiply(&b.layer_scalar)?;
+            kvs.push(own.then_some(kv));
+        }
+        pass.logits(h, |h| {
+            let logits = self.head.forward(&self.norm.forward(h)?, &self.embed)?;
+            Ok(match self.softcap {
+                Some(c) => {
+                    let cap = logits.scalar_like(c)?;
+                    logits.divide(&cap)?.tanh()?.multiply(&cap)?
+                }
+                None => logits,
+            })
+        })
+    }
 }
 
 impl Block {
@@ -454,41 +494,15 @@ impl LanguageModel for Gemma4 {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        if cache.len() != self.cached_layers {
-            return Err(Error::internal("cache has the wrong number of layers"));
-        }
-        let pos = cache[0].positions()?;
-        let masks = Masks::new(cache, tokens.dim(1))?;
-        let h0 = self.embed.forward(tokens)?;
-        let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
-        let per_layer = self.per_layer_inputs(tokens, &h)?;
-        let mut kvs: Vec<Option<KvView>> = Vec::with_capacity(self.blocks.len());
-        for (i, b) in self.blocks.iter().enumerate() {
-            let mask = if b.attn.sliding { masks.window()? } else { masks.full()? };
-            let own = b.kv_from == i;
-            let shared = if own { None } else { kvs[b.kv_from].as_ref() };
-            let c = if own { Some(&mut cache[i]) } else { None };
-            let (r, kv) = b.attn.forward(&b.input_norm.forward(&h)?, c, shared, &pos, mask)?;
-            h = h.add(&b.post_attn_norm.forward(&r)?)?;
-            h = h.add(&b.post_ff_norm.forward(&b.ffn(&h)?)?)?;
-            if let (Some(p), Some(inputs)) = (&b.per_layer, &per_layer) {
-                let x = inputs.slice_axis(2, i as i32, i as i32 + 1)?.squeeze(2)?;
-                let g = gelu_tanh(&p.gate.forward(&h)?)?.multiply(&x)?;
-                h = h.add(&p.norm.forward(&p.projection.forward(&g)?)?)?;
-            }
-            h = h.multiply(&b.layer_scalar)?;
-            kvs.push(own.then_some(kv));
-        }
-        let Some(h) = output_positions(h, out)? else { return Ok(None) };
-        let h = self.norm.forward(&h)?;
-        let logits = self.head.forward(&h, &self.embed)?;
-        Ok(Some(match self.softcap {
-            Some(c) => {
-                let cap = logits.scalar_like(c)?;
-                logits.divide(&cap)?.tanh()?.multiply(&cap)?
-            }
-            None => logits,
-        }))
+        self.run(tokens, Pass::single(cache, tokens.dim(1), out, self.cached_layers)?)
+    }
+
+    fn supports_mixed(&self) -> bool {
+        true
+    }
+
+    fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
+        self.run(tokens, Pass::mixed(tokens, groups, self.cached_layers)?)
     }
 
     fn parameters(&self) -> Vec<&Array> {

@@ -12,6 +12,7 @@ pub mod layers;
 pub mod llama;
 pub mod load;
 pub mod moe;
+pub mod pass;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;

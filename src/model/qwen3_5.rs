@@ -10,14 +10,15 @@
 //! of this model whole only, and snapshots prompts at their boundary.
 //! Qwen3.5 checkpoints nest the text model under `language_model.`.
 
-use super::attention::{AttnSpec, Attention, Masks};
+use super::attention::{AttnSpec, Attention};
 use super::decoder::Ffn;
 use super::gated_delta::{DeltaSpec, GatedDeltaNet, Layout};
-use super::layers::{output_positions, Act, Embedding, Head, Mlp, RmsNorm, Rope};
+use super::layers::{Act, Embedding, Head, Mlp, RmsNorm, Rope};
 use super::load::FamilyConfig;
 use super::moe::{MoeSpec, SparseMoe};
+use super::pass::Pass;
 use super::weights::Weights;
-use super::{bounded_chunk, LanguageModel, ModelInfo, Output};
+use super::{bounded_chunk, Group, LanguageModel, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
 use crate::cache::{KvCache, LayerCache, StateCache};
 use crate::error::{Error, Result};
@@ -244,6 +245,22 @@ pub fn load(model_type: &str, config: &Value, w: &mut Weights, mut info: ModelIn
     Ok(Box::new(Hybrid { embed, blocks, norm, head, attn_heads, info }))
 }
 
+impl Hybrid {
+    fn run(&self, tokens: &Array, mut pass: Pass) -> Result<Option<Array>> {
+        let mut h = self.embed.forward(tokens)?;
+        for (i, b) in self.blocks.iter().enumerate() {
+            let x = b.input_norm.forward(&h)?;
+            let r = match &b.mixer {
+                Mixer::Linear(l) => l.forward(&x, &mut pass, i)?,
+                Mixer::Attn(a) => a.forward(&x, &mut pass, i)?,
+            };
+            h = h.add(&r)?;
+            h = h.add(&b.ffn.forward(&b.post_norm.forward(&h)?)?)?;
+        }
+        pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
+    }
+}
+
 impl LanguageModel for Hybrid {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -270,30 +287,15 @@ impl LanguageModel for Hybrid {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        if cache.len() != self.blocks.len() {
-            return Err(Error::internal("cache has the wrong number of layers"));
-        }
-        let n = tokens.dim(1);
-        let kv = cache.iter().find_map(|c| c.kv().ok()).ok_or_else(|| Error::internal("no attention layer cache"))?;
-        let pos = kv.positions()?;
-        let masks = Masks::new(cache, n)?;
-        let token_mask = match cache.iter_mut().find_map(|c| c.state_mut().ok()) {
-            Some(s) => s.token_mask(n)?,
-            None => None,
-        };
-        let mut h = self.embed.forward(tokens)?;
-        for (b, c) in self.blocks.iter().zip(cache.iter_mut()) {
-            let x = b.input_norm.forward(&h)?;
-            let r = match &b.mixer {
-                Mixer::Linear(l) => l.forward(&x, c.state_mut()?, token_mask.as_ref())?,
-                Mixer::Attn(a) => a.forward(&x, c, &pos, &masks)?,
-            };
-            h = h.add(&r)?;
-            h = h.add(&b.ffn.forward(&b.post_norm.forward(&h)?)?)?;
-        }
-        let Some(h) = output_positions(h, out)? else { return Ok(None) };
-        let h = self.norm.forward(&h)?;
-        Ok(Some(self.head.forward(&h, &self.embed)?))
+        self.run(tokens, Pass::single(cache, tokens.dim(1), out, self.blocks.len())?)
+    }
+
+    fn supports_mixed(&self) -> bool {
+        true
+    }
+
+    fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
+        self.run(tokens, Pass::mixed(tokens, groups, self.blocks.len())?)
     }
 
     fn parameters(&self) -> Vec<&Array> {
