@@ -1,20 +1,18 @@
 //! The cache of one model layer, whatever its kind: keys and values of a
 //! full-attention layer (`KvCache`), the ring of a sliding-window layer
 //! (`RingCache`), the recurrent state of a linear-attention layer
-//! (`StateCache`), or with `kv_paging` a full-attention layer's blocks in
-//! the engine's pool (`PagedKv`). The engine drives every
+//! (`StateCache`), or with `kv_paging` an attention layer's blocks in the
+//! engine's pools (`PagedKv`: full or sliding-window, dense or quantized). The engine drives every
 //! kind through the same methods; a model builds the kinds it needs
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
 use super::kv::QuantRow;
-use super::paged::{LayerPool, PagedKv, PagedSnapshot};
+use super::paged::{PagedKv, PagedLayer, PagedSnapshot};
 use super::scheme::KvScheme;
 use super::state::StateCheckpoint;
 use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
-use std::cell::RefCell;
-use std::rc::Rc;
 
 pub enum LayerCache {
     Kv(KvCache),
@@ -41,11 +39,21 @@ impl LayerCache {
     /// past its `quantized_kv_start` has dropped the float copy a shorter
     /// prefix below the start would need, so its snapshots are taken at the
     /// marks themselves. A prompt-cache entry of a model with any
-    /// non-trimmable layer is only usable at exactly its length.
+    /// non-trimmable layer is only usable at exactly its length. Paged
+    /// layers follow the same rules as the caches they stand for.
     pub fn trimmable(&self) -> bool {
         match self {
             LayerCache::Kv(c) => !c.is_quantized(),
-            LayerCache::Paged(_) => true,
+            LayerCache::Paged(c) => c.trimmable(),
+            _ => false,
+        }
+    }
+
+    /// Whether keys and values are stored quantized (contiguous or paged).
+    pub fn is_quantized(&self) -> bool {
+        match self {
+            LayerCache::Kv(c) => c.is_quantized(),
+            LayerCache::Paged(c) => c.is_quantized(),
             _ => false,
         }
     }
@@ -114,8 +122,10 @@ impl LayerCache {
 
     /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).
     pub fn set_starts(&mut self, starts: &[i32]) {
-        if let LayerCache::Kv(c) = self {
-            c.set_starts(starts);
+        match self {
+            LayerCache::Kv(c) => c.set_starts(starts),
+            LayerCache::Paged(c) => c.set_starts(starts),
+            _ => {}
         }
     }
 
@@ -254,20 +264,38 @@ impl LayerCache {
         }
     }
 
-    /// A one-row dense KV cache (a prompt-cache hit restored from disk)
-    /// moved into blocks of `pool`; other caches as they are.
-    pub fn into_paged(self, pool: &Rc<RefCell<LayerPool>>) -> Result<LayerCache> {
-        match self {
-            LayerCache::Kv(c) if !c.is_quantized() && c.rows() == 1 => {
-                let mut p = PagedKv::new(1, pool.clone());
-                if c.row_len(0) > 0 {
-                    let (k, v) = c.row_view(0, 0, c.row_len(0))?;
-                    p.update(&k, &v)?;
-                }
-                Ok(LayerCache::Paged(p))
-            }
-            c => Ok(c),
+    /// A one-row contiguous cache (a prompt-cache hit restored from disk:
+    /// dense or quantized KV, a ring) moved into fresh blocks of `layer`;
+    /// other caches as they are.
+    pub fn into_paged(self, layer: &PagedLayer) -> Result<LayerCache> {
+        let fits = match &self {
+            LayerCache::Kv(c) => c.is_quantized() == layer.scheme.is_quantized() && layer.window.is_none(),
+            LayerCache::Ring(c) => layer.window == Some(c.window()) && !layer.scheme.is_quantized(),
+            _ => true,
+        };
+        if !fits {
+            return Err(Error::internal("a restored cache of another layout than its paged layer"));
         }
+        if matches!(&self, LayerCache::Kv(_) | LayerCache::Ring(_)) && self.rows() == 1 && self.row_len(0) == 0 {
+            return Ok(LayerCache::Paged(PagedKv::new(1, layer.clone())));
+        }
+        let paged = match &self {
+            LayerCache::Kv(c) if c.rows() == 1 && c.is_quantized() => {
+                let QuantRow { planes, float, start, .. } = c.row_quant(0, c.row_len(0))?;
+                let float = float.map(|(k, v)| [k, v]);
+                PagedKv::from_planes(layer, c.row_len(0), start, &planes, float.as_ref().map(|f| &f[..]))?
+            }
+            LayerCache::Kv(c) if c.rows() == 1 => {
+                let (k, v) = c.row_view(0, 0, c.row_len(0))?;
+                PagedKv::from_planes(layer, c.row_len(0), 0, &[k, v], None)?
+            }
+            LayerCache::Ring(c) if c.rows() == 1 => {
+                let (k, v) = c.row_tail(0, c.row_len(0))?;
+                PagedKv::from_planes(layer, c.row_len(0), 0, &[k, v], None)?
+            }
+            _ => return Ok(self),
+        };
+        Ok(LayerCache::Paged(paged))
     }
 
     pub fn nbytes(&self) -> usize {
@@ -285,7 +313,7 @@ impl LayerCache {
             LayerCache::Kv(c) => c.nbytes_by_kind(),
             LayerCache::Ring(c) => (c.nbytes(), 0),
             LayerCache::State(_) => (0, 0),
-            LayerCache::Paged(c) => (c.nbytes(), 0),
+            LayerCache::Paged(c) => c.nbytes_by_kind(),
         }
     }
 
@@ -298,13 +326,7 @@ impl LayerCache {
         Ok(match self {
             LayerCache::Kv(c) if c.is_quantized() => {
                 let QuantRow { planes, float, scheme, start } = c.row_quant(row, len)?;
-                let meta = match scheme {
-                    KvScheme::Affine { bits, group_size } => [1, bits, group_size, start],
-                    KvScheme::TurboQuant { key_bits, value_bits } => [2, key_bits, value_bits, start],
-                    KvScheme::Dense => return Err(Error::internal("a quantized KV cache with the dense scheme")),
-                };
-                let meta = Array::from_f32(&meta.map(|x| x as f32), &[4])?;
-                LayerSnapshot::Quant { planes, float, meta }
+                LayerSnapshot::quant(planes, float, scheme, start)?
             }
             LayerCache::Kv(c) => {
                 let (keys, values) = if shared { c.row_view(row, 0, len)? } else { c.row_slice(row, 0, len)? };
@@ -341,8 +363,9 @@ pub enum LayerSnapshot {
     /// `[kind (1 affine, 2 TurboQuant), bits | key bits, group size | value
     /// bits, start]`.
     Quant { planes: Vec<Array>, float: Option<(Array, Array)>, meta: Array },
-    /// A paged layer's blocks (shared, not copied). On disk it is stored as
-    /// `Kv` (see `PagedSnapshot::gather`) and comes back as one.
+    /// A paged layer's blocks (shared, not copied). On disk it is stored in
+    /// the form above its layer would have without paging
+    /// (`PagedSnapshot::unpaged`) and comes back as that.
     Paged(PagedSnapshot),
 }
 
@@ -365,6 +388,17 @@ fn quant_meta(meta: &Array) -> std::result::Result<(KvScheme, i32), String> {
 }
 
 impl LayerSnapshot {
+    /// A quantized layer's snapshot (`Quant`) of these planes.
+    pub fn quant(planes: Vec<Array>, float: Option<(Array, Array)>, scheme: KvScheme, start: i32) -> Result<LayerSnapshot> {
+        let meta = match scheme {
+            KvScheme::Affine { bits, group_size } => [1, bits, group_size, start],
+            KvScheme::TurboQuant { key_bits, value_bits } => [2, key_bits, value_bits, start],
+            KvScheme::Dense => return Err(Error::internal("a quantized KV snapshot of the dense scheme")),
+        };
+        let meta = Array::from_f32(&meta.map(|x| x as f32), &[4])?;
+        Ok(LayerSnapshot::Quant { planes, float, meta })
+    }
+
     /// A one-row cache holding the first `n` positions.
     pub fn restore(&self, n: i32) -> Result<LayerCache> {
         match self {
@@ -410,7 +444,7 @@ impl LayerSnapshot {
     }
 
     /// The tensors with their names in an entry file (`<layer>.<name>`);
-    /// none for a paged layer (its blocks are gathered to be stored).
+    /// none for a paged layer (see `PagedSnapshot::unpaged`).
     pub fn tensors(&self) -> Vec<(&'static str, &Array)> {
         match self {
             LayerSnapshot::Paged(_) => vec![],

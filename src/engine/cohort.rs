@@ -344,7 +344,7 @@ impl Cohort {
     /// from float to quantized KV exactly at its start, whatever its
     /// neighbours do.
     fn conversions(&self) -> impl Iterator<Item = i32> + '_ {
-        let quantized = self.set.cache().iter().any(|c| c.kv().is_ok_and(|k| k.is_quantized()));
+        let quantized = self.set.cache().iter().any(LayerCache::is_quantized);
         let rows = if quantized { self.rows() } else { &[] };
         rows.iter().map(move |r| self.total - r.prompt.len() as i32 + r.kv_start)
     }

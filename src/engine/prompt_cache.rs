@@ -57,15 +57,12 @@ impl Snapshot {
     fn to_entry(&self, namespace: &str, tokens: &[u32]) -> Result<EntryFile> {
         let mut tensors = vec![];
         for (i, l) in self.layers.iter().enumerate() {
-            // A paged layer is stored as dense keys and values.
-            let gathered = match l {
-                LayerSnapshot::Paged(p) => Some(p.gather()?),
+            // A paged layer is stored as its layer would be without paging.
+            let unpaged = match l {
+                LayerSnapshot::Paged(p) => Some(p.unpaged()?),
                 _ => None,
             };
-            let named: Vec<(&str, &Array)> = match &gathered {
-                Some((k, v)) => vec![("keys", k), ("values", v)],
-                None => l.tensors(),
-            };
+            let named = unpaged.as_ref().unwrap_or(l).tensors();
             for (name, a) in named {
                 let name = format!("{i}.{name}");
                 tensors.push(Tensor { name, dtype: a.dtype(), shape: a.shape(), data: a.to_bytes()? });

@@ -274,8 +274,8 @@ impl LanguageModel for Hybrid {
             return Err(Error::internal("cache has the wrong number of layers"));
         }
         let n = tokens.dim(1);
-        let kv = cache.iter().find_map(|c| c.kv().ok()).ok_or_else(|| Error::internal("no attention layer cache"))?;
-        let pos = kv.positions()?;
+        // RoPE positions from an attention layer's cache (contiguous or paged).
+        let pos = cache.iter().find_map(|c| c.positions().ok()).ok_or_else(|| Error::internal("no attention layer cache"))?;
         let masks = Masks::new(cache, n)?;
         let token_mask = match cache.iter_mut().find_map(|c| c.state_mut().ok()) {
             Some(s) => s.token_mask(n)?,
