@@ -147,7 +147,7 @@ fn paging_options_are_validated() {
     let mut c = config(true, 256, false);
     c.kv = KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 64 }, start: 0 };
     let e = Engine::new(c).expect("paging with quantized KV");
-    assert_eq!(e.info().kv_scheme, "affine:4bit:g64");
+    assert_eq!(e.info().kv_scheme, "affine:b4:g64");
 }
 
 #[test]
@@ -445,7 +445,8 @@ fn sliding_window_prompt_cache_hits_give_the_cold_tokens() {
     // back into blocks).
     let (folder, _) = ring_oracle("gemma3_kv");
     let system = "You are the assistant of a small bakery in the old town. It opens at seven in the morning, \
-                  closes at six in the evening, and sells bread, pastries, tarts and birthday cakes.";
+                  closes at six in the evening, and sells bread, pastries, tarts and birthday cakes; orders \
+                  above twenty euros are delivered for free within the city, and cakes need two days notice.";
     let ask = |user: &str| serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": user}]);
     let chat = |m: serde_json::Value, cache: bool| chat_request(m, RING_STEPS, cache, 2 * RING_WINDOW + 3);
     let dir = std::env::temp_dir().join(format!("mlxrt-paged-ring-{}", std::process::id()));
