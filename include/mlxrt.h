@@ -615,6 +615,14 @@ typedef struct mlxrt_engine_config {
    * cfg.draft_model_path = "SmolLM2-135M-Instruct-Q4_1.gguf";`
    */
   const char *draft_model_path;
+  /**
+   * A request joins a prefill already running (fresh, or from a
+   * prompt-cache hit, starting at the position the others have reached)
+   * only while the prompt tokens its requests process, cached ones not
+   * counted, stay within this (default 2048; 0 = requests never join a
+   * running prefill: each waits for the next).
+   */
+  uint32_t prefill_join_tokens;
 } mlxrt_engine_config;
 
 /**

@@ -176,3 +176,85 @@ fn mixed_iterations_make_one_model_call_and_keep_each_rows_tokens() {
         assert_eq!((s.active, s.kv_reserved), (0, 0), "{s:?}");
     }
 }
+
+/// Events of requests submitted together, tagged with the request's index,
+/// in the order the engine delivered them.
+fn run_tagged(e: &Engine, reqs: Vec<RequestOptions>) -> Vec<(usize, Event)> {
+    let (tx, rx) = mpsc::channel::<(usize, Event)>();
+    let n = reqs.len();
+    for (i, o) in reqs.into_iter().enumerate() {
+        let tx = tx.clone();
+        e.submit(o, Box::new(move |ev: &Event| tx.send((i, ev.clone())).unwrap())).unwrap();
+    }
+    drop(tx);
+    let (mut out, mut ended) = (vec![], 0);
+    while ended < n {
+        let (i, ev) = rx.recv_timeout(Duration::from_secs(300)).expect("events within 300 s");
+        ended += ev.is_terminal() as usize;
+        out.push((i, ev));
+    }
+    out
+}
+
+/// A long prompt prefills in small chunks; a request whose prompt hits the
+/// prompt cache and a fresh one arrive with it. Both join its cohort at the
+/// position it has reached (the hit with its cached prefix: without paging
+/// once the cohort has processed as many positions, with paging at once),
+/// reach their own ends first and leave for the decode batch while the long
+/// prompt goes on; every request gets its tokens alone. With and without
+/// paged KV.
+#[test]
+fn cache_hit_rows_join_a_running_cohort_at_other_positions() {
+    let folder = tiny("qwen3");
+    for paging in [false, true] {
+        let mut c = EngineConfig::new(&folder);
+        c.kv_paging = paging;
+        c.kv_block_size = 32;
+        c.prefill_chunk = 32;
+        c.prompt_cache_min_tokens = 16;
+        let e = Engine::new(c).unwrap();
+        let shared = prompt(200, 5);
+        let with = |salt, n| [&shared[..], &prompt(n, salt)].concat();
+        let (warm, hit, fresh, long) = (with(6, 20), with(7, 30), prompt(120, 9), prompt(600, 8));
+        let req = |p: &[u32]| token_request(p, 12, None);
+        let cold = |p: &[u32]| tokens_and_cached(&e, RequestOptions { prompt_cache: false, ..req(p) }).0;
+        let alone = [cold(&long), cold(&hit), cold(&fresh)];
+        // Leaves an entry holding the shared prefix.
+        tokens_and_cached(&e, req(&warm));
+
+        let events = run_tagged(&e, vec![req(&long), req(&hit), req(&fresh)]);
+        let first_delta = |i| events.iter().position(|(j, ev)| *j == i && matches!(ev, Event::Delta { .. })).unwrap();
+        for i in [1, 2] {
+            assert!(first_delta(i) < first_delta(0), "paging {paging}: request {i} waited for the long prompt's prefill");
+        }
+        for (i, want) in alone.iter().enumerate() {
+            let ev: Vec<Event> = events.iter().filter(|(j, _)| *j == i).map(|(_, ev)| ev.clone()).collect();
+            assert_eq!(&tokens_of(&ev), want, "paging {paging}: request {i}'s tokens differ from running alone");
+            let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{:?}", ev.last()) };
+            assert_eq!(usage.cached_tokens, if i == 1 { 200 } else { 0 }, "paging {paging}: request {i}");
+        }
+        let s = wait_idle(&e);
+        assert_eq!((s.active, s.kv_reserved), (0, 0), "{s:?}");
+    }
+}
+
+/// A request's own prefill chunk is used exactly: not lowered to the
+/// engine's chunk (nor, while rows decode, to the step budget).
+#[test]
+fn a_requests_prefill_chunk_is_used_exactly() {
+    use mlxrt::engine::{Span, SpanKind};
+    use std::sync::{Arc, Mutex};
+    let seen: Arc<Mutex<Vec<Span>>> = Arc::default();
+    let mut c = EngineConfig::new(tiny("qwen3"));
+    c.prefill_chunk = 16;
+    c.prompt_cache_bytes = 0;
+    let log = seen.clone();
+    c.trace = Some(Arc::new(move |s: &Span| log.lock().unwrap().push(*s)));
+    let e = Engine::new(c).unwrap();
+    let p = prompt(100, 3);
+    let own = tokens_and_cached(&e, token_request(&p, 4, Some(24))).0;
+    let forwards: Vec<usize> = seen.lock().unwrap().iter().filter(|s| s.kind == SpanKind::Forward).map(|s| s.tokens).collect();
+    // 99 body positions in chunks of 24, then the last one alone (then decode steps).
+    assert_eq!(forwards[..6], [24, 24, 24, 24, 3, 1], "forward sizes");
+    assert_eq!(own, tokens_and_cached(&e, token_request(&p, 4, None)).0, "the chunking does not change the tokens");
+}

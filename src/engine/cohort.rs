@@ -1,9 +1,13 @@
 //! A prefill cohort: requests whose prompts are processed together, chunk by
-//! chunk, as one left-padded batch right-aligned on a common last position.
-//! Later arrivals whose prompts fit in the part not processed yet join
-//! between forwards. The last position is forwarded on its own to produce
-//! every row's first token (mlx-lm's tail split); the cohort then joins the
-//! decode batch.
+//! chunk, as one batch on a shared timeline (`Timeline`: row `r`'s prompt
+//! starts at slot `pad[r]`). Rows admitted together are right-aligned on a
+//! common last position; later arrivals, fresh or starting from a cached
+//! prefix, join between forwards with their first unprocessed position at
+//! the cohort's current one, so every row keeps its own end. Every forward
+//! feeds all rows the same slots and stops before the first row's last
+//! position; that position is forwarded on its own (mlx-lm's tail split),
+//! the rows that reach their end draw their first token and leave for the
+//! decode batch, and the others go on.
 
 use super::batch::{sample_rows, Drawn};
 use super::prompt_cache::Capture;
@@ -24,13 +28,11 @@ use std::time::Instant;
 pub(crate) type Entrant = (Row, Option<usize>);
 
 pub(crate) struct Cohort {
+    /// The rows and their caches; the caches' timeline says where each
+    /// row's prompt starts (its padding) and how far the cohort is.
     set: RowSet,
     /// Per row: the prompt length to snapshot for the prompt cache.
     marks: Vec<Option<usize>>,
-    /// Aligned length: every prompt ends at position `total - 1`.
-    total: i32,
-    /// Positions already in the cache.
-    done: i32,
     /// A media prompt's cohort (one row): its image rows, spliced in the one
     /// forward that prefills the whole prompt (the seed's atomic final chunk).
     media: Option<MediaInput>,
@@ -38,8 +40,9 @@ pub(crate) struct Cohort {
 
 /// What one `Cohort::advance` did.
 pub(crate) struct Progress {
-    /// The first tokens, once prefill is over.
-    pub first: Option<Drawn>,
+    /// The rows whose prefill is over (they left the cohort) and their
+    /// first tokens.
+    pub ready: Option<(RowSet, Drawn)>,
     /// Snapshots for the prompt cache taken on the way (or why one could
     /// not be: only a lost cache entry).
     pub captures: Vec<Result<Capture>>,
@@ -49,11 +52,11 @@ pub(crate) struct Progress {
 pub(crate) struct CohortStep {
     /// `[rows, len]` token ids.
     pub tokens: Array,
-    /// The timeline position the step ends at.
-    to: i32,
     pub out: Output,
     /// The snapshots due at `to`: (position, row).
     stops: Vec<(i32, usize)>,
+    /// The rows whose last prompt position this step forwards.
+    finals: Vec<usize>,
 }
 
 impl CohortStep {
@@ -90,28 +93,19 @@ impl Cohort {
             c.set_starts(&starts);
             c.reserve(total + 1);
         }
-        Ok(Cohort { set: RowSet::new(rows, cache), marks, total, done: 0, media: None })
+        Ok(Cohort { set: RowSet::new(rows, cache), marks, media: None })
     }
 
     /// A cohort of rows whose first prompt positions are already in their
-    /// caches (prompt-cache hits, or a concurrent row's blocks): aligned on
-    /// the longest prompt (`total`), `done` positions processed, so row `r`
-    /// holds `done - (total - prompt_r)` of its positions (see
-    /// `planner::hit_group`).
-    pub fn with_prefixes(rows: Vec<(Entrant, Vec<LayerCache>)>, total: usize, done: usize) -> Result<Cohort> {
-        let (total, done) = (total as i32, done as i32);
-        let (mut set, mut marks) = (RowSet::default(), vec![]);
-        for ((row, mark), mut cache) in rows {
-            let held = done - (total - row.prompt.len() as i32);
-            if cache.first().map_or(0, |c| c.len()) != held {
-                return Err(crate::Error::internal("a cached prefix out of line with its cohort"));
-            }
-            cache.iter_mut().for_each(|c| c.reserve(total + 1));
-            // Right-aligned: a shorter prompt is padded in front.
-            set.extend(RowSet::new(vec![row], cache))?;
-            marks.push(mark);
+    /// caches (`row.cached` of them: prompt-cache hits, or a concurrent
+    /// row's blocks). The caches are right-aligned, so every row's first
+    /// unprocessed position is at the cohort's current one.
+    pub fn with_prefixes(rows: Vec<(Entrant, Vec<LayerCache>)>) -> Result<Cohort> {
+        let mut c = Cohort { set: RowSet::default(), marks: vec![], media: None };
+        for (entrant, cache) in rows {
+            c.join_cached(entrant, cache)?;
         }
-        Ok(Cohort { set, marks, total, done, media: None })
+        Ok(c)
     }
 
     /// Makes a one-row cohort a media prompt's: nothing joins it, and the
@@ -138,45 +132,73 @@ impl Cohort {
         self.set.len()
     }
 
-    /// Prompt positions not processed yet (a joining prompt must fit in them).
-    pub fn remaining(&self) -> i32 {
-        self.total - self.done
+    /// Slots processed (the timeline's length): every row's positions
+    /// before it are in the cache.
+    pub fn done(&self) -> i32 {
+        self.set.cache().first().map_or(0, LayerCache::len)
+    }
+
+    /// The slot of row `r`'s first prompt position (past `done` while its
+    /// prompt has not started).
+    fn start(&self, r: usize) -> i32 {
+        self.set.cache().first().map_or(0, |c| c.timeline().pads()[r])
+    }
+
+    /// The slot after row `r`'s last prompt position.
+    fn end(&self, r: usize) -> i32 {
+        self.start(r) + self.set.rows[r].prompt.len() as i32
+    }
+
+    /// The prompt positions its rows came to process (cached ones not
+    /// counted), kept until they leave: the seed's token weight, which
+    /// bounds what may still join.
+    pub fn weight(&self) -> usize {
+        self.rows().iter().map(|r| r.prompt.len() - r.cached).sum()
     }
 
     pub fn kv_bytes(&self) -> usize {
         self.set.kv_bytes()
     }
 
-    /// Adds a row whose prompt fits in `remaining()`. On error the cohort
-    /// (with the row) is unusable.
-    pub fn join(&mut self, (row, mark): Entrant) -> Result<()> {
-        let pad = self.total - row.prompt.len() as i32;
-        if pad < self.done {
-            return Err(crate::Error::internal("a prompt joined a cohort it does not fit in"));
-        }
+    /// Adds a row without a cached prefix: its prompt starts at the
+    /// cohort's current slot. On error the cohort (with the row) is unusable.
+    pub fn join(&mut self, entrant: Entrant) -> Result<()> {
         let fresh = self
             .set
             .cache()
             .iter()
             .map(|c| {
                 let mut f = c.empty_like(1);
-                f.set_padding(&[pad - self.done]);
-                f.set_starts(&[row.kv_start]);
+                f.set_starts(&[entrant.0.kv_start]);
                 f
             })
             .collect();
-        self.set.extend(RowSet::new(vec![row], fresh))?;
+        self.join_cached(entrant, fresh)
+    }
+
+    /// Adds a row whose caches hold its first `row.cached` positions
+    /// (right-aligned with the cohort's: if they hold more than the cohort
+    /// has processed, the cohort's rows are padded in front). On error the
+    /// cohort (with the row) is unusable.
+    pub fn join_cached(&mut self, (row, mark): Entrant, mut cache: Vec<LayerCache>) -> Result<()> {
+        if cache.first().map_or(0, LayerCache::len) != row.cached as i32 {
+            return Err(crate::Error::internal("a cached prefix of another length than the row's"));
+        }
+        let rest = (row.prompt.len() - row.cached) as i32;
+        let done = self.done().max(row.cached as i32);
+        cache.iter_mut().for_each(|c| c.reserve(done + rest + 1));
+        self.set.extend(RowSet::new(vec![row], cache))?;
         self.marks.push(mark);
         Ok(())
     }
 
-    /// Token ids of positions `from..to` for every row (`[B, to - from]`);
-    /// padding positions get id 0, which attention never looks at.
+    /// Token ids of slots `from..to` for every row (`[B, to - from]`);
+    /// padding slots get id 0, which attention never looks at.
     fn tokens(&self, from: i32, to: i32) -> Result<Array> {
         let rows = self.rows();
         let mut ids = Vec::with_capacity(rows.len() * (to - from) as usize);
-        for r in rows {
-            let start = self.total - r.prompt.len() as i32;
+        for (i, r) in rows.iter().enumerate() {
+            let start = self.start(i);
             ids.extend((from..to).map(|p| if p < start { 0 } else { r.prompt[(p - start) as usize] as i32 }));
         }
         Ok(Array::from_i32(&ids, &[rows.len() as i32, to - from])?)
@@ -204,12 +226,14 @@ impl Cohort {
         (n, self.set.end_all(f))
     }
 
-    /// Processes up to `chunk` more positions, or, when only the last one is
-    /// left, draws the first tokens (lazy): then prefill is over.
-    /// The model may lower `chunk` (`LanguageModel::prefill_chunk`). For
-    /// caches that cannot be cut back, chunks also end at every row's
-    /// snapshot mark, where its snapshot is taken; other caches are
-    /// snapshotted once prefill is over.
+    /// Processes up to `chunk` more slots, or, when some rows have only
+    /// their last position left, that one slot: those rows draw their first
+    /// tokens (lazy) and leave (`Progress::ready`).
+    /// The model may lower `chunk` (`LanguageModel::prefill_chunk`) unless
+    /// a row asked for its own (then it is used exactly). For caches that
+    /// cannot be cut back, chunks also end at every row's snapshot mark,
+    /// where its snapshot is taken; other caches are snapshotted when their
+    /// row's prefill is over.
     pub fn advance(&mut self, model: &dyn LanguageModel, chunk: i32, tracer: &Tracer) -> Result<Progress> {
         if self.media.is_some() {
             return self.advance_media(model, tracer);
@@ -224,25 +248,30 @@ impl Cohort {
     }
 
     /// The forward `advance` makes next (not for a media cohort): up to
-    /// `chunk` positions (`Output::CacheOnly`), or the last position alone
-    /// (`Output::LastLogits`), for `finish_step`.
+    /// `chunk` slots short of the first row's last position
+    /// (`Output::CacheOnly`), or that position alone (`Output::LastLogits`),
+    /// for `finish_step`.
     pub fn next_step(&self, model: &dyn LanguageModel, chunk: i32) -> Result<CohortStep> {
-        let body_end = self.total - 1;
-        if self.done >= body_end {
-            let tokens = self.tokens(body_end, self.total)?;
-            return Ok(CohortStep { tokens, to: self.total, out: Output::LastLogits, stops: vec![] });
+        let done = self.done();
+        let last = (0..self.len()).map(|r| self.end(r) - 1).min().unwrap_or(done);
+        if done >= last {
+            let finals = (0..self.len()).filter(|&r| self.end(r) - 1 == done).collect();
+            let tokens = self.tokens(done, done + 1)?;
+            let stops = self.stops().into_iter().filter(|&(at, _)| at == done + 1).collect();
+            return Ok(CohortStep { tokens, out: Output::LastLogits, stops, finals });
         }
-        let chunk = model.prefill_chunk(self.len(), self.done as usize, chunk.max(1) as usize) as i32;
-        let mut to = (self.done + chunk.max(1)).min(body_end);
+        let exact = self.rows().iter().any(|r| r.prefill_chunk.is_some());
+        let chunk = if exact { chunk } else { model.prefill_chunk(self.len(), done as usize, chunk.max(1) as usize) as i32 };
+        let mut to = (done + chunk.max(1)).min(last);
         let stops = self.stops();
-        if let Some(&(at, _)) = stops.iter().filter(|(at, _)| *at > self.done).min() {
+        if let Some(&(at, _)) = stops.iter().filter(|(at, _)| *at > done).min() {
             to = to.min(at);
         }
-        if let Some(at) = self.conversions().filter(|&at| at > self.done).min() {
+        if let Some(at) = self.conversions().filter(|&at| at > done).min() {
             to = to.min(at);
         }
         let stops = stops.into_iter().filter(|&(at, _)| at == to).collect();
-        Ok(CohortStep { tokens: self.tokens(self.done, to)?, to, out: Output::CacheOnly, stops })
+        Ok(CohortStep { tokens: self.tokens(done, to)?, out: Output::CacheOnly, stops, finals: vec![] })
     }
 
     /// The rows' caches (for a mixed forward's prefill group).
@@ -251,12 +280,13 @@ impl Cohort {
     }
 
     /// After `step`'s forward: its logits (`[rows, vocab]`, the last
-    /// position's) give the first tokens, or its KV is evaluated (now with
-    /// `wait`; else started, for a mixed forward whose decode rows' draw
-    /// the caller reads later) and the snapshots due at its end are taken.
+    /// position's) give the first tokens of the rows that reach their end,
+    /// which leave the cohort; or its KV is evaluated (now with `wait`; else
+    /// started, for a mixed forward whose decode rows' draw the caller reads
+    /// later). The snapshots due at its end are taken.
     pub fn finish_step(&mut self, step: CohortStep, logits: Option<Array>, wait: bool, tracer: &Tracer) -> Result<Progress> {
-        let mut captures = vec![];
         let rows = self.len();
+        let captures = step.stops.iter().map(|&(_, i)| self.capture(i, tracer)).collect();
         if step.out == Output::CacheOnly {
             let t = Instant::now();
             let pools: Vec<Array> = self.set.cache().iter().flat_map(LayerCache::pool_state).collect();
@@ -267,62 +297,66 @@ impl Cohort {
             } else {
                 mlx::async_eval(&state)?;
             }
-            self.done = step.to;
-            for &(_, i) in &step.stops {
-                captures.push(self.capture(i, tracer));
-            }
-            return Ok(Progress { first: None, captures });
+            return Ok(Progress { ready: None, captures });
         }
         let logits = logits.ok_or_else(|| crate::Error::internal("the cohort's last step gave no logits"))?;
-        let t = Instant::now();
-        let first = sample_rows(&mut self.set.rows, &logits, None)?;
-        tracer.record(SpanKind::Sample, rows, rows, t);
-        self.done = self.total;
+        let mut progress = Progress { ready: None, captures };
         if self.trimmable() {
-            for i in (0..self.len()).filter(|&i| self.marks[i].is_some()) {
-                captures.push(self.capture(i, tracer));
+            for &i in step.finals.iter().filter(|&&i| self.marks[i].is_some()) {
+                progress.captures.push(self.capture(i, tracer));
             }
         }
-        Ok(Progress { first: Some(first), captures })
+        let (mut ready, logits) = if step.finals.len() == rows {
+            (std::mem::take(&mut self.set), logits)
+        } else {
+            let t = Instant::now();
+            let idx: Vec<i32> = step.finals.iter().map(|&i| i as i32).collect();
+            let logits = logits.take(&Array::from_i32(&idx, &[idx.len() as i32])?, 0)?;
+            let ready = self.set.split_off(&step.finals)?;
+            keep_rows(&mut self.marks, &(0..rows).filter(|i| !step.finals.contains(i)).collect::<Vec<_>>());
+            tracer.record(SpanKind::KvMaintenance, ready.len(), 0, t);
+            (ready, logits)
+        };
+        let t = Instant::now();
+        let first = sample_rows(&mut ready.rows, &logits, None)?;
+        tracer.record(SpanKind::Sample, ready.len(), ready.len(), t);
+        progress.ready = Some((ready, first));
+        Ok(progress)
     }
 
     /// A media prompt's rest in one step (the seed's atomic final chunk):
     /// the body in one forward, its snapshot for the prompt cache if wanted
-    /// (all of the prompt but its last token), then the last position.
+    /// (all of the prompt but its last token), then the last position. The
+    /// cohort has one row without padding: slots are prompt positions.
     fn advance_media(&mut self, model: &dyn LanguageModel, tracer: &Tracer) -> Result<Progress> {
         let media = self.media.as_ref().expect("a media cohort");
-        let (body_end, mut captures) = (self.total - 1, vec![]);
-        if self.done < body_end {
-            let (t, n) = (Instant::now(), (body_end - self.done) as usize);
-            let x = self.tokens(self.done, body_end)?;
-            let m = media.window(self.done as usize, body_end as usize)?;
+        let (done, total, mut captures) = (self.done(), self.end(0), vec![]);
+        let body_end = total - 1;
+        if done < body_end {
+            let (t, n) = (Instant::now(), (body_end - done) as usize);
+            let x = self.tokens(done, body_end)?;
+            let m = media.window(done as usize, body_end as usize)?;
             tracer.model_call();
             model.forward_media(&x, &m, self.set.cache_mut(), Output::CacheOnly)?;
             let state: Vec<&Array> = self.set.cache().iter().flat_map(LayerCache::state).collect();
             mlx::eval(&state)?;
             tracer.record(SpanKind::Forward, 1, n, t);
-            self.done = body_end;
             if self.marks[0] == Some(body_end as usize) {
                 captures.push(self.capture(0, tracer));
             }
         }
         let t = Instant::now();
-        let x = self.tokens(body_end, self.total)?;
-        let m = self.media.as_ref().expect("a media cohort").window(body_end as usize, self.total as usize)?;
+        let x = self.tokens(body_end, total)?;
+        let m = self.media.as_ref().expect("a media cohort").window(body_end as usize, total as usize)?;
         tracer.model_call();
         let logits = model.forward_media(&x, &m, self.set.cache_mut(), Output::LastLogits)?.expect("logits requested");
         let logits = logits.reshape(&[1, -1])?;
         tracer.record(SpanKind::Forward, 1, 1, t);
         let t = Instant::now();
-        let first = sample_rows(&mut self.set.rows, &logits, None)?;
+        let mut ready = std::mem::take(&mut self.set);
+        let first = sample_rows(&mut ready.rows, &logits, None)?;
         tracer.record(SpanKind::Sample, 1, 1, t);
-        self.done = self.total;
-        Ok(Progress { first: Some(first), captures })
-    }
-
-    /// Row `i`'s first `len` positions (its blocks, when paged).
-    pub fn snapshot(&self, i: usize, len: usize) -> Result<super::prompt_cache::Snapshot> {
-        self.set.snapshot(i, len, false)
+        Ok(Progress { ready: Some((ready, first)), captures })
     }
 
     /// Row `i`'s prompt up to its mark.
@@ -346,7 +380,7 @@ impl Cohort {
     fn conversions(&self) -> impl Iterator<Item = i32> + '_ {
         let quantized = self.set.cache().iter().any(LayerCache::is_quantized);
         let rows = if quantized { self.rows() } else { &[] };
-        rows.iter().map(move |r| self.total - r.prompt.len() as i32 + r.kv_start)
+        rows.iter().enumerate().map(move |(i, r)| self.start(i) + r.kv_start)
     }
 
     /// (timeline position, row) of the marks where a model with
@@ -358,7 +392,7 @@ impl Cohort {
         let mut out = vec![];
         for (i, r) in self.rows().iter().enumerate() {
             if let Some(b) = self.marks[i].filter(|&b| b < r.prompt.len()) {
-                out.push((self.total - r.prompt.len() as i32 + b as i32, i));
+                out.push((self.start(i) + b as i32, i));
             }
         }
         out
@@ -367,11 +401,6 @@ impl Cohort {
     /// KV bytes held dense and quantized.
     pub fn kv_bytes_by_kind(&self) -> (usize, usize) {
         self.set.kv_bytes_by_kind()
-    }
-
-    /// The rows with their caches, once prefill is over.
-    pub fn into_set(self) -> RowSet {
-        self.set
     }
 }
 

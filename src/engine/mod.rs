@@ -75,6 +75,11 @@ pub struct EngineConfig {
     /// Prompt tokens one scheduler iteration may prefill while rows are
     /// decoding (bounds their inter-token latency).
     pub step_token_budget: usize,
+    /// A running prefill cohort takes a new request (fresh, or from a cached
+    /// prefix, at the cohort's current position) only while the prompt
+    /// positions its rows process, cached ones not counted, stay within
+    /// this (default 2048; 0 = nothing joins a running cohort).
+    pub prefill_join_tokens: usize,
     /// Base seed for requests that do not give one.
     pub seed: u64,
     /// Quantized-matmul kernels: mlxrt's on the CPU (default) or MLX's stock.
@@ -131,6 +136,7 @@ impl EngineConfig {
             kv_budget: 4 << 30,
             prefill_chunk: 1024,
             step_token_budget: 256,
+            prefill_join_tokens: 2048,
             seed: 0,
             kernels: Kernels::Auto,
             logger: Logger::default(),

@@ -7,17 +7,23 @@
 //!   nothing starves behind a stream of smaller requests.
 //! - A new cohort starts with the head of the queue and takes the following
 //!   requests while rows and KV memory allow and padding stays within 1/3 of
-//!   the cohort's positions. A running cohort takes arrivals whose prompts fit
-//!   in its unprocessed positions.
-//! - A request with a cached prefix starts a cohort of its own (its cache
-//!   begins part-way); one whose prefix is being read from disk, or being
-//!   prefilled by a row ahead of it (prefix sharing, `prefix_share`), waits.
-//!   Requests that map a concurrent row's blocks start together, aligned on
-//!   their last position (`hit_group`).
-//! - Prefill chunk: with nothing decoding, the prefill chunk size (latency of
-//!   others does not matter); with rows decoding, the per-step token budget
-//!   split over the cohort's rows, and at most the pacing cap (see
-//!   `pacing`), so decode steps keep coming.
+//!   the cohort's positions (its rows are aligned on their last position).
+//! - A running cohort takes arrivals, fresh or with a cached prefix, each
+//!   starting at the cohort's current position and keeping its own end,
+//!   while the prompt positions its rows process (the seed's token weight:
+//!   `Σ prompt − cached`, counted until they leave) stay within
+//!   `join_tokens`. Without paged KV a cached prefix longer than what the
+//!   cohort has processed does not join (it would pad every row in front).
+//! - With no cohort running, a request with a cached prefix starts one of
+//!   its own (its cache begins part-way); one whose prefix is being read
+//!   from disk, or being prefilled by a row ahead of it (prefix sharing,
+//!   `prefix_share`), waits. Requests that map a concurrent row's blocks
+//!   start together, aligned on their last position (`hit_group`).
+//! - Prefill chunk: a request's own `prefill_chunk`, exactly (the smallest
+//!   among the cohort's rows); else with nothing decoding the engine's
+//!   prefill chunk (latency of others does not matter), and with rows
+//!   decoding the per-step token budget split over the cohort's rows, at
+//!   most the pacing cap (see `pacing`), so decode steps keep coming.
 
 /// A waiting request, as the planner sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +48,10 @@ pub(crate) struct Waiting {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CohortView {
     pub rows: usize,
-    /// Unprocessed positions.
-    pub remaining: usize,
+    /// Positions processed (of its timeline, padding included).
+    pub done: usize,
+    /// Prompt positions its rows process, cached ones not counted.
+    pub weight: usize,
     /// Smallest per-request chunk limit among its rows.
     pub chunk: Option<usize>,
     /// A media prompt's cohort: nothing joins it.
@@ -58,6 +66,10 @@ pub(crate) struct Limits {
     pub step_budget: usize,
     /// Per-row positions a chunk may take while rows decode (pacing).
     pub pace_cap: usize,
+    /// A running cohort's token weight after a join is at most this.
+    pub join_tokens: usize,
+    /// Full-attention KV is paged: padding costs no memory.
+    pub paged: bool,
 }
 
 /// A cohort of rows starting from cached prefixes, given each row's (prompt
@@ -125,6 +137,7 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     let mut hits: Vec<(usize, usize)> = vec![];
     let mut chunk_pref = s.cohort.and_then(|c| c.chunk);
     let mut cohort_rows = s.cohort.map_or(0, |c| c.rows);
+    let mut weight = s.cohort.map_or(0, |c| c.weight);
     // Padding bookkeeping of a new cohort: its aligned length and real tokens.
     let (mut total, mut real) = (0usize, 0usize);
     for w in s.waiting {
@@ -136,8 +149,13 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
             break;
         }
         match s.cohort {
-            Some(c) if w.prompt_len > c.remaining || w.cached > 0 => break,
-            Some(_) => {}
+            Some(c) => {
+                let work = w.prompt_len - w.cached;
+                if weight + work > l.join_tokens || (!l.paged && w.cached > c.done) {
+                    break;
+                }
+                weight += work;
+            }
             // Rows mapping concurrent rows' blocks start together.
             None if !hits.is_empty() => {
                 hits.push((w.prompt_len, w.cached));
@@ -166,21 +184,21 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        // A prompt-cache hit starts alone.
-        if w.media || (w.cached > 0 && !w.shared) {
+        // A prompt-cache hit starts a new cohort alone.
+        if s.cohort.is_none() && (w.media || (w.cached > 0 && !w.shared)) {
             break;
         }
     }
-    let full = chunk_pref.unwrap_or(l.prefill_chunk).min(l.prefill_chunk).max(1);
-    let chunk = if s.decoding == 0 {
-        full
-    } else {
-        (l.step_budget / cohort_rows.max(1)).min(l.pace_cap).clamp(1, full)
+    let full = l.prefill_chunk.max(1);
+    let chunk = match chunk_pref {
+        Some(c) => c.max(1),
+        None if s.decoding == 0 => full,
+        None => (l.step_budget / cohort_rows.max(1)).min(l.pace_cap).clamp(1, full),
     };
     let admit = match (admit, s.cohort) {
         (0, _) => Admit::Nothing,
-        (n, _) if !hits.is_empty() => Admit::FromCache(n),
         (n, Some(_)) => Admit::Join(n),
+        (n, None) if !hits.is_empty() => Admit::FromCache(n),
         (n, None) => Admit::NewCohort(n),
     };
     Plan { admit, chunk }
@@ -190,7 +208,12 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
 mod tests {
     use super::*;
 
-    const L: Limits = Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256, pace_cap: 1000 };
+    const L: Limits =
+        Limits { max_rows: 4, kv_budget: 1000, prefill_chunk: 2048, step_budget: 256, pace_cap: 1000, join_tokens: 2048, paged: false };
+
+    fn cohort(rows: usize, done: usize, weight: usize) -> Option<CohortView> {
+        Some(CohortView { rows, done, weight, chunk: None, atomic: false })
+    }
 
     fn w(len: usize, kv: usize) -> Waiting {
         Waiting { prompt_len: len, kv_need: kv, chunk: None, cached: 0, waits: false, shared: false, media: false }
@@ -202,7 +225,7 @@ mod tests {
         let st = |cohort, q: &[Waiting]| plan(&State { decoding: 2, cohort, waiting: q, kv_reserved: 0 }, &L).admit;
         assert_eq!(st(None, &[m, w(90, 10)]), Admit::NewCohort(1), "nothing joins a media prompt's new cohort");
         assert_eq!(st(None, &[w(90, 10), m]), Admit::NewCohort(1), "a media prompt joins no cohort");
-        let running = Some(CohortView { rows: 1, remaining: 500, chunk: None, atomic: false });
+        let running = cohort(1, 10, 500);
         assert_eq!(st(running, &[m]), Admit::Nothing, "it waits for the running cohort");
         let atomic = Some(CohortView { atomic: true, ..running.unwrap() });
         assert_eq!(st(atomic, &[w(10, 10)]), Admit::Nothing, "nothing joins a media cohort");
@@ -237,25 +260,28 @@ mod tests {
     }
 
     #[test]
-    fn arrivals_join_a_running_cohort_when_they_fit() {
-        let c = Some(CohortView { rows: 1, remaining: 50, chunk: None, atomic: false });
-        let q = [w(40, 10), w(60, 10), w(10, 10)];
-        let p = plan(&State { decoding: 0, cohort: c, waiting: &q, kv_reserved: 0 }, &L);
-        assert_eq!(p, Plan { admit: Admit::Join(1), chunk: 2048 });
-    }
-
-    #[test]
-    fn cached_prefixes_start_their_own_cohort_and_loads_block() {
-        let hit = Waiting { cached: 64, ..w(100, 10) };
-        let q = [hit, w(90, 10)];
-        let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
-        assert_eq!(p.admit, Admit::FromCache(1));
-        let q = [w(90, 10), hit];
-        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::NewCohort(1));
-        let c = Some(CohortView { rows: 1, remaining: 500, chunk: None, atomic: false });
-        assert_eq!(plan(&State { decoding: 0, cohort: c, waiting: &[hit], kv_reserved: 0 }, &L).admit, Admit::Nothing);
-        let q = [Waiting { waits: true, ..w(90, 10) }, w(10, 10)];
-        assert_eq!(plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L).admit, Admit::Nothing);
+    fn arrivals_join_a_running_cohort_within_its_token_weight() {
+        let st = |c, q: &[Waiting], l: &Limits| plan(&State { decoding: 0, cohort: c, waiting: q, kv_reserved: 0 }, l).admit;
+        // 1900 positions to process already: a 100-token prompt fits, 200 do not.
+        let q = [w(100, 10), w(60, 10)];
+        assert_eq!(st(cohort(1, 50, 1900), &q, &L), Admit::Join(1));
+        assert_eq!(st(cohort(1, 50, 1800), &q, &L), Admit::Join(2));
+        // A prompt longer than what the cohort has left to do joins too (it
+        // keeps its own end), and a cached prefix counts only what is left.
+        assert_eq!(st(cohort(1, 50, 100), &[w(1500, 10)], &L), Admit::Join(1));
+        let hit = Waiting { cached: 40, ..w(1000, 10) };
+        assert_eq!(st(cohort(1, 50, 1080), &[hit], &L), Admit::Join(1), "960 more positions fit");
+        assert_eq!(st(cohort(1, 50, 1080), &[Waiting { cached: 0, ..hit }], &L), Admit::Nothing);
+        // Without paging a prefix longer than the cohort's progress would pad
+        // every row in front: it waits.
+        let long = Waiting { cached: 64, ..w(100, 10) };
+        assert_eq!(st(cohort(2, 50, 100), &[long, w(10, 10)], &L), Admit::Nothing);
+        assert_eq!(st(cohort(2, 64, 100), &[long, w(10, 10)], &L), Admit::Join(2), "hits and misses join together");
+        let paged = Limits { paged: true, ..L };
+        assert_eq!(st(cohort(2, 50, 100), &[long], &paged), Admit::Join(1));
+        // Still bounded by rows and memory, and a waiting head holds the rest.
+        assert_eq!(st(cohort(3, 50, 100), &[w(10, 10), w(10, 10)], &L), Admit::Join(1));
+        assert_eq!(st(cohort(1, 50, 100), &[Waiting { waits: true, ..w(10, 10) }, w(10, 10)], &L), Admit::Nothing);
     }
 
     #[test]
@@ -288,7 +314,14 @@ mod tests {
         let q = [Waiting { chunk: Some(64), ..w(100, 1) }];
         let p = plan(&State { decoding: 0, cohort: None, waiting: &q, kv_reserved: 0 }, &L);
         assert_eq!(p.chunk, 64);
-        let c = Some(CohortView { rows: 300, remaining: 10, chunk: None, atomic: false });
+        // Exactly: neither the step budget, the pacing cap nor the engine's
+        // chunk changes a request's own.
+        let l = Limits { pace_cap: 8, prefill_chunk: 32, ..L };
+        let p = plan(&State { decoding: 3, cohort: None, waiting: &q, kv_reserved: 0 }, &l);
+        assert_eq!(p.chunk, 64);
+        let c = Some(CohortView { chunk: Some(16), ..cohort(2, 10, 100).unwrap() });
+        assert_eq!(plan(&State { decoding: 3, cohort: c, waiting: &q, kv_reserved: 0 }, &l).chunk, 16, "the smallest");
+        let c = cohort(300, 10, 10);
         let p = plan(&State { decoding: 2, cohort: c, waiting: &[], kv_reserved: 0 }, &L);
         assert_eq!(p, Plan { admit: Admit::Nothing, chunk: 1 });
     }

@@ -6,6 +6,7 @@ use super::prompt_cache::Snapshot;
 use super::row::Row;
 use crate::cache::LayerCache;
 use crate::error::Result;
+use crate::mlx::{self, Array};
 
 #[derive(Default)]
 pub(crate) struct RowSet {
@@ -93,6 +94,35 @@ impl RowSet {
             c.filter(keep)?;
         }
         Ok(freed)
+    }
+
+    /// Moves the rows `leave` (ascending indices) with their positions into
+    /// a set of their own (each row's caches copied out of the shared
+    /// buffers, or its blocks shared when paged); the others stay.
+    pub fn split_off(&mut self, leave: &[usize]) -> Result<RowSet> {
+        // Everything that can fail runs before a row moves: on error every
+        // row is still here (and the caller ends them).
+        let mut out: Option<Vec<LayerCache>> = None;
+        for &i in leave {
+            let len = self.row_len(i);
+            let cache = self.cache.iter().map(|c| c.snapshot_row(i, len, false)?.restore(len)).collect::<Result<Vec<_>>>()?;
+            match &mut out {
+                None => out = Some(cache),
+                Some(o) => o.iter_mut().zip(cache).try_for_each(|(a, b)| a.extend(b))?,
+            }
+        }
+        let out = out.unwrap_or_default();
+        // Evaluated now: a lazy copy would keep the shared buffers
+        // referenced, and the next write into them would copy them whole.
+        mlx::eval(&out.iter().flat_map(LayerCache::state).collect::<Vec<&Array>>())?;
+        let keep: Vec<usize> = (0..self.rows.len()).filter(|i| !leave.contains(i)).collect();
+        for c in &mut self.cache {
+            c.filter(&keep)?;
+        }
+        let mut rows: Vec<Option<Row>> = std::mem::take(&mut self.rows).into_iter().map(Some).collect();
+        let moved = leave.iter().map(|&i| rows[i].take().expect("each index once")).collect();
+        self.rows = rows.into_iter().flatten().collect();
+        Ok(RowSet::new(moved, out))
     }
 
     /// Ends every row with `f` (cancel at shutdown, or an error) and empties

@@ -21,12 +21,14 @@ use super::prompt_cache::{CacheSetup, Capture, Found, PromptCache};
 use super::planner::{self, Admit, CohortView, Limits, Plan, Waiting};
 use super::request::{Event, FinishReason, Job, Usage};
 use super::row::Row;
+use super::row_set::RowSet;
 use super::spec::draft::Drafter;
 use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::cache::paged::{PagedLayer, PagedPools};
 use crate::cache::scheme::KvScheme;
+use crate::cache::LayerCache;
 use crate::mlx;
 use crate::model::load::TextAssets;
 use crate::mlx::{Array, Dtype};
@@ -107,6 +109,13 @@ fn drain_poisoned(rx: &Receiver<Command>, why: &str) {
             Command::Shutdown => break,
         }
     }
+}
+
+/// How an admitted request starts: fresh, or with the caches of its cached
+/// prefix (`row.cached` positions).
+enum Start {
+    Fresh(Entrant),
+    Cached(Entrant, Vec<LayerCache>),
 }
 
 /// A job waiting for admission, with what the prompt cache holds for it
@@ -228,7 +237,7 @@ fn paged_pools(config: &EngineConfig, model: &dyn LanguageModel) -> Result<Optio
     let block = config.kv_block_size as i32;
     let layers = (model.new_cache(1).iter().zip(model.kv_layers()))
         .map(|(c, l)| match (c, l) {
-            (crate::cache::LayerCache::State(_), _) => Ok(None),
+            (LayerCache::State(_), _) => Ok(None),
             (_, Some(l)) => {
                 let scheme = if l.window.is_none() { config.kv.scheme } else { KvScheme::Dense };
                 Ok(Some(PagedLayer::new(block, scheme, l.window, l.k_dim, l.v_dim)?))
@@ -427,6 +436,8 @@ impl Scheduler<'_> {
             prefill_chunk: self.config.prefill_chunk,
             step_budget: self.config.step_token_budget,
             pace_cap: self.pacer.cap(),
+            join_tokens: self.config.prefill_join_tokens,
+            paged: self.pools.is_some(),
         }
     }
 
@@ -506,7 +517,8 @@ impl Scheduler<'_> {
             .collect();
         let cohort = self.cohort.as_ref().map(|c| CohortView {
             rows: c.len(),
-            remaining: c.remaining().max(0) as usize,
+            done: c.done().max(0) as usize,
+            weight: c.weight(),
             chunk: c.rows().iter().filter_map(|r| r.prefill_chunk).min(),
             atomic: c.is_atomic(),
         });
@@ -527,11 +539,14 @@ impl Scheduler<'_> {
         match admit {
             Admit::Nothing => Ok(()),
             Admit::Join(n) => {
-                let entrants = self.open_missed(n);
-                let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
-                for e in entrants {
-                    let (t, tokens) = (Instant::now(), e.0.prompt.len());
-                    cohort.join(e)?;
+                for share in &shares[..n] {
+                    let (t, tokens) = (Instant::now(), self.queue.front().map_or(0, |q| q.job.spec.prompt.len()));
+                    let Some(start) = self.open_one(share) else { continue };
+                    let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
+                    match start {
+                        Start::Fresh(e) => cohort.join(e)?,
+                        Start::Cached(e, cache) => cohort.join_cached(e, cache)?,
+                    }
                     self.tracer.record(SpanKind::BatchSetup, 1, tokens, t);
                 }
                 Ok(())
@@ -556,59 +571,80 @@ impl Scheduler<'_> {
             }
             Admit::FromCache(n) if shares.first().is_some_and(|s| s.from.is_some()) => self.admit_shared(&shares[..n]),
             Admit::FromCache(_) => {
-                let Some(Found::Hit(tokens)) = self.queue.front().map(|q| q.found) else {
-                    return Err(Error::internal("a prompt-cache start without a hit"));
+                let Some(start) = self.open_one(&Share::default()) else { return Ok(()) };
+                let (mut cohort, media) = match start {
+                    Start::Cached(e, cache) => {
+                        let media = self.media_input(&e.0)?;
+                        (Cohort::with_prefixes(vec![(e, cache)])?, media)
+                    }
+                    // Evicted since the probe: from scratch.
+                    Start::Fresh(e) => {
+                        let media = self.media_input(&e.0)?;
+                        (Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?, media)
+                    }
                 };
-                let Some(mut row) = self.open(1).pop() else { return Ok(()) };
-                let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
-                let t = Instant::now();
-                let claimed = pc.claim(&row.namespace, row.key(), tokens);
-                self.tracer.record(SpanKind::LookupRestore, 1, tokens, t);
-                match claimed {
-                    Err(e) => {
-                        row.fail(e);
-                        let freed = row.kv_reserved;
-                        drop(row);
-                        self.rows_ended(1, freed);
-                    }
-                    Ok(Some(cache)) => {
-                        // Paged: a hit restored from disk is moved into blocks
-                        // (one from memory shares its blocks already).
-                        let cache = match &self.pools {
-                            Some(p) => cache
-                                .into_iter()
-                                .zip(&p.layers)
-                                .map(|(c, pool)| match pool {
-                                    Some(pool) => c.into_paged(pool),
-                                    None => Ok(c),
-                                })
-                                .collect::<Result<Vec<_>>>()?,
-                            None => cache,
-                        };
-                        row.cached = tokens;
-                        let media = self.media_input(&row)?;
-                        let e = self.entrant(row);
-                        let total = e.0.prompt.len();
-                        let mut cohort = Cohort::with_prefixes(vec![(e, cache)], total, tokens)?;
-                        if let Some(m) = media {
-                            cohort.set_media(m)?;
-                        }
-                        self.cohort = Some(cohort);
-                    }
-                    // Evicted since the probe: start from scratch.
-                    Ok(None) => {
-                        let media = self.media_input(&row)?;
-                        let e = self.entrant(row);
-                        let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?;
-                        if let Some(m) = media {
-                            cohort.set_media(m)?;
-                        }
-                        self.cohort = Some(cohort);
-                    }
+                if let Some(m) = media {
+                    cohort.set_media(m)?;
                 }
+                self.cohort = Some(cohort);
                 Ok(())
             }
         }
+    }
+
+    /// Turns the queue's head into a row: with the caches of its cached
+    /// prefix (a prompt-cache hit, or with `share` a concurrent row's
+    /// blocks), else fresh (a miss, also when the entry was evicted since
+    /// the probe). None when it could not be set up (it has had its error
+    /// event).
+    fn open_one(&mut self, share: &Share) -> Option<Start> {
+        let found = self.queue.front().map(|q| q.found)?;
+        let mut row = self.open(1).pop()?;
+        let claimed = match (share.from, found) {
+            (Some((i, n)), _) => self.prefixes.caches(i, n).map(|c| Some((c, n))),
+            (None, Found::Hit(n)) => {
+                let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
+                let t = Instant::now();
+                let claimed = pc.claim(&row.namespace, row.key(), n);
+                self.tracer.record(SpanKind::LookupRestore, 1, n, t);
+                claimed.and_then(|c| c.map(|c| self.paged(c).map(|c| (c, n))).transpose())
+            }
+            (None, _) => {
+                if let Some(pc) = self.pcache.as_mut().filter(|_| row.use_cache) {
+                    pc.miss();
+                }
+                Ok(None)
+            }
+        };
+        match claimed {
+            Ok(Some((cache, n))) => {
+                row.cached = n;
+                Some(Start::Cached(self.entrant(row), cache))
+            }
+            Ok(None) => Some(Start::Fresh(self.entrant(row))),
+            Err(e) => {
+                row.fail(e);
+                let freed = row.kv_reserved;
+                drop(row);
+                self.rows_ended(1, freed);
+                None
+            }
+        }
+    }
+
+    /// A claimed prompt-cache entry's caches for a paged engine: a hit
+    /// restored from disk is moved into blocks (one from memory shares its
+    /// blocks already).
+    fn paged(&self, cache: Vec<LayerCache>) -> Result<Vec<LayerCache>> {
+        let Some(p) = &self.pools else { return Ok(cache) };
+        cache
+            .into_iter()
+            .zip(&p.layers)
+            .map(|(c, pool)| match pool {
+                Some(pool) => c.into_paged(pool),
+                None => Ok(c),
+            })
+            .collect()
     }
 
     /// Starts the first `shares.len()` queued requests as one cohort, each
@@ -648,7 +684,7 @@ impl Scheduler<'_> {
                 (self.entrant(row), cache)
             })
             .collect();
-        self.cohort = Some(Cohort::with_prefixes(members, total, done)?);
+        self.cohort = Some(Cohort::with_prefixes(members)?);
         self.tracer.record(SpanKind::LookupRestore, n, mapped, t);
         Ok(())
     }
@@ -916,9 +952,11 @@ impl Scheduler<'_> {
                 }
             }
         }
-        if let Some(first) = progress.first {
-            self.keep_shared_prefixes();
-            let rows = self.cohort.take().expect("checked above").into_set();
+        if let Some((rows, first)) = progress.ready {
+            if self.cohort.as_ref().is_some_and(|c| c.len() == 0) {
+                self.cohort = None;
+            }
+            self.keep_shared_prefixes(&rows);
             let (t, n) = (Instant::now(), rows.len());
             self.batch.join(rows, first)?;
             self.tracer.record(SpanKind::BatchSetup, n, 0, t);
@@ -926,15 +964,15 @@ impl Scheduler<'_> {
         Ok(())
     }
 
-    /// Keeps the prompts of the cohort's rows (prefill just ended) whose
-    /// blocks queued requests can map (`prefix_share`).
-    fn keep_shared_prefixes(&mut self) {
-        let (Some(block), Some(c)) = (self.pools.as_ref().and_then(PagedPools::sharing_block), &self.cohort) else { return };
+    /// Keeps the prompts of `rows` (their prefill just ended) whose blocks
+    /// queued requests can map (`prefix_share`).
+    fn keep_shared_prefixes(&mut self, rows: &RowSet) {
+        let Some(block) = self.pools.as_ref().and_then(PagedPools::sharing_block) else { return };
         let askers = self.askers();
         let mut keep = vec![];
-        for (i, r) in c.rows().iter().enumerate() {
+        for (i, r) in rows.rows.iter().enumerate() {
             if r.use_cache && r.media.is_none() && SharedPrefixes::wanted(block, &r.namespace, r.key(), &askers) {
-                match c.snapshot(i, r.prompt.len()) {
+                match rows.snapshot(i, r.prompt.len(), false) {
                     Ok(s) => keep.push((r.namespace.clone(), r.key().to_vec(), s)),
                     // The requests waiting for it start without it.
                     Err(e) => self.config.logger.log(LogLevel::Warn, format!("prefix sharing: snapshot skipped: {e}")),

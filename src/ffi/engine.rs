@@ -218,6 +218,12 @@ pub struct mlxrt_engine_config {
     /// `cfg.model_path = "SmolLM2-360M-Instruct-Q4_1.gguf";
     /// cfg.draft_model_path = "SmolLM2-135M-Instruct-Q4_1.gguf";`
     pub draft_model_path: *const c_char,
+    /// A request joins a prefill already running (fresh, or from a
+    /// prompt-cache hit, starting at the position the others have reached)
+    /// only while the prompt tokens its requests process, cached ones not
+    /// counted, stay within this (default 2048; 0 = requests never join a
+    /// running prefill: each waits for the next).
+    pub prefill_join_tokens: u32,
 }
 
 /// `mlxrt_engine_config.speculation`: decode one token per step.
@@ -263,6 +269,7 @@ fn default_config() -> mlxrt_engine_config {
         kv_paging: d.kv_paging as u32,
         kv_block_size: d.kv_block_size as u32,
         draft_model_path: std::ptr::null(),
+        prefill_join_tokens: d.prefill_join_tokens as u32,
     }
 }
 
@@ -381,6 +388,7 @@ pub extern "C" fn mlxrt_engine_create(
         };
         cfg.kv_block_size = c.kv_block_size as usize;
         cfg.draft_model_path = opt_str(c.draft_model_path, "config.draft_model_path")?.map(Into::into);
+        cfg.prefill_join_tokens = c.prefill_join_tokens as usize;
         if let Some(f) = c.trace_callback {
             let ud = UserData(c.trace_user_data);
             cfg.trace = Some(Arc::new(move |s: &Span| {
