@@ -18,7 +18,7 @@
 //!   its own (its cache begins part-way); one whose prefix is being read
 //!   from disk, or being prefilled by a row ahead of it (prefix sharing,
 //!   `prefix_share`), waits. Requests that map a concurrent row's blocks
-//!   start together, aligned on their last position (`hit_group`).
+//!   start together, each from all of its shared prefix.
 //! - Prefill chunk: a request's own `prefill_chunk`, exactly (the smallest
 //!   among the cohort's rows); else with nothing decoding the engine's
 //!   prefill chunk (latency of others does not matter), and with rows
@@ -72,33 +72,6 @@ pub(crate) struct Limits {
     pub paged: bool,
 }
 
-/// A cohort of rows starting from cached prefixes, given each row's (prompt
-/// length, cached tokens): its aligned length (the longest prompt) and the
-/// positions already done. Row `r` starts at `total - prompt_r` and maps
-/// `done - (total - prompt_r)` of its cached tokens (at most all of them:
-/// the rows' done positions line up).
-pub(crate) fn hit_group(rows: &[(usize, usize)]) -> (usize, usize) {
-    let total = rows.iter().map(|r| r.0).max().unwrap_or(0);
-    let done = rows.iter().map(|&(p, c)| total - p + c).min().unwrap_or(0);
-    (total, done)
-}
-
-/// Whether rows may start as one cohort from their cached prefixes: each
-/// maps at least one token, and the cached tokens the alignment leaves
-/// unused are at most a third of the positions to process (as padding in a
-/// new cohort).
-fn hit_group_fits(rows: &[(usize, usize)]) -> bool {
-    let (total, done) = hit_group(rows);
-    let mapped = |p: usize| (done + p).checked_sub(total).filter(|&m| m > 0);
-    let (mut unused, mut work) = (0, 0);
-    for &(p, c) in rows {
-        let Some(m) = mapped(p) else { return false };
-        unused += c - m;
-        work += p - m;
-    }
-    3 * unused <= work
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct State<'a> {
     pub decoding: usize,
@@ -116,8 +89,7 @@ pub(crate) enum Admit {
     /// The first `n` queued requests start a new cohort.
     NewCohort(usize),
     /// The first `n` queued requests start a cohort from their cached
-    /// prefixes (`n` > 1 only for rows mapping concurrent rows' blocks,
-    /// aligned as `hit_group` says).
+    /// prefixes (`n` > 1 only for rows mapping concurrent rows' blocks).
     FromCache(usize),
 }
 
@@ -133,8 +105,8 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     let mut kv = s.kv_reserved;
     let fits = |w: &Waiting, rows: usize, kv: usize| rows < l.max_rows && kv + w.kv_need <= l.kv_budget;
     let mut admit = 0;
-    // (prompt, cached) of the rows of a new cohort from cached prefixes.
-    let mut hits: Vec<(usize, usize)> = vec![];
+    // A new cohort starts from cached prefixes.
+    let mut hits = false;
     let mut chunk_pref = s.cohort.and_then(|c| c.chunk);
     let mut cohort_rows = s.cohort.map_or(0, |c| c.rows);
     let mut weight = s.cohort.map_or(0, |c| c.weight);
@@ -157,15 +129,11 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
                 weight += work;
             }
             // Rows mapping concurrent rows' blocks start together.
-            None if !hits.is_empty() => {
-                hits.push((w.prompt_len, w.cached));
-                if !w.shared || !hit_group_fits(&hits) {
-                    break;
-                }
-            }
+            None if hits && !w.shared => break,
+            None if hits => {}
             None if w.cached > 0 && admit > 0 => break,
             // Later arrivals may join once it runs.
-            None if w.cached > 0 => hits.push((w.prompt_len, w.cached)),
+            None if w.cached > 0 => hits = true,
             None => {
                 let t = total.max(w.prompt_len);
                 let r = real + w.prompt_len;
@@ -198,7 +166,7 @@ pub(crate) fn plan(s: &State, l: &Limits) -> Plan {
     let admit = match (admit, s.cohort) {
         (0, _) => Admit::Nothing,
         (n, Some(_)) => Admit::Join(n),
-        (n, None) if !hits.is_empty() => Admit::FromCache(n),
+        (n, None) if hits => Admit::FromCache(n),
         (n, None) => Admit::NewCohort(n),
     };
     Plan { admit, chunk }
@@ -289,14 +257,12 @@ mod tests {
         let sh = |len, cached| Waiting { cached, shared: true, ..w(len, 10) };
         let st = |q: &[Waiting]| plan(&State { decoding: 1, cohort: None, waiting: q, kv_reserved: 0 }, &L).admit;
         assert_eq!(st(&[sh(100, 64), sh(100, 64), sh(98, 64)]), Admit::FromCache(3));
-        // Aligned at 64 done: the prompt 2 shorter maps 62 of its 64.
-        assert_eq!(hit_group(&[(100, 64), (98, 64)]), (100, 64));
+        // Each maps all it shares (the cohort keeps each row's end).
+        assert_eq!(st(&[sh(100, 90), sh(98, 30)]), Admit::FromCache(2));
         // A prompt-cache hit (not shared) starts alone; a miss does not join.
         let pc = Waiting { cached: 64, ..w(100, 10) };
         assert_eq!(st(&[pc, sh(100, 64)]), Admit::FromCache(1));
         assert_eq!(st(&[sh(100, 64), w(100, 10)]), Admit::FromCache(1));
-        // Too many cached tokens left unused: 58 of 136 positions to process.
-        assert_eq!(st(&[sh(100, 90), sh(98, 30)]), Admit::FromCache(1));
         // Rows still limited by max_rows.
         assert_eq!(st(&[sh(100, 64); 6]), Admit::FromCache(3));
     }

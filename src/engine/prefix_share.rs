@@ -6,8 +6,8 @@
 //! with a row ahead of it (prefilling now, or earlier in the queue) than it
 //! could map now waits. When that row's prefill is over its prompt is kept
 //! here (block references, no copy), and the waiting requests start from it
-//! as from a prompt-cache hit, together in one cohort
-//! (`planner::hit_group`). An entry lives only while a queued request can
+//! as from a prompt-cache hit, together in one cohort, each from all the
+//! tokens it shares (the cohort keeps each row's end). An entry lives only while a queued request can
 //! use it, so once the queue is empty nothing here holds a block.
 
 use super::prompt_cache::Snapshot;

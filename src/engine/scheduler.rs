@@ -118,6 +118,14 @@ enum Start {
     Cached(Entrant, Vec<LayerCache>),
 }
 
+impl Start {
+    fn row(&self) -> &Row {
+        match self {
+            Start::Fresh((row, _)) | Start::Cached((row, _), _) => row,
+        }
+    }
+}
+
 /// A job waiting for admission, with what the prompt cache holds for it
 /// (probed when it arrives, and again when a file it waits for was read).
 struct Queued {
@@ -569,27 +577,43 @@ impl Scheduler<'_> {
                 }
                 Ok(())
             }
-            Admit::FromCache(n) if shares.first().is_some_and(|s| s.from.is_some()) => self.admit_shared(&shares[..n]),
-            Admit::FromCache(_) => {
-                let Some(start) = self.open_one(&Share::default()) else { return Ok(()) };
-                let (mut cohort, media) = match start {
-                    Start::Cached(e, cache) => {
-                        let media = self.media_input(&e.0)?;
-                        (Cohort::with_prefixes(vec![(e, cache)])?, media)
-                    }
-                    // Evicted since the probe: from scratch.
-                    Start::Fresh(e) => {
-                        let media = self.media_input(&e.0)?;
-                        (Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), vec![e])?, media)
-                    }
+            Admit::FromCache(n) => {
+                let t = Instant::now();
+                let starts: Vec<Start> = shares[..n].iter().filter_map(|share| self.open_one(share)).collect();
+                let media = match &starts[..] {
+                    [s] => self.media_input(s.row())?,
+                    _ => None,
                 };
+                let (rows, tokens) = (starts.len(), starts.iter().map(|s| s.row().prompt.len()).sum());
+                let mut cohort = self.start_cohort(starts)?;
                 if let Some(m) = media {
                     cohort.set_media(m)?;
                 }
                 self.cohort = Some(cohort);
+                self.tracer.record(SpanKind::BatchSetup, rows, tokens, t);
                 Ok(())
             }
         }
+    }
+
+    /// A new cohort of rows that start from their cached prefixes or fresh
+    /// (a hit evicted since the probe).
+    fn start_cohort(&self, starts: Vec<Start>) -> Result<Cohort> {
+        let (mut cached, mut fresh) = (vec![], vec![]);
+        for s in starts {
+            match s {
+                Start::Cached(e, cache) => cached.push((e, cache)),
+                Start::Fresh(e) => fresh.push(e),
+            }
+        }
+        if cached.is_empty() {
+            return Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), fresh);
+        }
+        let mut cohort = Cohort::with_prefixes(cached)?;
+        for e in fresh {
+            cohort.join(e)?;
+        }
+        Ok(cohort)
     }
 
     /// Turns the queue's head into a row: with the caches of its cached
@@ -600,22 +624,26 @@ impl Scheduler<'_> {
     fn open_one(&mut self, share: &Share) -> Option<Start> {
         let found = self.queue.front().map(|q| q.found)?;
         let mut row = self.open(1).pop()?;
+        let t = Instant::now();
         let claimed = match (share.from, found) {
             (Some((i, n)), _) => self.prefixes.caches(i, n).map(|c| Some((c, n))),
             (None, Found::Hit(n)) => {
                 let pc = self.pcache.as_mut().expect("a hit comes from the prompt cache");
-                let t = Instant::now();
                 let claimed = pc.claim(&row.namespace, row.key(), n);
-                self.tracer.record(SpanKind::LookupRestore, 1, n, t);
                 claimed.and_then(|c| c.map(|c| self.paged(c).map(|c| (c, n))).transpose())
             }
             (None, _) => {
                 if let Some(pc) = self.pcache.as_mut().filter(|_| row.use_cache) {
                     pc.miss();
                 }
-                Ok(None)
+                return Some(Start::Fresh(self.entrant(row)));
             }
         };
+        let mapped = match &claimed {
+            Ok(Some((_, n))) => *n,
+            _ => 0,
+        };
+        self.tracer.record(SpanKind::LookupRestore, 1, mapped, t);
         match claimed {
             Ok(Some((cache, n))) => {
                 row.cached = n;
@@ -645,48 +673,6 @@ impl Scheduler<'_> {
                 None => Ok(c),
             })
             .collect()
-    }
-
-    /// Starts the first `shares.len()` queued requests as one cohort, each
-    /// from the shared prefix its share names (mapping its blocks), aligned
-    /// as `planner::hit_group` says.
-    fn admit_shared(&mut self, shares: &[Share]) -> Result<()> {
-        let t = Instant::now();
-        let mut rows = vec![];
-        for s in shares {
-            let from = s.from.ok_or_else(|| Error::internal("a shared start without a prefix"))?;
-            if let Some(row) = self.open(1).pop() {
-                rows.push((row, from));
-            }
-        }
-        // Without the rows that could not be set up the others still line up,
-        // each mapping as much or more (see `hit_group`).
-        let spans: Vec<(usize, usize)> = rows.iter().map(|(r, (_, n))| (r.prompt.len(), *n)).collect();
-        let (total, done) = planner::hit_group(&spans);
-        let caches: Result<Vec<_>> =
-            rows.iter().map(|(r, (i, _))| self.prefixes.caches(*i, done + r.prompt.len() - total)).collect();
-        let members: Vec<_> = match caches {
-            Ok(c) => rows.into_iter().zip(c).collect(),
-            Err(e) => {
-                let (n, freed) = (rows.len(), rows.iter().map(|(r, _)| r.kv_reserved).sum());
-                rows.into_iter().for_each(|(mut r, _)| r.fail(e.clone()));
-                self.rows_ended(n, freed);
-                return Ok(());
-            }
-        };
-        let n = members.len();
-        let mut mapped = 0;
-        let members = members
-            .into_iter()
-            .map(|((mut row, _), cache)| {
-                row.cached = done + row.prompt.len() - total;
-                mapped += row.cached;
-                (self.entrant(row), cache)
-            })
-            .collect();
-        self.cohort = Some(Cohort::with_prefixes(members)?);
-        self.tracer.record(SpanKind::LookupRestore, n, mapped, t);
-        Ok(())
     }
 
     /// A media prompt's image rows for its positions past `row.cached` and
