@@ -589,10 +589,11 @@ typedef struct mlxrt_engine_config {
    */
   uint32_t speculation_tokens;
   /**
-   * 1: paged KV (full-attention layers keep KV in blocks of a pool shared
-   * by all rows: no padding between rows of different lengths, prompt
-   * prefixes shared). 0 (default): off. For now dense KV on models whose
-   * layers are all full attention; others fail `mlxrt_engine_create`.
+   * 1: paged KV (attention layers keep KV, dense or as `kv_scheme`
+   * stores it, in blocks of a pool shared by all rows: no padding between
+   * rows of different lengths, prompt prefixes shared; sliding-window
+   * layers give back the blocks behind their window, recurrent layers
+   * keep their per-row state). 0 (default): off.
    */
   uint32_t kv_paging;
   /**
@@ -715,7 +716,8 @@ typedef struct mlxrt_engine_stats {
   /**
    * With `kv_paging`: KV blocks in use (by rows or prompt-cache entries;
    * a shared block once) and free, summed over the paged layers' pools
-   * (0 without paging). Then `kv_bytes` counts the blocks in use.
+   * (a quantized layer's float blocks included; 0 without paging). Then
+   * `kv_bytes` counts the blocks in use.
    */
   uint64_t kv_blocks_used;
   uint64_t kv_blocks_free;

@@ -15,8 +15,7 @@ use mlxrt::mlx::{self, Array};
 use mlxrt::model::{load, LoadOptions};
 use std::path::{Path, PathBuf};
 
-const STEPS: usize = 32;
-const LOGIT_STEPS: &str = "0,1,8,31";
+const STEPS: usize = FAMILY_STEPS;
 /// Max |Δ| between mlxrt's and mlx-lm's last-position logits (f32 weights).
 const LOGIT_TOL: f32 = 1e-3;
 /// The same for bf16 weights and activations. Measured here: 0 (both sides
@@ -24,32 +23,6 @@ const LOGIT_TOL: f32 = 1e-3;
 /// or BLAS that sums in another order (one bf16 step of a logit near 2 is
 /// 0.008).
 const BF16_TOL: f32 = 1e-2;
-
-/// Builds the tiny model of `family` in `variant` ("f32", "q4": 4-bit
-/// quantized, "bf16") and records mlx-lm's outputs for
-/// tests/oracle/family_prompts.json, once per change of the scripts (cached
-/// under target/oracle/families).
-fn oracle(family: &str, variant: &str) -> (PathBuf, PathBuf) {
-    let name = format!("tiny-{family}-{variant}");
-    let dir = repo_root().join("target/oracle/families");
-    let folder = dir.join(&name);
-    let reference = dir.join(format!("{name}.reference.safetensors"));
-    let scripts = repo_root().join("tests/oracle");
-    let prompts = scripts.join("family_prompts.json");
-    // Rebuilt when a script or the prompts changed since.
-    let inputs = [scripts.join("make_tiny.py"), scripts.join("mlxlm_reference.py"), prompts.clone()];
-    if !reference_fresh(&reference, &inputs) {
-        let _ = std::fs::remove_dir_all(&folder);
-        let extra: &[&str] = match variant {
-            "q4" => &["--quantize", "4"],
-            "bf16" => &["--dtype", "bfloat16"],
-            _ => &[],
-        };
-        make_tiny(family, &folder, extra);
-        mlxlm_reference(&folder, &prompts, STEPS, LOGIT_STEPS, &reference, &[]);
-    }
-    (folder, reference)
-}
 
 /// Model API: tokens and logits against mlx-lm; returns the worst |Δ|.
 fn check_model(label: &str, folder: &Path, cases: &[Case], chunk: usize) -> f32 {
@@ -90,7 +63,7 @@ fn check_engine(label: &str, folder: &Path, cases: &[Case], chunks: &[Option<usi
 fn family(name: &str, chunks: &[Option<usize>]) {
     for variant in ["f32", "q4"] {
         let label = format!("{name}-{variant}");
-        let (folder, reference) = oracle(name, variant);
+        let (folder, reference) = family_oracle(name, variant);
         let cases = reference_cases(&reference);
         assert!(cases.len() >= 4);
         check_model(&label, &folder, &cases, 2048);
@@ -102,7 +75,7 @@ fn family(name: &str, chunks: &[Option<usize>]) {
 /// bf16 weights: mlx-lm's tokens, logits within BF16_TOL.
 fn family_bf16(name: &str) {
     let label = format!("{name}-bf16");
-    let (folder, reference) = oracle(name, "bf16");
+    let (folder, reference) = family_oracle(name, "bf16");
     let cases = reference_cases(&reference);
     check_model_tol(&label, &folder, &cases, 2048, BF16_TOL);
     check_engine(&label, &folder, &cases, &[None]);
@@ -146,7 +119,7 @@ fn gemma4_text() {
 fn qwen3_5_hybrid() {
     family("qwen3_5", &[Some(16), Some(64), Some(2048)]);
     // The model API with small chunks too (the recurrent state carried across).
-    let (folder, reference) = oracle("qwen3_5", "f32");
+    let (folder, reference) = family_oracle("qwen3_5", "f32");
     check_model("qwen3_5 chunk 16", &folder, &reference_cases(&reference), 16);
     family_bf16("qwen3_5");
 }
@@ -162,7 +135,7 @@ fn chat(messages: serde_json::Value, cache: bool) -> RequestOptions {
 
 #[test]
 fn hybrid_prompt_cache_hit_gives_the_cold_result() {
-    let (folder, _) = oracle("qwen3_5", "f32");
+    let (folder, _) = family_oracle("qwen3_5", "f32");
     let system = "You are the assistant of a small bakery. It opens at seven, closes at six, and sells bread, \
                   pastries and cakes; orders above twenty euros are delivered for free.";
     let ask = |sys: &str, user: &str| serde_json::json!([{"role": "system", "content": sys}, {"role": "user", "content": user}]);
@@ -228,8 +201,8 @@ fn load_error(dir: &Path) -> mlxrt::Error {
 
 #[test]
 fn bad_checkpoints_fail_at_load_naming_the_problem() {
-    let (qwen3, _) = oracle("qwen3", "f32");
-    let (hybrid, _) = oracle("qwen3_5", "q4");
+    let (qwen3, _) = family_oracle("qwen3", "f32");
+    let (hybrid, _) = family_oracle("qwen3_5", "q4");
 
     let dir = broken_copy(&qwen3, "arch", |c, _| c["model_type"] = "mamba2".into());
     let e = load_error(&dir);
@@ -266,7 +239,7 @@ fn bad_checkpoints_fail_at_load_naming_the_problem() {
 /// frequencies, a multimodal checkpoint's towers) are let through.
 #[test]
 fn tensors_the_model_does_not_use_fail_the_load() {
-    let (qwen3, _) = oracle("qwen3", "f32");
+    let (qwen3, _) = family_oracle("qwen3", "f32");
     let dir = broken_copy(&qwen3, "relabelled", |c, _| c["model_type"] = "llama".into());
     let e = match Engine::new(EngineConfig::new(&dir)) {
         Ok(_) => panic!("a qwen3 checkpoint loaded as llama"),

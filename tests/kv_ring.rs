@@ -17,54 +17,13 @@ use mlxrt::cache::LayerCache;
 use mlxrt::engine::{Engine, EngineConfig, RequestOptions};
 use mlxrt::mlx::Array;
 use mlxrt::model::{load, LoadOptions, LoadedModel, Output};
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 use std::time::Duration;
 
 /// `gemma3_kv`'s sliding window.
-const W: usize = 16;
-const STEPS: usize = 24;
-const LOGIT_STEPS: &str = "0,1,12,23";
+const W: usize = RING_WINDOW;
+const STEPS: usize = RING_STEPS;
 const LOGIT_TOL: f32 = 1e-3;
-
-/// Prompt ids (any ids of the vocabulary do): one shorter than the window,
-/// the others 3 to 7 windows long.
-fn prompts() -> Vec<(String, Vec<u32>)> {
-    [7, 3 * W + 5, 5 * W + 1, 7 * W + 2]
-        .iter()
-        .map(|&n| {
-            let ids = (0..n).map(|i| (100 + (i * 7919 + n * 131) % 40000) as u32).collect();
-            (format!("len{n}"), ids)
-        })
-        .collect()
-}
-
-/// Builds the tiny model of `family` (f32) and records mlx-lm's outputs for
-/// `prompts()`, once per change of the scripts or prompts (cached under
-/// target/oracle/kv_ring).
-fn oracle(family: &str) -> (PathBuf, PathBuf) {
-    // Tests run in parallel and share the files.
-    static BUILD: Mutex<()> = Mutex::new(());
-    let _once = BUILD.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = repo_root().join("target/oracle/kv_ring");
-    std::fs::create_dir_all(&dir).unwrap();
-    let folder = dir.join(format!("tiny-{family}"));
-    let reference = dir.join(format!("tiny-{family}.reference.safetensors"));
-    let prompts_file = dir.join("prompts.json");
-    let list: Vec<_> = prompts().into_iter().map(|(name, ids)| serde_json::json!({"name": name, "ids": ids})).collect();
-    let text = serde_json::json!({ "prompts": list }).to_string();
-    if std::fs::read_to_string(&prompts_file).ok().as_deref() != Some(text.as_str()) {
-        std::fs::write(&prompts_file, &text).unwrap();
-    }
-    let scripts = repo_root().join("tests/oracle");
-    let inputs = [scripts.join("make_tiny.py"), scripts.join("mlxlm_reference.py"), prompts_file.clone()];
-    if !reference_fresh(&reference, &inputs) {
-        let _ = std::fs::remove_dir_all(&folder);
-        make_tiny(family, &folder, &[]);
-        mlxlm_reference(&folder, &prompts_file, STEPS, LOGIT_STEPS, &reference, &[]);
-    }
-    (folder, reference)
-}
 
 /// Every prompt through the model API with each prefill chunk: mlx-lm's
 /// tokens and logits.
@@ -84,7 +43,7 @@ fn check_model(label: &str, folder: &Path, cases: &[Case], window: usize) {
 
 #[test]
 fn gemma3_rotating_kv_matches_mlx_lm() {
-    let (folder, reference) = oracle("gemma3_kv");
+    let (folder, reference) = ring_oracle("gemma3_kv");
     let cases = reference_cases(&reference);
     assert!(cases.iter().filter(|c| c.prompt.len() >= 3 * W).count() >= 3);
     check_model("gemma3_kv", &folder, &cases, W);
@@ -92,7 +51,7 @@ fn gemma3_rotating_kv_matches_mlx_lm() {
 
 #[test]
 fn gemma4_rotating_kv_with_shared_layers_matches_mlx_lm() {
-    let (folder, reference) = oracle("gemma4_text");
+    let (folder, reference) = ring_oracle("gemma4_text");
     check_model("gemma4_text", &folder, &reference_cases(&reference), 8);
 }
 
@@ -112,7 +71,7 @@ fn kv_bytes(m: &LoadedModel, n: usize, chunk: usize) -> (usize, usize) {
 
 #[test]
 fn sliding_layer_memory_is_flat_past_the_window() {
-    let (folder, _) = oracle("gemma3_kv");
+    let (folder, _) = ring_oracle("gemma3_kv");
     let m = load(&folder, &LoadOptions::default()).unwrap();
     // 2 sliding layers × K and V × 2 heads × W positions × 64 dims × f32.
     let window_bytes = 2 * 2 * 2 * W * 64 * 4;
@@ -143,7 +102,7 @@ fn batched(e: &Engine, cases: &[Case], chunk: Option<usize>) -> Vec<Vec<u32>> {
 
 #[test]
 fn batched_rows_equal_each_row_alone() {
-    let (folder, reference) = oracle("gemma3_kv");
+    let (folder, reference) = ring_oracle("gemma3_kv");
     let cases = reference_cases(&reference);
     let mut cfg = EngineConfig::new(&folder);
     cfg.max_rows = 8;
@@ -167,7 +126,7 @@ fn chat(messages: serde_json::Value, cache: bool) -> RequestOptions {
 
 #[test]
 fn prompt_cache_hits_give_the_cold_result() {
-    let (folder, _) = oracle("gemma3_kv");
+    let (folder, _) = ring_oracle("gemma3_kv");
     let system = "You are the assistant of a small bakery in the old town. It opens at seven in the morning, \
                   closes at six in the evening, and sells bread, pastries, tarts and birthday cakes; orders \
                   above twenty euros are delivered for free within the city, and cakes need two days notice.";

@@ -5,7 +5,10 @@
 //! sharing a prefix's blocks; paged entries on disk (stored as blocks,
 //! loaded back whole or trimmed, damaged files refused); blocks return to
 //! the pool (a cancelled sharing row frees only its own); the options are
-//! validated.
+//! validated. Every KV layout pages: affine 8/4-bit and TurboQuant KV (with
+//! delayed starts) give the tokens they give without paging; the sliding
+//! windows of tiny Gemma 3 / Gemma 4 models and the attention layers of a
+//! tiny Qwen3.5 hybrid give mlx-lm's.
 
 mod common;
 
@@ -13,6 +16,7 @@ use common::*;
 use mlxrt::cache::scheme::{KvQuant, KvScheme};
 use mlxrt::cache::store;
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, LogLevel, Logger, RequestHandle, RequestOptions};
+use mlxrt::model::Kernels;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -369,7 +373,8 @@ fn paging_options_are_validated() {
     assert!(Engine::new(config(false, 0, false)).is_ok(), "the block size is ignored without paging");
     let mut c = config(true, 256, false);
     c.kv = KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 64 }, start: 0 };
-    assert!(Engine::new(c).is_err(), "paging with quantized KV is not implemented yet");
+    let e = Engine::new(c).expect("paging with quantized KV");
+    assert_eq!(e.info().kv_scheme, "affine:b4:g64");
 }
 
 #[test]
@@ -502,4 +507,226 @@ fn cancelling_a_sharing_row_frees_only_its_own_blocks() {
     }
     let s = wait_idle(&e);
     assert_eq!(s.kv_blocks_used, 0, "every block back: {s:?}");
+}
+
+// ---- quantized KV ----
+
+const QUANT_SCHEMES: [KvScheme; 3] = [
+    KvScheme::Affine { bits: 8, group_size: 64 },
+    KvScheme::Affine { bits: 4, group_size: 64 },
+    KvScheme::TurboQuant { key_bits: 8, value_bits: 3 },
+];
+
+fn quant_config(paging: bool, scheme: KvScheme, start: i32, kernels: Kernels, max_rows: usize) -> EngineConfig {
+    let mut c = config(paging, 256, false);
+    c.kv = KvQuant { scheme, start };
+    c.kernels = kernels;
+    c.max_rows = max_rows;
+    c.prefill_chunk = 16;
+    c
+}
+
+/// The prompts with per-request starts: the engine's, one inside the
+/// prefill, one reached while decoding, one never reached.
+fn quant_requests(steps: usize) -> Vec<mlxrt::engine::RequestOptions> {
+    PROMPTS
+        .iter()
+        .zip([None, Some(20), Some(60), Some(1000), Some(5)])
+        .map(|(p, start)| {
+            let mut o = chat(p);
+            o.max_tokens = steps as u32;
+            o.stop_at_eos = false;
+            o.quantized_kv_start = start;
+            o
+        })
+        .collect()
+}
+
+#[test]
+fn quantized_kv_pages_as_without_paging() {
+    // Affine 8/4-bit and TurboQuant, quantized from the first token or from
+    // each request's start: each row alone and all of them batched (rows
+    // of different lengths, below and past their starts together) give the
+    // tokens the contiguous cache gives; blocks of 256 keep the kernels'
+    // chunks where the contiguous ones are.
+    let steps = 16;
+    let cases = QUANT_SCHEMES.iter().map(|&s| (s, Kernels::Auto)).chain([(QUANT_SCHEMES[1], Kernels::Stock)]);
+    for (scheme, kernels) in cases {
+        let label = format!("{scheme:?} {kernels:?}");
+        let flat = Engine::new(quant_config(false, scheme, 0, kernels, 8)).unwrap();
+        let alone: Vec<Vec<u32>> = quant_requests(steps).into_iter().map(|o| tokens_of(&run(&flat, o))).collect();
+        let rxs: Vec<_> = quant_requests(steps).into_iter().map(|o| submit(&flat, o)).collect();
+        let flat_together: Vec<Vec<u32>> = rxs.iter().map(|rx| tokens_of(&collect(rx))).collect();
+        drop(flat);
+        let e = Engine::new(quant_config(true, scheme, 0, kernels, 8)).unwrap();
+        for (i, o) in quant_requests(steps).into_iter().enumerate() {
+            assert_eq!(tokens_of(&run(&e, o)), alone[i], "{label}: request {i} alone, paged");
+        }
+        let rxs: Vec<_> = quant_requests(steps).into_iter().map(|o| submit(&e, o)).collect();
+        for (i, rx) in rxs.iter().enumerate() {
+            assert_eq!(tokens_of(&collect(rx)), flat_together[i], "{label}: request {i} batched, paged");
+        }
+        let s = wait_idle(&e);
+        assert_eq!((s.kv_blocks_used, s.kv_bytes, s.kv_bytes_dense, s.kv_bytes_quantized), (0, 0, 0, 0), "{label}: every block back: {s:?}");
+        assert!(s.kv_blocks_free > 0);
+    }
+}
+
+#[test]
+fn quantized_prompt_cache_hits_map_blocks_and_give_the_cold_tokens() {
+    // A prompt of ~300 tokens: its len - 1 snapshot shares the packed blocks
+    // (and, below the start, the float ones); the identical re-prompt maps
+    // them. Starts: from the first token, inside the prompt, past it.
+    let long = "Tell me about the history of the bicycle. ".repeat(30);
+    let req = || {
+        let mut o = chat(&long);
+        o.max_tokens = 12;
+        o.stop_at_eos = false;
+        o
+    };
+    for (scheme, start) in QUANT_SCHEMES.iter().copied().zip([0, 400, 100]) {
+        let label = format!("{scheme:?} start {start}");
+        let mut c = quant_config(false, scheme, start, Kernels::Auto, 8);
+        c.prefill_chunk = 1024;
+        let cold = tokens_and_cached(&Engine::new(c).unwrap(), req()).0;
+        let mut c = quant_config(true, scheme, start, Kernels::Auto, 8);
+        c.prefill_chunk = 1024;
+        c.prompt_cache_bytes = 1 << 30;
+        let e = Engine::new(c).unwrap();
+        let (first, cached0) = tokens_and_cached(&e, req());
+        assert_eq!((first.as_slice(), cached0), (cold.as_slice(), 0), "{label}");
+        let held = wait_idle(&e);
+        assert!(held.kv_blocks_used > 0 && held.kv_bytes_quantized > 0, "{label}: the prompt cache holds packed blocks: {held:?}");
+        assert_eq!(held.kv_bytes_dense > 0, start > 300, "{label}: float blocks iff the entry is below its start: {held:?}");
+        let (second, cached) = tokens_and_cached(&e, req());
+        assert!(cached > 256, "{label}: the re-prompt hits the cache ({cached} tokens)");
+        assert_eq!(second, cold, "{label}: tokens from mapped blocks differ from a cold run");
+        e.clear_prompt_cache(false).unwrap();
+        let s = engine_stats_settled(&e);
+        assert_eq!((s.kv_blocks_used, s.kv_bytes), (0, 0), "{label}: blocks held after the cache was cleared: {s:?}");
+    }
+}
+
+// ---- sliding windows (Gemma 3, Gemma 4) and a recurrent hybrid ----
+
+fn tiny_config(folder: &std::path::Path, paging: bool, max_rows: usize) -> EngineConfig {
+    let mut c = EngineConfig::new(folder);
+    c.kv_paging = paging;
+    c.kv_block_size = 32;
+    c.max_rows = max_rows;
+    c
+}
+
+/// Submits every case, the later ones while the first decode (they join a
+/// running batch); each one's tokens.
+fn batched(e: &Engine, cases: &[Case], steps: usize, chunk: Option<usize>) -> Vec<Vec<u32>> {
+    let rxs: Vec<_> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if i == 2 {
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            submit(e, token_request(&c.prompt, steps, chunk))
+        })
+        .collect();
+    rxs.iter().map(|rx| tokens_of(&collect(rx))).collect()
+}
+
+/// Paged engines (rows alone, rows batched) give mlx-lm's tokens for every
+/// case and chunk; every block is back afterwards.
+fn pages_as_mlx_lm(label: &str, folder: &std::path::Path, cases: &[Case], steps: usize, chunks: &[Option<usize>]) {
+    let alone = Engine::new(tiny_config(folder, true, 1)).unwrap();
+    let together = Engine::new(tiny_config(folder, true, 8)).unwrap();
+    for &chunk in chunks {
+        for (c, got) in cases.iter().zip(batched(&together, cases, steps, chunk)) {
+            assert_eq!(got, c.tokens, "{label}/{} chunk {chunk:?}: paged, batched, differs from mlx-lm", c.name);
+            let one = tokens_of(&run(&alone, token_request(&c.prompt, steps, chunk)));
+            assert_eq!(one, c.tokens, "{label}/{} chunk {chunk:?}: paged, alone, differs from mlx-lm", c.name);
+        }
+    }
+    for e in [alone, together] {
+        let s = wait_idle(&e);
+        assert_eq!((s.kv_blocks_used, s.kv_bytes), (0, 0), "{label}: every block back: {s:?}");
+    }
+}
+
+#[test]
+fn sliding_windows_page_as_mlx_lm_rotates() {
+    // Prompts of up to 7 windows: a window row releases the blocks behind
+    // its window, and attends with the kernel's window.
+    let w = RING_WINDOW;
+    let (folder, reference) = ring_oracle("gemma3_kv");
+    let cases = reference_cases(&reference);
+    assert!(cases.iter().filter(|c| c.prompt.len() > 3 * w).count() >= 3);
+    pages_as_mlx_lm("gemma3_kv", &folder, &cases, RING_STEPS, &[None, Some(5), Some(2 * w + 3)]);
+    // Gemma 4: window 8, KV-shared layers reading their donor's blocks.
+    let (folder, reference) = ring_oracle("gemma4_text");
+    pages_as_mlx_lm("gemma4_text", &folder, &reference_cases(&reference), RING_STEPS, &[None, Some(5)]);
+}
+
+#[test]
+fn sliding_window_prompt_cache_hits_give_the_cold_tokens() {
+    // Memory and disk hits of a system prompt several windows long, on a
+    // paged Gemma 3: the cold tokens (a disk entry, stored as a ring, comes
+    // back into blocks).
+    let (folder, _) = ring_oracle("gemma3_kv");
+    let system = "You are the assistant of a small bakery in the old town. It opens at seven in the morning, \
+                  closes at six in the evening, and sells bread, pastries, tarts and birthday cakes; orders \
+                  above twenty euros are delivered for free within the city, and cakes need two days notice.";
+    let ask = |user: &str| serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": user}]);
+    let chat = |m: serde_json::Value, cache: bool| chat_request(m, RING_STEPS, cache, 2 * RING_WINDOW + 3);
+    let dir = std::env::temp_dir().join(format!("mlxrt-paged-ring-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let warm_engine = || {
+        let mut c = tiny_config(&folder, true, 8);
+        c.prompt_cache_bytes = 64 << 20;
+        c.prompt_cache_min_tokens = 8;
+        c.prompt_cache_dir = Some(dir.clone());
+        Engine::new(c).unwrap()
+    };
+    let cold = Engine::new(tiny_config(&folder, false, 8)).unwrap();
+    let warm = warm_engine();
+    let first = ask("When do you open?");
+    let (t1, c1) = tokens_and_cached(&warm, chat(first.clone(), true));
+    assert_eq!((t1, c1), (tokens_and_cached(&cold, chat(first, false)).0, 0));
+    let second = ask("Do you deliver cakes?");
+    let cold2 = tokens_and_cached(&cold, chat(second.clone(), false)).0;
+    let (t2, c2) = tokens_and_cached(&warm, chat(second.clone(), true));
+    assert!(c2 as usize > 3 * RING_WINDOW, "the boundary snapshot was not used ({c2} cached tokens)");
+    assert_eq!(t2, cold2, "a memory hit changed the result");
+    warm.flush_prompt_cache().unwrap();
+    drop(warm);
+    let again = warm_engine();
+    let (t3, c3) = tokens_and_cached(&again, chat(second, true));
+    assert_eq!((t3, c3), (cold2, c2), "a disk hit changed the result");
+    again.clear_prompt_cache(false).unwrap();
+    assert_eq!(engine_stats_settled(&again).kv_blocks_used, 0);
+    drop(again);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_hybrid_pages_its_attention_layers_as_mlx_lm() {
+    // Qwen3.5: the attention layers page, the recurrent ones keep their
+    // per-row state; batched with rows of different lengths, and from a
+    // prompt-cache hit.
+    let (folder, reference) = family_oracle("qwen3_5", "f32");
+    pages_as_mlx_lm("qwen3_5", &folder, &reference_cases(&reference), FAMILY_STEPS, &[Some(16), None]);
+    let system = "You are the assistant of a small bakery. It opens at seven, closes at six, and sells bread, \
+                  pastries and cakes; orders above twenty euros are delivered for free.";
+    let ask = |user: &str| serde_json::json!([{"role": "system", "content": system}, {"role": "user", "content": user}]);
+    let chat = |m: serde_json::Value, cache: bool| chat_request(m, FAMILY_STEPS, cache, 16);
+    let cold = Engine::new(tiny_config(&folder, false, 8)).unwrap();
+    let mut c = tiny_config(&folder, true, 8);
+    c.prompt_cache_bytes = 64 << 20;
+    c.prompt_cache_min_tokens = 8;
+    let warm = Engine::new(c).unwrap();
+    let (t1, c1) = tokens_and_cached(&warm, chat(ask("When do you open?"), true));
+    assert_eq!((t1, c1), (tokens_and_cached(&cold, chat(ask("When do you open?"), false)).0, 0));
+    let (t2, c2) = tokens_and_cached(&warm, chat(ask("Do you deliver cakes?"), true));
+    assert!(c2 > 0, "the boundary snapshot was not used");
+    assert_eq!(t2, tokens_and_cached(&cold, chat(ask("Do you deliver cakes?"), false)).0, "a prompt-cache hit changed the result");
+    warm.clear_prompt_cache(false).unwrap();
+    assert_eq!(engine_stats_settled(&warm).kv_blocks_used, 0);
 }

@@ -1,8 +1,8 @@
 //! The cache of one model layer, whatever its kind: keys and values of a
 //! full-attention layer (`KvCache`), the ring of a sliding-window layer
 //! (`RingCache`), the recurrent state of a linear-attention layer
-//! (`StateCache`), or with `kv_paging` a full-attention layer's blocks in
-//! the engine's pool (`PagedKv`). The engine drives every
+//! (`StateCache`), or with `kv_paging` an attention layer's blocks in the
+//! engine's pools (`PagedKv`: full or sliding-window, dense or quantized). The engine drives every
 //! kind through the same methods; a model builds the kinds it needs
 //! (`LanguageModel::new_cache`) and takes them apart again in `forward`.
 
@@ -39,11 +39,21 @@ impl LayerCache {
     /// past its `quantized_kv_start` has dropped the float copy a shorter
     /// prefix below the start would need, so its snapshots are taken at the
     /// marks themselves. A prompt-cache entry of a model with any
-    /// non-trimmable layer is only usable at exactly its length.
+    /// non-trimmable layer is only usable at exactly its length. Paged
+    /// layers follow the same rules as the caches they stand for.
     pub fn trimmable(&self) -> bool {
         match self {
             LayerCache::Kv(c) => !c.is_quantized(),
-            LayerCache::Paged(_) => true,
+            LayerCache::Paged(c) => c.trimmable(),
+            _ => false,
+        }
+    }
+
+    /// Whether keys and values are stored quantized (contiguous or paged).
+    pub fn is_quantized(&self) -> bool {
+        match self {
+            LayerCache::Kv(c) => c.is_quantized(),
+            LayerCache::Paged(c) => c.is_quantized(),
             _ => false,
         }
     }
@@ -112,8 +122,10 @@ impl LayerCache {
 
     /// Sets each row's `quantized_kv_start` (see `KvCache::set_starts`).
     pub fn set_starts(&mut self, starts: &[i32]) {
-        if let LayerCache::Kv(c) = self {
-            c.set_starts(starts);
+        match self {
+            LayerCache::Kv(c) => c.set_starts(starts),
+            LayerCache::Paged(c) => c.set_starts(starts),
+            _ => {}
         }
     }
 
@@ -267,7 +279,7 @@ impl LayerCache {
             LayerCache::Kv(c) => c.nbytes_by_kind(),
             LayerCache::Ring(c) => (c.nbytes(), 0),
             LayerCache::State(_) => (0, 0),
-            LayerCache::Paged(c) => (c.nbytes(), 0),
+            LayerCache::Paged(c) => c.nbytes_by_kind(),
         }
     }
 
@@ -280,13 +292,7 @@ impl LayerCache {
         Ok(match self {
             LayerCache::Kv(c) if c.is_quantized() => {
                 let QuantRow { planes, float, scheme, start } = c.row_quant(row, len)?;
-                let meta = match scheme {
-                    KvScheme::Affine { bits, group_size } => [1, bits, group_size, start],
-                    KvScheme::TurboQuant { key_bits, value_bits } => [2, key_bits, value_bits, start],
-                    KvScheme::Dense => return Err(Error::internal("a quantized KV cache with the dense scheme")),
-                };
-                let meta = Array::from_f32(&meta.map(|x| x as f32), &[4])?;
-                LayerSnapshot::Quant { planes, float, meta }
+                LayerSnapshot::quant(planes, float, scheme, start)?
             }
             LayerCache::Kv(c) => {
                 let (keys, values) = if shared { c.row_view(row, 0, len)? } else { c.row_slice(row, 0, len)? };
@@ -347,6 +353,17 @@ fn quant_meta(meta: &Array) -> std::result::Result<(KvScheme, i32), String> {
 }
 
 impl LayerSnapshot {
+    /// A quantized layer's snapshot (`Quant`) of these planes.
+    pub fn quant(planes: Vec<Array>, float: Option<(Array, Array)>, scheme: KvScheme, start: i32) -> Result<LayerSnapshot> {
+        let meta = match scheme {
+            KvScheme::Affine { bits, group_size } => [1, bits, group_size, start],
+            KvScheme::TurboQuant { key_bits, value_bits } => [2, key_bits, value_bits, start],
+            KvScheme::Dense => return Err(Error::internal("a quantized KV snapshot of the dense scheme")),
+        };
+        let meta = Array::from_f32(&meta.map(|x| x as f32), &[4])?;
+        Ok(LayerSnapshot::Quant { planes, float, meta })
+    }
+
     /// A one-row cache holding the first `n` positions.
     pub fn restore(&self, n: i32) -> Result<LayerCache> {
         match self {

@@ -378,7 +378,7 @@ impl Cohort {
     /// from float to quantized KV exactly at its start, whatever its
     /// neighbours do.
     fn conversions(&self) -> impl Iterator<Item = i32> + '_ {
-        let quantized = self.set.cache().iter().any(|c| c.kv().is_ok_and(|k| k.is_quantized()));
+        let quantized = self.set.cache().iter().any(LayerCache::is_quantized);
         let rows = if quantized { self.rows() } else { &[] };
         rows.iter().enumerate().map(move |(i, r)| self.start(i) + r.kv_start)
     }

@@ -115,11 +115,12 @@ pub struct EngineConfig {
     /// only full-attention layers; else creation fails with
     /// `InvalidArgument`. None (default) = no draft model.
     pub draft_model_path: Option<PathBuf>,
-    /// Paged KV (`cache::paged`): full-attention layers keep their keys and
-    /// values in blocks of a pool shared by all rows, so rows of different
-    /// lengths pad nothing and prompt-cache hits share blocks. Off by
-    /// default while it is being built: for now dense KV (`kv` none) on
-    /// models whose layers are all full attention; others are refused.
+    /// Paged KV (`cache::paged`): attention layers keep their keys and
+    /// values (dense or as `kv` stores them; sliding windows release the
+    /// blocks behind them) in blocks of a pool shared by all rows, so rows
+    /// of different lengths pad nothing and prompt-cache hits share blocks;
+    /// recurrent-state layers keep their per-row state. Off by default
+    /// while it is being built.
     pub kv_paging: bool,
     /// Positions per KV block with paging: a multiple of 32 from 32 to 1024.
     pub kv_block_size: usize,
@@ -177,9 +178,6 @@ impl EngineConfig {
         }
         if matches!(self.speculation, Speculation::Draft { .. }) && self.draft_model_path.is_none() {
             return Err(Error::invalid("speculation Draft needs a draft_model_path"));
-        }
-        if self.kv_paging && self.kv.scheme.is_quantized() {
-            return Err(Error::unsupported("kv_paging with a quantized KV scheme is not implemented yet"));
         }
         Ok(())
     }

@@ -13,8 +13,8 @@
 use super::cache_io::{self, IoDone, IoJob};
 use super::log::{LogLevel, Logger};
 use super::scheduler::Command;
-use crate::cache::paged::codec::{self, BlockFormat, PagedMeta};
-use crate::cache::paged::{LayerPool, PagedPools};
+use crate::cache::paged::codec::{self, PagedMeta};
+use crate::cache::paged::{PagedLayer, PagedPools};
 use crate::cache::prefix::{self, PrefixCache};
 use crate::cache::scheme::KvLayer;
 use crate::cache::store::{DiskIndex, EntryFile, Tensor};
@@ -22,10 +22,8 @@ use crate::cache::{LayerCache, LayerSnapshot};
 use crate::error::{Error, Result};
 use crate::mlx::{self, Array};
 use crossbeam_channel::Sender;
-use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Cache state of positions `0..len` of a sequence, one part per layer (KV,
@@ -96,15 +94,14 @@ impl Snapshot {
         for i in 0..layers {
             let pool = paged.and_then(|p| Some((p.pools.layers.get(i)?.as_ref()?, p.layers.get(i).copied().flatten()?)));
             let part = match (pool, e.meta.get(&format!("paged.{i}"))) {
-                (Some((pool, layer)), Some(json)) => (|| -> std::result::Result<Part, String> {
+                (Some((layer, kv)), Some(json)) => (|| -> std::result::Result<Part, String> {
                     let meta = PagedMeta::parse(json)?;
-                    let format = BlockFormat::of_pool(&pool.borrow(), &layer, &meta)?;
-                    let planes = (0..format.planes.len())
+                    let planes = (0..meta.tensors(layer))
                         .map(|k| tensor(&format!("{i}.p.{k}")).ok_or(format!("no tensor {i}.p.{k}")))
                         .collect::<std::result::Result<Vec<_>, String>>()?;
                     let dims: Vec<_> = planes.iter().map(|t| (t.dtype, t.shape.as_slice())).collect();
-                    codec::check(&meta, &dims, &format, e.tokens.len())?;
-                    Ok(Part::Paged { pool, meta, format, planes })
+                    codec::check(&meta, &dims, layer, &kv, e.tokens.len())?;
+                    Ok(Part::Paged { layer, meta, planes })
                 })(),
                 (Some(_), None) => Err("paged here, the file holds it unpaged".to_string()),
                 (None, Some(_)) => Err("stored paged, this engine does not page it".to_string()),
@@ -137,10 +134,10 @@ impl Snapshot {
             .into_iter()
             .map(|p| match p {
                 Part::Ready(l) => Ok(l),
-                Part::Paged { pool, meta, format, planes } => {
+                Part::Paged { layer, meta, planes } => {
                     let arrays = planes.iter().map(|t| Array::from_bytes(&t.data, &t.shape, t.dtype)).collect::<mlx::Result<Vec<_>>>()?;
-                    pools.push(pool);
-                    Ok(LayerSnapshot::Paged(codec::load(&meta, &arrays, pool, &format)?))
+                    pools.extend(std::iter::once(&layer.pool).chain(&layer.float));
+                    Ok(LayerSnapshot::Paged(codec::load(&meta, arrays, layer)?))
                 }
             })
             .collect::<Result<Vec<_>>>()
@@ -149,7 +146,7 @@ impl Snapshot {
         // entry's blocks go back) and not in a later step.
         let mut state = vec![];
         for p in pools {
-            state.extend(p.borrow().planes().into_iter().flatten().map(Array::share));
+            state.extend(p.borrow().planes().iter().map(Array::share));
         }
         mlx::eval(&state.iter().collect::<Vec<_>>()).map_err(|e| e.to_string())?;
         let bytes = layers.iter().map(LayerSnapshot::nbytes).sum();
@@ -161,7 +158,7 @@ impl Snapshot {
 /// checked and waiting for its blocks.
 enum Part<'a> {
     Ready(LayerSnapshot),
-    Paged { pool: &'a Rc<RefCell<LayerPool>>, meta: PagedMeta, format: BlockFormat, planes: Vec<&'a Tensor> },
+    Paged { layer: &'a PagedLayer, meta: PagedMeta, planes: Vec<&'a Tensor> },
 }
 
 /// What loading paged layers needs: the engine's pools and the model's

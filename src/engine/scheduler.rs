@@ -26,7 +26,8 @@ use super::spec::draft::Drafter;
 use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
-use crate::cache::paged::PagedPools;
+use crate::cache::paged::{PagedLayer, PagedPools};
+use crate::cache::scheme::KvScheme;
 use crate::cache::LayerCache;
 use crate::mlx;
 use crate::model::load::TextAssets;
@@ -234,21 +235,25 @@ fn main(
     s.run(rx);
 }
 
-/// The block pools with `kv_paging`: one per layer, for models whose layers
-/// are all full attention (sliding windows and recurrent states are not
-/// paged yet).
+/// The paged layers with `kv_paging`: every attention layer (full ones
+/// storing KV as `config.kv` says; sliding-window ones dense, as without
+/// paging); recurrent-state layers keep their per-row state.
 fn paged_pools(config: &EngineConfig, model: &dyn LanguageModel) -> Result<Option<PagedPools>> {
     if !config.kv_paging {
         return Ok(None);
     }
-    let caches = model.new_cache(1);
-    let full = model.kv_layers().iter().all(|l| l.is_some_and(|l| l.window.is_none()));
-    if !full || !caches.iter().all(|c| matches!(c, crate::cache::LayerCache::Kv(_))) {
-        return Err(Error::unsupported(
-            "kv_paging: this model has sliding-window or recurrent layers, which are not paged yet",
-        ));
-    }
-    Ok(Some(PagedPools::new(config.kv_block_size as i32, &vec![true; caches.len()])))
+    let block = config.kv_block_size as i32;
+    let layers = (model.new_cache(1).iter().zip(model.kv_layers()))
+        .map(|(c, l)| match (c, l) {
+            (LayerCache::State(_), _) => Ok(None),
+            (_, Some(l)) => {
+                let scheme = if l.window.is_none() { config.kv.scheme } else { KvScheme::Dense };
+                Ok(Some(PagedLayer::new(block, scheme, l.window, l.k_dim, l.v_dim)?))
+            }
+            (_, None) => Err(Error::unsupported("kv_paging: this model has a layer cache that cannot be paged")),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(PagedPools { block, layers }))
 }
 
 /// The prompt cache, if enabled. Its files are stamped with what must match
@@ -496,7 +501,7 @@ impl Scheduler<'_> {
     /// only: without it nothing waits or shares).
     fn sharing(&self) -> Vec<Share> {
         let n = self.queue.len().min(self.config.max_rows);
-        let Some(block) = self.pools.as_ref().map(|p| p.block as usize) else { return vec![Share::default(); n] };
+        let Some(block) = self.pools.as_ref().and_then(PagedPools::sharing_block) else { return vec![Share::default(); n] };
         let rows = self.cohort.as_ref().map_or(&[][..], Cohort::rows);
         let prefilling: Vec<(&str, &[u32])> =
             rows.iter().filter(|r| r.use_cache && r.media.is_none()).map(|r| (r.namespace.as_str(), r.key())).collect();
@@ -505,8 +510,8 @@ impl Scheduler<'_> {
 
     /// Drops the shared prefixes no queued request can use any more.
     fn prune_prefixes(&mut self) {
-        if let (Some(p), false) = (&self.pools, self.prefixes.is_empty()) {
-            self.prefixes.prune(p.block as usize, &askers(&self.queue, self.config.max_rows));
+        if let (Some(block), false) = (self.pools.as_ref().and_then(PagedPools::sharing_block), self.prefixes.is_empty()) {
+            self.prefixes.prune(block, &askers(&self.queue, self.config.max_rows));
         }
     }
 
@@ -943,8 +948,7 @@ impl Scheduler<'_> {
     /// Keeps the prompts of `rows` (their prefill just ended) whose blocks
     /// queued requests can map (`prefix_share`).
     fn keep_shared_prefixes(&mut self, rows: &RowSet) {
-        let Some(pools) = &self.pools else { return };
-        let block = pools.block as usize;
+        let Some(block) = self.pools.as_ref().and_then(PagedPools::sharing_block) else { return };
         let askers = self.askers();
         let mut keep = vec![];
         for (i, r) in rows.rows.iter().enumerate() {
@@ -1022,8 +1026,14 @@ impl Scheduler<'_> {
         s.kv_bytes.store(kv, Ordering::Relaxed);
         let (dense, quant) = self.batch.kv_bytes_by_kind();
         let (cd, cq) = self.cohort.as_ref().map_or((0, 0), Cohort::kv_bytes_by_kind);
-        s.kv_bytes_dense.store(dense + cd, Ordering::Relaxed);
-        s.kv_bytes_quantized.store(quant + cq, Ordering::Relaxed);
+        let (dense, quant) = match &self.pools {
+            // Paged: the blocks in use of each kind (rows' caches that stay
+            // per row, recurrent states, count as neither).
+            Some(_) => (blocks.bytes_dense as usize, blocks.bytes_quantized as usize),
+            None => (dense + cd, quant + cq),
+        };
+        s.kv_bytes_dense.store(dense, Ordering::Relaxed);
+        s.kv_bytes_quantized.store(quant, Ordering::Relaxed);
         s.kv_reserved.store(self.kv_reserved, Ordering::Relaxed);
         s.active_memory.store(mlx::memory::active(), Ordering::Relaxed);
         s.peak_memory.store(mlx::memory::peak(), Ordering::Relaxed);

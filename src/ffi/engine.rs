@@ -197,10 +197,11 @@ pub struct mlxrt_engine_config {
     pub speculation: i32,
     /// Drafted tokens per verify step for prompt lookup (0 = 10).
     pub speculation_tokens: u32,
-    /// 1: paged KV (full-attention layers keep KV in blocks of a pool shared
-    /// by all rows: no padding between rows of different lengths, prompt
-    /// prefixes shared). 0 (default): off. For now dense KV on models whose
-    /// layers are all full attention; others fail `mlxrt_engine_create`.
+    /// 1: paged KV (attention layers keep KV, dense or as `kv_scheme`
+    /// stores it, in blocks of a pool shared by all rows: no padding between
+    /// rows of different lengths, prompt prefixes shared; sliding-window
+    /// layers give back the blocks behind their window, recurrent layers
+    /// keep their per-row state). 0 (default): off.
     pub kv_paging: u32,
     /// Positions per KV block with `kv_paging`: a multiple of 32 from 32 to
     /// 1024 (default 256). Ignored without paging.
@@ -471,7 +472,8 @@ pub struct mlxrt_engine_stats {
     pub spec_verify_steps: u64,
     /// With `kv_paging`: KV blocks in use (by rows or prompt-cache entries;
     /// a shared block once) and free, summed over the paged layers' pools
-    /// (0 without paging). Then `kv_bytes` counts the blocks in use.
+    /// (a quantized layer's float blocks included; 0 without paging). Then
+    /// `kv_bytes` counts the blocks in use.
     pub kv_blocks_used: u64,
     pub kv_blocks_free: u64,
     /// Encoder cache (vision tower outputs kept by image content, budget

@@ -87,37 +87,59 @@ void chunk(const void* c, int b, int h, int m0, int rows, int t0, int t1, float*
 
 // The table and lengths of a batch checked against a pool of N blocks:
 // rows with a length or a block id outside it get length 0 and `bad`
-// (NaN output), never a read outside the pool.
+// (NaN output), never a read outside the pool. Under a causal window a
+// row's leading blocks that no query of the forward sees (`L` queries:
+// wholly before key lens[b] - L - window + 1) may be -1 (released): they
+// read as block 0 where a chunk touches them, and every score there is
+// masked.
 struct Checked {
-  std::vector<int32_t> ids, lens;
+  std::vector<int32_t> ids, lens, from;  // from: first key a query of the row may see
   std::vector<char> bad;
   int max_blocks, T;  // T: the longest row (at least 1)
 };
 
-Checked check(const array& table, const array& lens, int N, int bs) {
+Checked check(const array& table, const array& lens, int N, int bs, int L, bool causal,
+              int window) {
   const int B = lens.shape(0), max_blocks = table.shape(1);
   const int32_t* t = table.data<int32_t>();
   const int32_t* l = lens.data<int32_t>();
   Checked c{std::vector<int32_t>(static_cast<size_t>(B) * max_blocks, 0), std::vector<int32_t>(B, 0),
-            std::vector<char>(B, 0), max_blocks, 1};
+            std::vector<int32_t>(B, 0), std::vector<char>(B, 0), max_blocks, 1};
   for (int b = 0; b < B; ++b) {
     const int n = l[b];
     bool ok = n >= 0 && n <= max_blocks * bs;
+    const int from = causal && window > 0 ? std::max(0, n - L - window + 1) : 0;
     for (int j = 0; ok && j < (n + bs - 1) / bs; ++j) {
       const int32_t id = t[static_cast<int64_t>(b) * max_blocks + j];
-      ok = id >= 0 && id < N;
-      if (ok) c.ids[static_cast<size_t>(b) * max_blocks + j] = id;
+      const bool released = id == -1 && (j + 1) * bs <= from;
+      ok = released || (id >= 0 && id < N);
+      if (ok && !released) c.ids[static_cast<size_t>(b) * max_blocks + j] = id;
     }
     c.lens[b] = ok ? n : 0;
+    c.from[b] = ok ? from / bs * bs : 0;
     c.bad[b] = !ok;
     if (ok) c.T = std::max(c.T, n);
   }
   return c;
 }
 
-// Runs `p` (pools at block 0, T = c.T) through the driver with the rows'
-// own lengths and chunks rebased by `g`; a row of length 0 (all padding so
-// far) gives zeros, a bad one NaN.
+// Runs `s` (chunk callback and context set, T = c.T) with the rows' own
+// lengths and chunks inside blocks of `bs`; a row of length 0 (all padding
+// so far) gives zeros, a bad one NaN.
+void run_rows(qsdpa::Split s, const Checked& c, int bs) {
+  s.lens = c.lens.data();
+  s.chunk_keys = block_chunk(bs);
+  qsdpa::flash_attention(s);
+  const size_t per_row = static_cast<size_t>(s.H) * s.rep * s.L * s.dv;
+  for (int b = 0; b < s.B; ++b) {
+    if (c.lens[b] != 0) continue;
+    const float fill = c.bad[b] ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    std::fill(s.out + b * per_row, s.out + (b + 1) * per_row, fill);
+  }
+}
+
+// Runs `p` (pools at block 0, T = c.T) through the driver, chunks rebased
+// by `g`.
 void attend(const qsdpa::Problem& p, const Checked& c, Paged g, const int* order, int rep,
             float* out) {
   g.p = &p;
@@ -125,16 +147,9 @@ void attend(const qsdpa::Problem& p, const Checked& c, Paged g, const int* order
   g.lens = c.lens.data();
   g.max_blocks = c.max_blocks;
   qsdpa::Split s{p.B, p.H, p.M, p.L, p.T, p.v.dim, g.k->rows, p.mask == qsdpa::MaskKind::Causal,
-                 qsdpa::kScratchFloats, block_chunk(g.bs), &chunk, &g, order, rep, out};
+                 qsdpa::kScratchFloats, qsdpa::kChunk, &chunk, &g, order, rep, out};
   s.window = p.window;
-  s.lens = c.lens.data();
-  qsdpa::flash_attention(s);
-  const size_t per_row = static_cast<size_t>(p.H) * rep * p.L * p.v.dim;
-  for (int b = 0; b < p.B; ++b) {
-    if (c.lens[b] != 0) continue;
-    const float fill = c.bad[b] ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
-    std::fill(out + b * per_row, out + (b + 1) * per_row, fill);
-  }
+  run_rows(s, c, g.bs);
 }
 
 struct Inputs {
@@ -146,7 +161,7 @@ void compute(const Inputs& in, float* out, float scale, bool causal, int window,
   const int B = in.q.shape(0), Hq = in.q.shape(1), L = in.q.shape(2), D = in.q.shape(3);
   const int N = in.k.shape(0), H = in.k.shape(1), bs = in.k.shape(2), Dv = in.v.shape(3);
   const int rep = Hq / H;
-  const Checked c = check(in.table, in.lens, N, bs);
+  const Checked c = check(in.table, in.lens, N, bs, L, causal, window);
   std::vector<float> qbuf;
   const float* qp = qsdpa::group_queries(in.q, H, scale, nullptr, qbuf);
   const qsdpa::Rows kr(in.k), vr(in.v);
@@ -157,7 +172,8 @@ void compute(const Inputs& in, float* out, float scale, bool causal, int window,
                    causal ? qsdpa::MaskKind::Causal : qsdpa::MaskKind::None, nullptr,
                    {0, 0, 0, 0}};
   p.window = window;
-  // Prefill: keys transposed once per (b, h) in logical order, as fattn does.
+  // Prefill: keys transposed once per (b, h) in logical order, as fattn does
+  // (from the first block a query sees: released ones stay zero).
   std::vector<float> kt;
   if (qsdpa::transpose_keys(p, k->rows)) {
     p.kt_len = c.T + 2 * k->lanes;
@@ -165,7 +181,7 @@ void compute(const Inputs& in, float* out, float scale, bool causal, int window,
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h) {
         float* dst = kt.data() + (static_cast<size_t>(b) * H + h) * D * p.kt_len;
-        for (int t = 0; t < c.lens[b]; ++t) {
+        for (int t = c.from[b]; t < c.lens[b]; ++t) {
           const int64_t id = c.ids[static_cast<size_t>(b) * c.max_blocks + t / bs];
           const float* src = reinterpret_cast<const float*>(
               kr.data + (id * kr.bh[0] + h * kr.bh[1]) * 4) + static_cast<size_t>(t % bs) * D;
@@ -195,7 +211,7 @@ void compute_quantized(const QInputs& in, float* out, float scale, int group, in
   const int B = in.q.shape(0), Hq = in.q.shape(1), L = in.q.shape(2), D = in.q.shape(3);
   const int N = in.kw.shape(0), H = in.kw.shape(1), bs = in.kw.shape(2);
   const int rep = Hq / H, Dv = in.vw.shape(3) * 32 / bits;
-  const Checked c = check(in.table, in.lens, N, bs);
+  const Checked c = check(in.table, in.lens, N, bs, L, causal, window);
   std::vector<int> qpos(D), order(Dv);
   for (int d = 0; d < D; ++d) qpos[d] = kernel_pos(d, bits, k->lanes);
   for (int d = 0; d < Dv; ++d) order[d] = kernel_pos(d, bits, k->lanes);
@@ -222,6 +238,89 @@ const Kernels* select_quantized(uint8_t code) {
     case Isa::Portable: return qsdpa::kernels_portable();
     case Isa::Avx2: return qsdpa::kernels_avx2();
     case Isa::Avx512: return qsdpa::kernels_avx512();
+    default: return nullptr;
+  }
+}
+
+// ---- TurboQuant pools: five byte planes rebased the same way ----
+
+struct PagedTurbo {
+  const qsdpa::TurboProblem* p;
+  const TurboKernels* k;
+  const int32_t* table;
+  const int32_t* lens;
+  int max_blocks, bs;
+  int64_t step[5];  // bytes between blocks of each plane (TurboProblem's order)
+};
+
+void turbo_chunk(const void* c, int b, int h, int m0, int rows, int t0, int t1, float* scratch,
+                 float* acc, float* mx, float* sum) {
+  const auto& g = *static_cast<const PagedTurbo*>(c);
+  const int j = t0 / g.bs, base = j * g.bs;
+  const int64_t id = g.table[static_cast<int64_t>(b) * g.max_blocks + j];
+  qsdpa::TurboProblem r = *g.p;
+  qsdpa::Bytes* planes[5] = {&r.k_idx, &r.k_scale, &r.k_zero, &r.v_idx, &r.v_scale};
+  for (int i = 0; i < 5; ++i) planes[i]->data += id * g.step[i];
+  r.base.T = g.lens[b] - base;
+  g.k->chunk(r, b, h, m0, rows, t0 - base, t1 - base, scratch, acc, mx, sum);
+}
+
+struct TInputs {
+  array q, ki, ks, kz, vi, vs, table, lens;
+};
+
+void compute_turbo(const TInputs& in, float* out, float scale, int key_bits, int value_bits,
+                   const std::array<float, 16>& book, bool causal, int window,
+                   const TurboKernels* k) {
+  const int B = in.q.shape(0), Hq = in.q.shape(1), L = in.q.shape(2), D = in.q.shape(3);
+  const int N = in.ki.shape(0), H = in.ki.shape(1), bs = in.ki.shape(2);
+  const int rep = Hq / H, M = rep * L, Dv = in.vs.shape(3) * 32;
+  const Checked c = check(in.table, in.lens, N, bs, L, causal, window);
+  std::vector<float> qbuf;
+  const float* qp = qsdpa::group_queries(in.q, H, scale, nullptr, qbuf);
+  const qsdpa::Rows ki(in.ki), ks(in.ks), kz(in.kz), vi(in.vi), vs(in.vs);
+  // Each plane at block 0, (b, h) strides {0, head}: the callback adds the
+  // block.
+  auto bytes = [](const qsdpa::Rows& r, const array& a) {
+    const int64_t item = a.itemsize();
+    return qsdpa::Bytes{r.data, {0, r.bh[1] * item}, a.shape(3) * item};
+  };
+  auto step = [](const qsdpa::Rows& r, const array& a) {
+    return r.bh[0] * static_cast<int64_t>(a.itemsize());
+  };
+  const auto mask = causal ? qsdpa::MaskKind::Causal : qsdpa::MaskKind::None;
+  qsdpa::TurboProblem p{};
+  p.base = qsdpa::Problem{nullptr, {}, {}, B, H, M, L, c.T, 32, 0, mask, nullptr, {0, 0, 0, 0}};
+  p.base.window = window;
+  p.q = qp;
+  p.k_idx = bytes(ki, in.ki);
+  p.k_scale = bytes(ks, in.ks);
+  p.k_zero = bytes(kz, in.kz);
+  p.v_idx = bytes(vi, in.vi);
+  p.v_scale = bytes(vs, in.vs);
+  p.D = D;
+  p.Dv = Dv;
+  p.key_bits = key_bits;
+  p.value_bits = value_bits;
+  std::copy(book.begin(), book.end(), p.book);
+  PagedTurbo g{&p,
+               k,
+               c.ids.data(),
+               c.lens.data(),
+               c.max_blocks,
+               bs,
+               {step(ki, in.ki), step(ks, in.ks), step(kz, in.kz), step(vi, in.vi), step(vs, in.vs)}};
+  qsdpa::Split s{B, H, M, L, c.T, Dv, k->rows, causal, qsdpa::turbo_scratch_floats(D, Dv),
+                 qsdpa::kChunk, &turbo_chunk, &g, nullptr, rep, out};
+  s.window = window;
+  run_rows(s, c, bs);
+}
+
+const TurboKernels* select_turbo(uint8_t code) {
+  switch (qsdpa::select_isa(code)) {
+    case Isa::Avx512: return qsdpa::turbo_kernels_avx512();
+    case Isa::Avx2: return qsdpa::turbo_kernels_avx2();
+    case Isa::Portable: return qsdpa::turbo_kernels_portable();
     default: return nullptr;
   }
 }
@@ -301,6 +400,35 @@ bool PagedQuantizedSdpa::is_equivalent(const mx::Primitive& other) const {
 std::vector<mx::Shape> PagedQuantizedSdpa::output_shapes(const std::vector<array>& inputs) {
   mx::Shape shape = inputs[0].shape();
   shape.back() = inputs[4].shape(3) * 32 / bits_;
+  return {shape};
+}
+
+void PagedTurboSdpa::eval_cpu(const std::vector<array>& inputs, array& out) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  auto weak = [&](int i) { return array::unsafe_weak_copy(inputs[i]); };
+  TInputs in{weak(0), weak(1), weak(2), weak(3), weak(4), weak(5), weak(6), weak(7)};
+  enc.dispatch([in = std::move(in), o = out.data<float>(), scale = scale_, kb = key_bits_,
+                vb = value_bits_, book = book_, causal = causal_, window = window_,
+                k = kernels_]() { compute_turbo(in, o, scale, kb, vb, book, causal, window, k); });
+}
+
+void PagedTurboSdpa::eval_gpu(const std::vector<array>&, array&) {
+  throw std::runtime_error("PagedTurboSdpa has no GPU implementation");
+}
+
+bool PagedTurboSdpa::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const PagedTurboSdpa*>(&other);
+  return o && o->scale_ == scale_ && o->key_bits_ == key_bits_ &&
+         o->value_bits_ == value_bits_ && o->book_ == book_ && o->causal_ == causal_ &&
+         o->window_ == window_ && o->kernels_ == kernels_;
+}
+
+std::vector<mx::Shape> PagedTurboSdpa::output_shapes(const std::vector<array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = inputs[5].shape(3) * 32;
   return {shape};
 }
 
@@ -405,6 +533,44 @@ std::unique_ptr<array> paged_quantized_sdpa(const array& q, const array& kw, con
                                  std::vector<array>{q, kw, ks, kb, vw, vs, vb, table, lens});
 }
 
+std::unique_ptr<array> paged_turbo_sdpa(const array& q, const array& ki, const array& ks,
+                                        const array& kz, const array& vi, const array& vs,
+                                        const array& table, const array& lens,
+                                        rust::Slice<const float> book, int32_t key_bits,
+                                        int32_t value_bits, float scale, bool causal,
+                                        int32_t window, uint8_t isa) {
+  const TurboKernels* kern = select_turbo(isa);
+  if (!kern) throw std::invalid_argument("this build has no kernel for the requested instruction set");
+  if (mx::default_device() != mx::Device::cpu) return nullptr;
+  if (table.ndim() != 2 || table.dtype() != mx::int32 || lens.ndim() != 1 ||
+      lens.dtype() != mx::int32 || q.ndim() != 4 || ki.ndim() != 4 || vs.ndim() != 4)
+    throw std::invalid_argument("paged_turbo_sdpa: q, pools 4-D; table [B, blocks], lens [B] int32");
+  if (window < 0 || (window > 0 && !causal))
+    throw std::invalid_argument("paged_turbo_sdpa: a window needs the causal mask");
+  if (!qsdpa::turbo_kernel_bits(key_bits, value_bits)) return nullptr;
+  if (book.size() != (size_t{1} << value_bits)) return nullptr;
+  if (q.dtype() != mx::float32) return nullptr;
+  const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+  const int N = ki.shape(0), H = ki.shape(1), bs = ki.shape(2), Dv = vs.shape(3) * 32;
+  if (table.shape(0) != B || lens.shape(0) != B || B < 1 || L < 1 || H < 1 || Hq % H != 0)
+    throw std::invalid_argument("paged_turbo_sdpa: pools, table and queries do not match");
+  if (D < 32 || D % 32 != 0 || Dv < 32) return nullptr;
+  const auto key_type = key_bits == 8 ? mx::int8 : mx::uint8;
+  if (!is_plane(ki, key_type, N, H, bs, D * key_bits / 8) ||
+      !is_plane(ks, mx::float16, N, H, bs, D / 32) || !is_plane(kz, mx::float16, N, H, bs, D / 32) ||
+      !is_plane(vi, mx::uint8, N, H, bs, Dv * value_bits / 8) ||
+      !is_plane(vs, mx::float16, N, H, bs, Dv / 32))
+    return nullptr;
+  if (bs % 32 != 0) return nullptr;
+  if (static_cast<int64_t>(B) * Hq * L * std::max(D, Dv) >= INT32_MAX) return nullptr;
+  std::array<float, 16> cb{};
+  std::copy(book.begin(), book.end(), cb.begin());
+  auto prim = std::make_shared<PagedTurboSdpa>(mx::default_stream(mx::Device::cpu), scale,
+                                               key_bits, value_bits, cb, causal, window, kern);
+  return std::make_unique<array>(mx::Shape{B, Hq, L, Dv}, mx::float32, std::move(prim),
+                                 std::vector<array>{q, ki, ks, kz, vi, vs, table, lens});
+}
+
 std::unique_ptr<array> paged_write(const array& pool, const array& rows, const array& dest,
                                    bool stock) {
   if (pool.ndim() != 4 || rows.ndim() != 2 || dest.ndim() != 1 || dest.dtype() != mx::int32 ||
@@ -432,5 +598,7 @@ uint64_t paged_data_address(const array& a) {
 uint8_t paged_node_isa(const array& a) { return qsdpa::node_isa<PagedFloatSdpa>(a); }
 
 uint8_t paged_q_node_isa(const array& a) { return qsdpa::node_isa<PagedQuantizedSdpa>(a); }
+
+uint8_t paged_t_node_isa(const array& a) { return qsdpa::node_isa<PagedTurboSdpa>(a); }
 
 }  // namespace mlxrt::paged

@@ -40,6 +40,25 @@ pub(crate) mod ffi {
             isa: u8,
         ) -> Result<UniquePtr<array>>;
         fn paged_q_node_isa(a: &array) -> u8;
+        #[allow(clippy::too_many_arguments)]
+        fn paged_turbo_sdpa(
+            q: &array,
+            ki: &array,
+            ks: &array,
+            kz: &array,
+            vi: &array,
+            vs: &array,
+            table: &array,
+            lens: &array,
+            book: &[f32],
+            key_bits: i32,
+            value_bits: i32,
+            scale: f32,
+            causal: bool,
+            window: i32,
+            isa: u8,
+        ) -> Result<UniquePtr<array>>;
+        fn paged_t_node_isa(a: &array) -> u8;
         fn paged_write(pool: &array, rows: &array, dest: &array, stock: bool) -> Result<UniquePtr<array>>;
         fn paged_data_address(a: &array) -> Result<u64>;
         fn paged_node_isa(a: &array) -> u8;

@@ -198,11 +198,11 @@ fn writes_land_in_place_when_the_pool_is_not_shared() {
 
 // ---- affine-quantized pools ----
 
-/// `pool_of` for any 4-byte dtype (packed words, scales, biases); other
-/// blocks hold zeros.
+/// `pool_of` for any dtype (packed words, scales, biases, TurboQuant's
+/// bytes and halves); other blocks hold zeros.
 fn pool_bytes(rows: &[Array], tables: &[Vec<i32>], n: i32, block: i32) -> Array {
     let (h, x, dtype) = (rows[0].dim(1), rows[0].dim(3), rows[0].dtype());
-    let row = (x * 4) as usize;
+    let row = x as usize * rows[0].nbytes() / rows[0].size();
     let mut data = vec![0u8; (n * h * block) as usize * row];
     for (r, table) in rows.iter().zip(tables) {
         let len = r.dim(2);
@@ -322,4 +322,187 @@ fn quantized_rows_of_random_lengths_match_mlx_for_every_isa_and_the_fallback() {
         }
     }
     eprintln!("worst |paged quantized - mlx| / bound: {worst:e}");
+}
+
+// ---- TurboQuant pools, and sliding windows with released blocks ----
+
+use crate::cache::turbo::{Keys, TurboCodec, Values};
+
+/// TurboQuant's five planes of `k`, `v` (`[1, H, T, D]`).
+fn turbo_planes(codec: &TurboCodec, k: &Array, v: &Array) -> Vec<Array> {
+    codec.encode_ops(k, v).unwrap()
+}
+
+/// Random ids for rows of `lens` (blocks of `block`) over a pool of
+/// `spare` more blocks than they need: the tables and the pool size.
+fn random_tables(lens: &[i32], block: i32, spare: i32, seed: u64) -> (Vec<Vec<i32>>, i32) {
+    let need: Vec<i32> = lens.iter().map(|n| (n + block - 1) / block).collect();
+    let total: i32 = need.iter().sum();
+    let ids = shuffled((total + spare) as usize, seed);
+    let (mut tables, mut at) = (vec![], 0);
+    for &n in &need {
+        tables.push(ids[at..at + n as usize].to_vec());
+        at += n as usize;
+    }
+    (tables, total + spare)
+}
+
+/// One pool per plane holding each row's planes at its table's blocks.
+fn plane_pools(rows: &[Vec<Array>], tables: &[Vec<i32>], n: i32, block: i32) -> Vec<Array> {
+    (0..rows[0].len()).map(|i| pool_bytes(&rows.iter().map(|r| r[i].share()).collect::<Vec<_>>(), tables, n, block)).collect()
+}
+
+fn turbo_paged(q: &Array, p: &[Array], t: &BlockTables, codec: &TurboCodec, window: Option<i32>, isa: QmmIsa) -> Array {
+    let (kb, vb) = (codec.key_bits(), codec.value_bits());
+    let o = paged_turbo_sdpa_isa(q, [&p[0], &p[1], &p[2]], [&p[3], &p[4]], t, codec.book(), kb, vb, 0.125, true, window, isa)
+        .unwrap()
+        .expect("the paged TurboQuant kernel applies");
+    assert_eq!(paged_turbo_isa_of(&o), Some(isa), "paged TurboQuant kernel not taken");
+    o
+}
+
+/// The fallback: the planes gathered per row, then the codec's MLX ops.
+fn turbo_gathered(q: &Array, p: &[Array], t: &BlockTables, codec: &TurboCodec, window: Option<i32>) -> Array {
+    let g = PagedGather::new(q, t, true, window).unwrap();
+    let keys = Keys { idx: g.plane(&p[0]).unwrap(), scale: g.plane(&p[1]).unwrap(), zero: g.plane(&p[2]).unwrap() };
+    let values = Values { idx: g.plane(&p[3]).unwrap(), scale: g.plane(&p[4]).unwrap() };
+    codec.attend_ops(q, &keys, &values, 0.125, Mask::Array(g.mask())).unwrap()
+}
+
+#[test]
+fn one_row_of_turbo_blocks_is_bitwise_the_contiguous_kernel() {
+    let block = 256;
+    for isa in isas() {
+        for (kb, vb) in [(8, 3), (4, 2)] {
+            for (ci, &(l, t)) in [(1, 700), (64, 600), (3, 257)].iter().enumerate() {
+                let seed = 700 + ci as u64 * 10 + kb as u64;
+                let (h, rep, d) = (2, 3, 64);
+                let codec = TurboCodec::new(kb, vb, d, d).unwrap();
+                let q = randn(&[1, h * rep, l, d], seed);
+                let planes = turbo_planes(&codec, &randn(&[1, h, t, d], seed + 1).mul_scalar(1.5).unwrap(), &randn(&[1, h, t, d], seed + 2));
+                let (tables, n) = random_tables(&[t], block, 2, seed);
+                let pools = plane_pools(&[planes.iter().map(Array::share).collect()], &tables, n, block);
+                let bt = BlockTables::new(&tables, &[t], block).unwrap();
+                let paged = turbo_paged(&q, &pools, &bt, &codec, None, isa);
+                let p = &planes;
+                let flat = turbo_sdpa_rotated(&q, [&p[0], &p[1], &p[2]], [&p[3], &p[4]], codec.book(), kb, vb, 0.125, Mask::Causal, isa)
+                    .unwrap()
+                    .expect("the contiguous kernel applies");
+                assert_eq!(tqsdpa_isa_of(&flat), Some(isa));
+                assert_eq!(bits(&paged), bits(&flat), "{isa:?} k{kb}v{vb} L={l} T={t}");
+            }
+        }
+    }
+}
+
+/// Bool `[1, 1, L, T]`: causal for the last `L` of `T` positions, each
+/// query seeing its last `window` keys (None: all).
+fn causal_mask(l: i32, t: i32, window: Option<i32>) -> Array {
+    let keep: Vec<u8> = (0..l)
+        .flat_map(|li| (0..t).map(move |ti| (ti <= t - l + li && window.map_or(true, |w| ti > t - l + li - w)) as u8))
+        .collect();
+    Array::from_bytes(&keep, &[1, 1, l, t], Dtype::Bool).unwrap()
+}
+
+#[test]
+fn turbo_rows_of_random_lengths_match_the_ops_for_every_isa_and_the_fallback() {
+    use super::test_data::attention_bound;
+    let mut worst = 0f32;
+    let mut kinds: Vec<Option<QmmIsa>> = isas().into_iter().map(Some).collect();
+    kinds.push(None);
+    for isa in kinds {
+        for (i, &(block, l, kb, vb, window)) in
+            [(32, 1, 8, 3, None), (64, 1, 4, 2, Some(90)), (96, 5, 8, 4, None), (128, 20, 3, 3, Some(40))].iter().enumerate()
+        {
+            let seed = 3000 + i as u64 * 100;
+            let (b, h, rep, d) = (3, 2, 2, 64);
+            let codec = TurboCodec::new(kb, vb, d, d).unwrap();
+            let lens: Vec<i32> = (0..b).map(|r| l + ((seed as i32 * 7 + r * 131) % 500)).collect();
+            let (tables, n) = random_tables(&lens, block, 3, seed);
+            let rows: Vec<Vec<Array>> = (lens.iter().enumerate())
+                .map(|(r, &t)| {
+                    let k = randn(&[1, h, t, d], seed + r as u64).mul_scalar(1.5).unwrap();
+                    turbo_planes(&codec, &k, &randn(&[1, h, t, d], seed + 10 + r as u64))
+                })
+                .collect();
+            let pools = plane_pools(&rows, &tables, n, block);
+            let q = randn(&[b, h * rep, l, d], seed + 50);
+            let bt = BlockTables::new(&tables, &lens, block).unwrap();
+            let got = match isa {
+                Some(isa) => turbo_paged(&q, &pools, &bt, &codec, window, isa),
+                None => turbo_gathered(&q, &pools, &bt, &codec, window),
+            };
+            for r in 0..b {
+                let (qi, gi, p, t) = (q.slice_axis(0, r, r + 1).unwrap(), got.slice_axis(0, r, r + 1).unwrap(), &rows[r as usize], lens[r as usize]);
+                let keys = Keys { idx: p[0].share(), scale: p[1].share(), zero: p[2].share() };
+                let values = Values { idx: p[3].share(), scale: p[4].share() };
+                let m = causal_mask(l, t, window);
+                let want = codec.attend_ops(&qi, &keys, &values, 0.125, Mask::Array(&m)).unwrap();
+                let abs = codec.decode_values_rotated(&values).unwrap().abs().unwrap();
+                let bound = attention_bound(&qi, &codec.decode_keys(&keys).unwrap(), &abs, 0.125, &Mask::Array(&m));
+                let err = worst_error(&gi, &want, &bound);
+                assert!(err <= TOL, "{isa:?} block={block} L={l} k{kb}v{vb} window={window:?} row {r}: {err:e}");
+                worst = worst.max(err);
+            }
+        }
+    }
+    eprintln!("worst |paged turbo - ops| / bound: {worst:e}");
+}
+
+#[test]
+fn released_blocks_behind_a_window_are_never_read() {
+    // A sliding layer's row of 700 positions, window 100, blocks of 64:
+    // the 8 blocks wholly before the first query's window (keys before
+    // 700 - L - 99) may be -1. Every kernel (float, affine 4-bit, turbo
+    // k8v3) and the fallbacks give the same bits as with the blocks held;
+    // a -1 the window needs is refused.
+    let (block, t, w, h, rep, d) = (64, 700, 100, 2, 3, 64);
+    for l in [1, 40] {
+        let q = randn(&[1, h * rep, l, d], 11);
+        let (k, v) = (randn(&[1, h, t, d], 12).mul_scalar(1.5).unwrap(), randn(&[1, h, t, d], 13));
+        let (tables, n) = random_tables(&[t], block, 1, 14);
+        let first = t - l - w + 1;
+        let released = |upto: i32| -> BlockTables {
+            let table: Vec<i32> = (tables[0].iter().enumerate()).map(|(j, &id)| if (j as i32 + 1) * block <= upto { -1 } else { id }).collect();
+            BlockTables::new(&[table], &[t], block).unwrap()
+        };
+        let (held, gone, too_far) = (BlockTables::new(&tables, &[t], block).unwrap(), released(first), released(first + block));
+        assert!((first / block) >= 8, "blocks to release");
+        let codec = TurboCodec::new(8, 3, d, d).unwrap();
+        let kq = quantized(&k, 4);
+        let vq = quantized(&v, 4);
+        let fp = plane_pools(&[vec![k.share(), v.share()]], &tables, n, block);
+        let ap = plane_pools(&[kq.iter().chain(&vq).map(Array::share).collect()], &tables, n, block);
+        let tp = plane_pools(&[turbo_planes(&codec, &k, &v)], &tables, n, block);
+        let (fk, fv) = (&fp[0], &fp[1]);
+        let aq = |t: &BlockTables, isa: Option<QmmIsa>| {
+            let (ks, vs) = ([&ap[0], &ap[1], &ap[2]], [&ap[3], &ap[4], &ap[5]]);
+            match isa {
+                Some(isa) => paged_quantized_sdpa_isa(&q, ks, vs, t, 0.125, true, Some(w), 64, 4, isa),
+                None => paged_quantized_sdpa_stock(&q, ks, vs, t, 0.125, true, Some(w), 64, 4),
+            }
+        };
+        let mut kinds: Vec<Option<QmmIsa>> = isas().into_iter().map(Some).collect();
+        kinds.push(None);
+        for isa in kinds {
+            let float = |t: &BlockTables| match isa {
+                Some(isa) => paged_sdpa_isa(&q, fk, fv, t, 0.125, true, Some(w), isa),
+                None => paged_sdpa_stock(&q, fk, fv, t, 0.125, true, Some(w)),
+            };
+            let turbo = |t: &BlockTables| match isa {
+                Some(isa) => turbo_paged(&q, &tp, t, &codec, Some(w), isa),
+                None => turbo_gathered(&q, &tp, t, &codec, Some(w)),
+            };
+            let label = format!("{isa:?} L={l}");
+            assert_eq!(bits(&float(&gone).unwrap()), bits(&float(&held).unwrap()), "float {label}");
+            assert_eq!(bits(&aq(&gone, isa).unwrap()), bits(&aq(&held, isa).unwrap()), "affine {label}");
+            assert_eq!(bits(&turbo(&gone)), bits(&turbo(&held)), "turbo {label}");
+            assert!(float(&too_far).is_err() && aq(&too_far, isa).is_err(), "{label}: a block the window reads was -1");
+        }
+        // And the window itself is right: against MLX on the row's own keys.
+        let want = sdpa_stock(&q, &k, &v, 0.125, Mask::Causal, Some(w)).unwrap();
+        let bound = sdpa_stock(&q, &k, &v.abs().unwrap(), 0.125, Mask::Causal, Some(w)).unwrap();
+        let got = paged_sdpa(&q, fk, fv, &gone, 0.125, true, Some(w)).unwrap();
+        assert!(worst_error(&got, &want, &bound) <= TOL);
+    }
 }

@@ -18,7 +18,8 @@ use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
 /// caches share one timeline): for full-attention layers from their KV
-/// caches, for sliding-window layers over the keys their rings return.
+/// caches, for sliding-window layers over the keys their rings return
+/// (paged layers need none).
 pub struct Masks {
     full: Option<AttnMask>,
     window: Option<AttnMask>,
@@ -31,9 +32,14 @@ pub struct Masks {
 impl Masks {
     /// The masks for `n` new tokens over a model's layer caches.
     pub fn new(cache: &[LayerCache], n: i32) -> Result<Masks> {
-        let full = cache.iter().find_map(|c| c.kv().ok()).map(|c| c.mask(n)).transpose()?;
+        // Paged layers attend causally over each row's own length (the
+        // kernels' bounds): their mask is only a placeholder.
+        let paged = |window: bool| {
+            cache.iter().any(|c| matches!(c, LayerCache::Paged(p) if p.layer().window.is_some() == window)).then_some(AttnMask::Causal)
+        };
+        let full = cache.iter().find_map(|c| c.kv().ok()).map(|c| c.mask(n)).transpose()?.or_else(|| paged(false));
         let ring = cache.iter().find_map(LayerCache::ring);
-        let window = ring.map(|c| c.mask(n)).transpose()?;
+        let window = ring.map(|c| c.mask(n)).transpose()?.or_else(|| paged(true));
         // As `RingCache::mask`: for n > 1 the keys run in temporal order from
         // `start`, and padding past `start` is what else it would mask.
         let causal_window = ring.filter(|_| n > 1).and_then(|c| {
@@ -184,7 +190,10 @@ impl Attention {
                     _ => KvView::Dense { keys, values }.attend(&q, self.scale, masks.window()?, self.kernels)?,
                 }
             }
-            (None, LayerCache::Paged(c)) => c.update(&k, &v)?.attend(&q, self.scale, &AttnMask::Causal, self.kernels)?,
+            // Causal over each row's own length (and window), whatever the masks.
+            (w, LayerCache::Paged(c)) if c.layer().window == w => {
+                c.update_with(&k, &v, self.kernels)?.attend(&q, self.scale, &AttnMask::Causal, self.kernels)?
+            }
             (None, c) => c.kv_mut()?.update_with(&k, &v, self.kernels)?.attend(&q, self.scale, masks.full()?, self.kernels)?,
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
         };

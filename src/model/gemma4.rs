@@ -158,6 +158,7 @@ impl Attn {
                             let (keys, values) = c.update_and_fetch(&k, &v)?;
                             KvView::Dense { keys, values }
                         }
+                        (Some(LayerCache::Paged(c)), _) => c.update_with(&k, &v, self.kernels)?,
                         (Some(c), false) => c.kv_mut()?.update_with(&k, &v, self.kernels)?,
                         _ => return Err(Error::internal("a layer with keys got no cache of its kind")),
                     }

@@ -415,3 +415,83 @@ pub fn tiny_vlm_tokens(dir: &Path, case: &str) -> Vec<u32> {
     let mut r = TensorFile::load_safetensors(dir.join("reference.safetensors").to_str().unwrap()).unwrap();
     r.take(&format!("{case}.tokens")).unwrap().to_vec_i32().unwrap().into_iter().map(|t| t as u32).collect()
 }
+
+/// Greedy steps of the family references, and the steps whose logits they keep.
+pub const FAMILY_STEPS: usize = 32;
+const FAMILY_LOGIT_STEPS: &str = "0,1,8,31";
+
+/// Builds the tiny model of `family` in `variant` ("f32", "q4": 4-bit
+/// quantized, "bf16") and records mlx-lm's outputs for
+/// tests/oracle/family_prompts.json, once per change of the scripts (cached
+/// under target/oracle/families). Tests that compare a family with mlx-lm
+/// (tests/families.rs, and other engine settings).
+pub fn family_oracle(family: &str, variant: &str) -> (PathBuf, PathBuf) {
+    // Tests run in parallel and share the files.
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let name = format!("tiny-{family}-{variant}");
+    let dir = repo_root().join("target/oracle/families");
+    let folder = dir.join(&name);
+    let reference = dir.join(format!("{name}.reference.safetensors"));
+    let scripts = repo_root().join("tests/oracle");
+    let prompts = scripts.join("family_prompts.json");
+    // Rebuilt when a script or the prompts changed since.
+    let inputs = [scripts.join("make_tiny.py"), scripts.join("mlxlm_reference.py"), prompts.clone()];
+    if !reference_fresh(&reference, &inputs) {
+        let _ = std::fs::remove_dir_all(&folder);
+        let extra: &[&str] = match variant {
+            "q4" => &["--quantize", "4"],
+            "bf16" => &["--dtype", "bfloat16"],
+            _ => &[],
+        };
+        make_tiny(family, &folder, extra);
+        mlxlm_reference(&folder, &prompts, FAMILY_STEPS, FAMILY_LOGIT_STEPS, &reference, &[]);
+    }
+    (folder, reference)
+}
+
+/// `gemma3_kv`'s sliding window (tests/oracle/make_tiny.py).
+pub const RING_WINDOW: usize = 16;
+/// Greedy steps of the sliding-window references.
+pub const RING_STEPS: usize = 24;
+const RING_LOGIT_STEPS: &str = "0,1,12,23";
+
+/// Prompt ids for the sliding-window references (any ids of the vocabulary
+/// do): one shorter than the window, the others 3 to 7 windows long.
+fn ring_prompts() -> Vec<(String, Vec<u32>)> {
+    let w = RING_WINDOW;
+    [7, 3 * w + 5, 5 * w + 1, 7 * w + 2]
+        .iter()
+        .map(|&n| {
+            let ids = (0..n).map(|i| (100 + (i * 7919 + n * 131) % 40000) as u32).collect();
+            (format!("len{n}"), ids)
+        })
+        .collect()
+}
+
+/// Builds the tiny model of `family` (f32) and records mlx-lm's outputs for
+/// `ring_prompts()`, once per change of the scripts or prompts (cached under
+/// target/oracle/kv_ring): tests/kv_ring.rs, and paging's sliding windows.
+pub fn ring_oracle(family: &str) -> (PathBuf, PathBuf) {
+    // Tests run in parallel and share the files.
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _once = BUILD.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = repo_root().join("target/oracle/kv_ring");
+    std::fs::create_dir_all(&dir).unwrap();
+    let folder = dir.join(format!("tiny-{family}"));
+    let reference = dir.join(format!("tiny-{family}.reference.safetensors"));
+    let prompts_file = dir.join("prompts.json");
+    let list: Vec<_> = ring_prompts().into_iter().map(|(name, ids)| serde_json::json!({"name": name, "ids": ids})).collect();
+    let text = serde_json::json!({ "prompts": list }).to_string();
+    if std::fs::read_to_string(&prompts_file).ok().as_deref() != Some(text.as_str()) {
+        std::fs::write(&prompts_file, &text).unwrap();
+    }
+    let scripts = repo_root().join("tests/oracle");
+    let inputs = [scripts.join("make_tiny.py"), scripts.join("mlxlm_reference.py"), prompts_file.clone()];
+    if !reference_fresh(&reference, &inputs) {
+        let _ = std::fs::remove_dir_all(&folder);
+        make_tiny(family, &folder, &[]);
+        mlxlm_reference(&folder, &prompts_file, RING_STEPS, RING_LOGIT_STEPS, &reference, &[]);
+    }
+    (folder, reference)
+}
