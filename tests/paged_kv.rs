@@ -251,10 +251,10 @@ fn corrupted_paged_entries_are_refused() {
     let cases: Vec<(&str, usize, Damage, &str)> = vec![
         // Still a valid table (a permutation), but not what was written.
         ("swapped table entries", 64, flip(r#"\"block_table\":[0,1,"#, r#"\"block_table\":[1,0,"#), "checksum"),
-        ("repeated table entry", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_table"][1] = 0.into())), "block table entry 0"),
-        ("table entry out of range", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_table"][0] = 99.into())), "block table entry 99"),
+        ("repeated table entry", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_table"][1] = 0.into())), "block table entry 1 (0)"),
+        ("table entry out of range", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_table"][0] = 99.into())), "block table entry 0 (99)"),
         ("offset", 64, damage(|p| edit_layout(p, |v| v["offset"] = (v["offset"].as_i64().unwrap() + 1).into())), "offset"),
-        ("num_blocks", 64, damage(|p| edit_layout(p, |v| v["paged"]["num_blocks"] = 99.into())), "plane 0"),
+        ("num_blocks", 64, damage(|p| edit_layout(p, |v| v["paged"]["num_blocks"] = 99.into())), "num_blocks 99"),
         ("block size field", 64, damage(|p| edit_layout(p, |v| v["paged"]["block_size"] = 32.into())), "blocks of 32 positions"),
         ("missing plane", 64, damage(|p| reseal(p, |e| e.tensors.retain(|t| t.name != "3.p.1"))), "no tensor 3.p.1"),
         // An engine of another block size never opens the file.
