@@ -193,12 +193,24 @@
 #define MLXRT_MODALITY_IMAGE 2
 
 /**
+ * `mlxrt_engine_info.modalities` bit: audio input (the model has an audio
+ * tower; audio parts and `MLXRT_MEDIA_AUDIO` entries work).
+ */
+#define MLXRT_MODALITY_AUDIO 4
+
+/**
  * `mlxrt_media.kind`: a picture.
  */
 #define MLXRT_MEDIA_IMAGE 1
 
 /**
- * `mlxrt_media.format`: `bytes` hold an encoded file (JPEG, PNG or WebP).
+ * `mlxrt_media.kind`: a sound clip.
+ */
+#define MLXRT_MEDIA_AUDIO 2
+
+/**
+ * `mlxrt_media.format`: `bytes` hold an encoded file (images: JPEG, PNG or
+ * WebP; audio: WAV).
  */
 #define MLXRT_MEDIA_ENCODED 0
 
@@ -219,6 +231,12 @@
  * kCGBitmapByteOrder32Little` layout.
  */
 #define MLXRT_PIXEL_BGRA8 3
+
+/**
+ * `mlxrt_media.format` (audio): mono `float` samples in -1..1, native
+ * byte order, at `sample_rate` Hz (`n_bytes` a multiple of 4).
+ */
+#define MLXRT_AUDIO_F32 4
 
 /**
  * Result of every fallible call. Values are never renumbered.
@@ -819,10 +837,11 @@ typedef struct mlxrt_engine_info {
 } mlxrt_engine_info;
 
 /**
- * One image of a request (`mlxrt_request_params.media`). Set `struct_size`
- * to `sizeof(mlxrt_media)`. Undecodable data, a buffer smaller than
- * `stride × (height - 1) + width × bytes per pixel`, more than 50 million
- * pixels or 64 MiB of encoded data is INVALID_ARGUMENT.
+ * One image or audio clip of a request (`mlxrt_request_params.media`). Set
+ * `struct_size` to `sizeof(mlxrt_media)`. Undecodable data, a buffer
+ * smaller than `stride × (height - 1) + width × bytes per pixel`, more than
+ * 50 million pixels or 64 MiB of data is INVALID_ARGUMENT. Audio is taken
+ * at the model's rate (16 kHz for Gemma 4): another rate is UNSUPPORTED.
  *
  * ```c
  * mlxrt_media m = {.struct_size = sizeof m, .kind = MLXRT_MEDIA_IMAGE,
@@ -837,11 +856,12 @@ typedef struct mlxrt_engine_info {
 typedef struct mlxrt_media {
   size_t struct_size;
   /**
-   * `MLXRT_MEDIA_IMAGE` (audio is not supported yet: UNSUPPORTED).
+   * `MLXRT_MEDIA_IMAGE` or `MLXRT_MEDIA_AUDIO`.
    */
   int32_t kind;
   /**
-   * `MLXRT_MEDIA_ENCODED` or one of the `MLXRT_PIXEL_*` layouts.
+   * `MLXRT_MEDIA_ENCODED`, one of the `MLXRT_PIXEL_*` layouts (images) or
+   * `MLXRT_AUDIO_F32` (audio).
    */
   int32_t format;
   /**
@@ -855,6 +875,10 @@ typedef struct mlxrt_media {
   size_t stride;
   const uint8_t *bytes;
   size_t n_bytes;
+  /**
+   * Samples per second (`MLXRT_AUDIO_F32` only).
+   */
+  uint32_t sample_rate;
 } mlxrt_media;
 
 /**
@@ -993,8 +1017,8 @@ typedef struct mlxrt_request_params {
    */
   const char *cache_session_id;
   /**
-   * Images the messages reference by index: a content part
-   * `{"type": "image", "media": K}` is `media[K]`. Every entry is read
+   * Images and audio the messages reference by index: a content part
+   * `{"type": "image" | "audio", "media": K}` is `media[K]`. Every entry is read
    * (decoded or converted into the engine's own buffer) before
    * `mlxrt_request_submit` returns: the memory may be reused at once.
    * An entry no part references is INVALID_ARGUMENT.

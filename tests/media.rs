@@ -6,14 +6,10 @@
 
 mod common;
 
+use common::media::*;
 use common::*;
 use mlxrt::media::{self, ImageProcessor, Limits};
-use mlxrt::mlx::io::TensorFile;
 use mlxrt::ErrorKind;
-
-fn reference(dir: &std::path::Path) -> TensorFile {
-    TensorFile::load_safetensors(dir.join("reference.safetensors").to_str().unwrap()).unwrap()
-}
 
 /// Pixel tensors: equal to the processor's (transformers' Gemma 3 PIL image
 /// processor, as mlx-vlm uses it). PNG and lossless WebP: the decoded RGB is
@@ -37,8 +33,9 @@ fn pixel_tensors_match_the_processor() {
         let shape = want_rgb.shape();
         assert_eq!((img.height, img.width), (shape[0] as usize, shape[1] as usize), "{name}: size");
         let want_rgb = want_rgb.to_bytes().unwrap();
-        let rgb_diff = img.data.iter().zip(&want_rgb).filter(|(a, b)| a != b).count();
-        let px = proc.process(&img);
+        // As transformers' convert_to_rgb: transparency over white.
+        let rgb_diff = img.over_white().iter().zip(&want_rgb).filter(|(a, b)| a != b).count();
+        let px = proc.process(&img).unwrap();
         let want = r.take(&format!("pixels.{name}")).unwrap().to_vec_f32().unwrap();
         assert_eq!(px.data.len(), want.len());
         let diff: Vec<f32> = px.data.iter().zip(&want).map(|(a, b)| (a - b).abs()).collect();
@@ -94,69 +91,17 @@ fn hostile_images_are_invalid_argument() {
     }
 }
 
-use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
+use mlxrt::engine::{Engine, EngineConfig, Event};
 use mlxrt::mlx::{self, Array};
+use mlxrt::media::MediaItem;
 use mlxrt::model::{load, LoadOptions, MediaInput, Output};
 use serde_json::{json, Value};
 
 /// Max |Δ| between mlxrt's and mlx-vlm's logits (f32 weights).
 const LOGIT_TOL: f32 = 1e-3;
 
-/// One prompt of the reference: its messages (image parts pointing at the
-/// oracle's files), ids, greedy tokens, logits of every step, tower output.
-struct MediaCase {
-    name: String,
-    messages: Value,
-    images: Vec<String>,
-    prompt: Vec<u32>,
-    tokens: Vec<u32>,
-    logits: Vec<Vec<f32>>,
-    tower: Vec<f32>,
-}
-
-fn cases(dir: &std::path::Path) -> Vec<MediaCase> {
-    let mut r = reference(dir);
-    let mlxrt::mlx::io::Meta::Str(c) = r.meta("cases").unwrap().expect("cases metadata") else { panic!("cases") };
-    let list: Vec<Value> = serde_json::from_str(&c).unwrap();
-    list.into_iter()
-        .map(|c| {
-            let name = c["name"].as_str().unwrap().to_owned();
-            let images: Vec<String> = c["images"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
-            let mut files = images.iter().map(|n| {
-                let p = std::fs::read_dir(dir.join("images")).unwrap().map(|e| e.unwrap().path())
-                    .find(|p| p.file_stem().unwrap() == n.as_str()).unwrap();
-                p.to_str().unwrap().to_owned()
-            });
-            let mut messages = c["messages"].clone();
-            for m in messages.as_array_mut().unwrap() {
-                for part in m["content"].as_array_mut().unwrap() {
-                    if part["type"] == "image" {
-                        part["path"] = json!(files.next().unwrap());
-                    }
-                }
-            }
-            let ids = |k: &str, r: &mut TensorFile| r.take(&format!("{name}.{k}")).unwrap().to_vec_i32().unwrap().iter().map(|&t| t as u32).collect::<Vec<u32>>();
-            let (prompt, tokens) = (ids("prompt_ids", &mut r), ids("tokens", &mut r));
-            let l = r.take(&format!("{name}.logits")).unwrap();
-            let v = l.shape()[1] as usize;
-            let logits = l.to_vec_f32().unwrap().chunks(v).map(<[f32]>::to_vec).collect();
-            let tower = r.take(&format!("{name}.tower")).unwrap().to_vec_f32().unwrap();
-            MediaCase { name, messages, images, prompt, tokens, logits, tower }
-        })
-        .collect()
-}
-
-fn pixels(dir: &std::path::Path, proc: &ImageProcessor, files: &[String]) -> (Array, i32) {
-    let _ = dir;
-    let mut data = vec![];
-    let mut s = 0;
-    for f in files {
-        let px = proc.process(&media::decode(&std::fs::read(f).unwrap(), &Limits::default()).unwrap());
-        s = px.height as i32;
-        data.extend(px.data);
-    }
-    let n = files.len() as i32;
-    (Array::from_f32(&data, &[n, 3, s, s]).unwrap().transpose(&[0, 2, 3, 1]).unwrap(), n)
+fn items(proc: &ImageProcessor, files: &[String]) -> Vec<MediaItem> {
+    files.iter().map(|f| proc.process(&media::decode(&std::fs::read(f).unwrap(), &Limits::default()).unwrap()).unwrap()).collect()
 }
 
 /// The model API: tower output and greedy decoding (prompt in one forward
@@ -166,28 +111,33 @@ fn gemma3_tower_and_logits_match_mlx_vlm() {
     let dir = tiny_vlm();
     let folder = dir.join("model");
     let m = load(&folder, &LoadOptions::default()).unwrap();
-    let v = m.vision.as_ref().expect("the checkpoint's vision tower is built");
+    let v = m.towers.image.as_ref().expect("the checkpoint's vision tower is built");
     let spec = m.text.media.as_ref().expect("media spec");
-    let proc = &spec.processor;
+    let (proc, slot) = spec.image.as_ref().expect("an image processor");
     for c in cases(&dir) {
         let files: Vec<String> = c.messages.as_array().unwrap().iter()
             .flat_map(|m| m["content"].as_array().unwrap().iter().filter_map(|p| p["path"].as_str().map(str::to_owned)))
             .collect();
         assert_eq!(files.len(), c.images.len());
-        let (px, _) = pixels(&dir, proc, &files);
+        let items = items(proc, &files);
         // The processor's own tensors (bit-equal for these PNGs, checked in
         // pixel_tensors_match_the_processor) are what the tower ran on.
         let mut r = reference(&dir);
         let want: Vec<f32> = c.images.iter().flat_map(|n| r.take(&format!("pixels.{n}")).unwrap().to_vec_f32().unwrap()).collect();
-        let ours = px.transpose(&[0, 3, 1, 2]).unwrap().reshape(&[-1]).unwrap().to_vec_f32().unwrap();
+        let ours: Vec<f32> = items.iter().flat_map(|it| it.data.clone()).collect();
         assert_eq!(ours, want, "{}: pixel tensors", c.name);
-        let tower = v.forward(&px).unwrap().reshape(&[-1]).unwrap().to_vec_f32().unwrap();
+        let encoded = v.encode(&items.iter().collect::<Vec<_>>()).unwrap();
+        let rows = Array::concatenate(&encoded.iter().map(|e| &e.rows).collect::<Vec<_>>(), 0).unwrap();
+        // mlx-vlm's projector output, before the division by √(config
+        // `hidden_size`) that the tower's rows include.
+        let config: Value = serde_json::from_str(&std::fs::read_to_string(folder.join("config.json")).unwrap()).unwrap();
+        let divisor = (config["hidden_size"].as_f64().unwrap() as f32).sqrt();
+        let tower: Vec<f32> = rows.reshape(&[-1]).unwrap().to_vec_f32().unwrap().iter().map(|x| x * divisor).collect();
         let d = max_abs_diff(&tower, &c.tower);
         assert!(d <= 1e-4, "{}: tower output max |Δ| {d}", c.name);
-        let features = v.embed(&px).unwrap();
-        let at: Vec<usize> = c.prompt.iter().enumerate().filter(|(_, &t)| t == spec.soft_id).map(|(i, _)| i).collect();
-        let zero: Vec<usize> = c.prompt.iter().enumerate().filter(|(_, &t)| t == v.pad_id).map(|(i, _)| i).collect();
-        let media = MediaInput { features, at, zero };
+        let at: Vec<usize> = c.prompt.iter().enumerate().filter(|(_, &t)| t == slot.soft_id).map(|(i, _)| i).collect();
+        let zero: Vec<usize> = c.prompt.iter().enumerate().filter(|(_, &t)| Some(t) == spec.zero_id).map(|(i, _)| i).collect();
+        let media = MediaInput { features: rows, at, zero, deepstack: vec![], mrope: None, blocks: vec![] };
         let mut cache = m.model.new_cache(1);
         let ids: Vec<i32> = c.prompt.iter().map(|&t| t as i32).collect();
         let x = Array::from_i32(&ids, &[1, ids.len() as i32]).unwrap();
@@ -208,62 +158,18 @@ fn gemma3_tower_and_logits_match_mlx_vlm() {
     let _ = mlx::version();
 }
 
-fn request(messages: Value, steps: u32) -> RequestOptions {
-    let mut o = RequestOptions::new(Input::Messages(messages));
-    o.max_tokens = steps;
-    o.stop_at_eos = false;
-    o
-}
-
 /// The engine: an image prompt alone and batched with text rows gives
 /// mlx-vlm's tokens (the text rows their own solo tokens). Repeated images
 /// come from the encoder cache (the tower runs once per distinct image) and
 /// give the same tokens; without the cache the tower runs for every image.
 #[test]
 fn engine_image_prompts_alone_and_batched_with_text() {
-    check_engine(256 << 20);
+    check_engine(&tiny_vlm(), 256 << 20);
 }
 
 #[test]
 fn engine_without_encoder_cache() {
-    check_engine(0);
-}
-
-fn check_engine(encoder_cache_bytes: usize) {
-    let dir = tiny_vlm();
-    let mut cfg = EngineConfig::new(dir.join("model"));
-    cfg.max_rows = 4;
-    cfg.encoder_cache_bytes = encoder_cache_bytes;
-    let e = Engine::new(cfg).unwrap();
-    let all = cases(&dir);
-    for c in &all {
-        let ev = run(&e, request(c.messages.clone(), c.tokens.len() as u32));
-        let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{}: {ev:?}", c.name) };
-        assert_eq!(usage.prompt_tokens as usize, c.prompt.len(), "{}: prompt length (expansion)", c.name);
-        assert_eq!(tokens_of(&ev), c.tokens, "{}: engine tokens differ from mlx-vlm", c.name);
-    }
-    // Batched: a text request decoding while the image prompt prefills, and
-    // another queued behind it.
-    let text = |t: &str| request(json!([{"role": "user", "content": t}]), 24);
-    let solo: Vec<Vec<u32>> = ["Tell me a long story about a cat.", "Hi"].iter().map(|t| tokens_of(&run(&e, text(t)))).collect();
-    let c = &all[1];
-    let rx_a = submit(&e, text("Tell me a long story about a cat."));
-    let rx_m = submit(&e, request(c.messages.clone(), c.tokens.len() as u32));
-    let rx_b = submit(&e, text("Hi"));
-    assert_eq!(tokens_of(&collect(&rx_m)), c.tokens, "batched image prompt");
-    assert_eq!(tokens_of(&collect(&rx_a)), solo[0], "text row batched with an image prompt");
-    assert_eq!(tokens_of(&collect(&rx_b)), solo[1], "text row queued behind an image prompt");
-    let s = wait_idle(&e);
-    let images: Vec<&String> = all.iter().flat_map(|c| &c.images).chain(&c.images).collect();
-    let mut distinct = images.clone();
-    distinct.sort();
-    distinct.dedup();
-    eprintln!("{} images, {} distinct: tower runs {}, encoder cache hits {}", images.len(), distinct.len(), s.tower_runs, s.encoder_cache_hits);
-    if encoder_cache_bytes > 0 {
-        assert_eq!((s.tower_runs as usize, s.encoder_cache_hits as usize), (distinct.len(), images.len() - distinct.len()));
-    } else {
-        assert_eq!((s.tower_runs as usize, s.encoder_cache_hits), (images.len(), 0));
-    }
+    check_engine(&tiny_vlm(), 0);
 }
 
 /// Media errors at submit, naming the part; the engine keeps serving.
@@ -375,70 +281,12 @@ fn c_abi_media_buffers() {
     assert!(out.status.success(), "test_media failed:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
-/// Runs a case on `e`: its tokens, the prompt tokens the prompt cache
-/// supplied, and the engine's tower runs so far.
-fn go(e: &Engine, c: &MediaCase) -> (Vec<u32>, usize, u64) {
-    let ev = run(e, request(c.messages.clone(), c.tokens.len() as u32));
-    let Some(Event::Done { usage, .. }) = ev.last() else { panic!("{}: {ev:?}", c.name) };
-    (tokens_of(&ev), usage.cached_tokens as usize, wait_idle(e).tower_runs)
-}
-
-/// An engine on the tiny checkpoint whose prompt cache takes these short
-/// prompts, without the encoder cache (so that only the prompt cache can
-/// skip the tower).
-fn caching_engine(dir: &std::path::Path, disk: Option<&std::path::Path>) -> Engine {
-    let mut cfg = EngineConfig::new(dir.join("model"));
-    cfg.prompt_cache_min_tokens = 8;
-    cfg.encoder_cache_bytes = 0;
-    cfg.prompt_cache_dir = disk.map(std::path::Path::to_path_buf);
-    Engine::new(cfg).unwrap()
-}
-
-fn one_and_other(all: &[MediaCase]) -> (&MediaCase, &MediaCase) {
-    let (one, other) = (all.iter().find(|c| c.name == "one_png").unwrap(), all.iter().find(|c| c.name == "other_png").unwrap());
-    assert_eq!(one.prompt, other.prompt, "the two cases differ only in their image");
-    (one, other)
-}
-
-/// Prefix identity: the prompt cache keys media prompts by their images'
-/// content, so the same image and text hit (all but the last token, no tower
-/// run, the same tokens) and the same text with another image does not.
 #[test]
 fn prompt_cache_keys_media_prompts_by_image_content() {
-    let dir = tiny_vlm();
-    let e = caching_engine(&dir, None);
-    let all = cases(&dir);
-    let (one, other) = one_and_other(&all);
-    let (t, cached, runs) = go(&e, one);
-    assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), 0, 1), "cold");
-    let (t, cached, runs) = go(&e, one);
-    assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), one.prompt.len() - 1, 1), "same image and text: a hit, no tower run");
-    let (t, cached, runs) = go(&e, other);
-    assert_eq!((t.as_slice(), cached, runs), (other.tokens.as_slice(), 0, 2), "same text, another image: no hit");
+    check_prefix_identity(&tiny_vlm());
 }
 
-/// The same from the disk tier: after a restart on the same prompt-cache
-/// directory, the same text with another image misses, and the same image
-/// and text hit without running the tower and give the same tokens.
 #[test]
 fn prompt_cache_disk_tier_keys_media_prompts_by_image_content() {
-    let dir = tiny_vlm();
-    let disk = std::env::temp_dir().join(format!("mlxrt-media-disk-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&disk);
-    let all = cases(&dir);
-    let (one, other) = one_and_other(&all);
-    {
-        let e = caching_engine(&dir, Some(&disk));
-        let (t, cached, runs) = go(&e, one);
-        assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), 0, 1), "cold");
-        e.flush_prompt_cache().unwrap();
-        assert!(wait_idle(&e).prompt_cache_disk_bytes > 0, "the entry is on disk");
-    }
-    let e = caching_engine(&dir, Some(&disk));
-    let (t, cached, runs) = go(&e, other);
-    assert_eq!((t.as_slice(), cached, runs), (other.tokens.as_slice(), 0, 1), "after a restart, another image: no hit");
-    let (t, cached, runs) = go(&e, one);
-    assert_eq!((t.as_slice(), cached, runs), (one.tokens.as_slice(), one.prompt.len() - 1, 1), "after a restart, the same image and text: a disk hit, no tower run");
-    drop(e);
-    let _ = std::fs::remove_dir_all(&disk);
+    check_prefix_identity_on_disk(&tiny_vlm());
 }

@@ -70,11 +70,19 @@ fn run(mut cmd: Command, what: &str) {
     let vlm = tiny_vlm();
     let (png, raw, w, h) = tiny_vlm_image(&vlm);
     let tokens: Vec<String> = tiny_vlm_tokens(&vlm, "one_png").iter().map(u32::to_string).collect();
+    // Audio: the tiny Gemma 4 checkpoint of tests/media_gemma4.rs, its 0.5 s
+    // clip (and its samples as floats), mlx-vlm's tokens for it ("one_wav").
+    let g4 = tiny_gemma4_vlm();
+    let (wav, f32s) = tiny_gemma4_clip(&g4);
+    let audio_tokens: Vec<String> = tiny_vlm_tokens(&g4, "one_wav").iter().map(u32::to_string).collect();
     let out = this_library(&mut cmd)
         .arg(model_path())
         .arg(vlm.join("model"))
         .args([&png, &raw])
         .args([w.to_string(), h.to_string(), tokens.join(",")])
+        .arg(g4.join("model"))
+        .args([&wav, &f32s])
+        .arg(audio_tokens.join(","))
         .output()
         .expect("run test_objc");
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -186,6 +186,25 @@ class RequestParams {
   size_t image_pixels(int32_t format, uint32_t width, uint32_t height, const Bytes &bytes, size_t stride = 0) {
     return image_pixels(format, width, height, detail::byte_data(bytes), std::size(bytes), stride);
   }
+  /// Adds an audio clip for a `{"type": "audio", "media": K}` message part
+  /// and returns K: an encoded WAV file in `bytes` (not copied here, as
+  /// image_data), ...
+  size_t audio_data(const uint8_t *bytes, size_t n) { return add_media(MLXRT_MEDIA_ENCODED, 0, 0, 0, bytes, n, MLXRT_MEDIA_AUDIO); }
+  template <class Bytes, class = detail::if_bytes<Bytes>>
+  size_t audio_data(const Bytes &bytes) {
+    return audio_data(detail::byte_data(bytes), std::size(bytes));
+  }
+  /// ... or mono float samples in -1..1 at `sample_rate` Hz (the model's
+  /// rate: 16000 for Gemma 4), e.g. a std::span<const float>.
+  size_t audio_samples(const float *samples, size_t n, uint32_t sample_rate) {
+    size_t k = add_media(MLXRT_AUDIO_F32, 0, 0, 0, reinterpret_cast<const uint8_t *>(samples), n * sizeof(float), MLXRT_MEDIA_AUDIO);
+    media_[k].sample_rate = sample_rate;
+    return k;
+  }
+  template <class Floats>
+  size_t audio_samples(const Floats &samples, uint32_t sample_rate) {
+    return audio_samples(std::data(samples), std::size(samples), sample_rate);
+  }
   mlxrt_request_params &raw() { return c_; }
 
   /// Calls f(const mlxrt_request_params &) with a C struct pointing into
@@ -229,10 +248,11 @@ class RequestParams {
     return o;
   }
 
-  size_t add_media(int32_t format, uint32_t width, uint32_t height, size_t stride, const uint8_t *bytes, size_t n) {
+  size_t add_media(int32_t format, uint32_t width, uint32_t height, size_t stride, const uint8_t *bytes, size_t n,
+                   int32_t kind = MLXRT_MEDIA_IMAGE) {
     mlxrt_media m{};
     m.struct_size = sizeof m;
-    m.kind = MLXRT_MEDIA_IMAGE;
+    m.kind = kind;
     m.format = format;
     m.width = width;
     m.height = height;

@@ -8,7 +8,9 @@
 // its counters (stats), its tokenizer (tokenize/detokenize) and chat
 // template (renderChat), as the C API does. Images for models with a vision
 // tower are MLXRTImage objects (NSData: an encoded file or raw pixels) in
-// MLXRTMessage.images. Failures are NSErrors in MLXRTErrorDomain whose
+// MLXRTMessage.images, audio for models with an audio tower MLXRTAudio
+// objects (a WAV file, or float samples) in MLXRTMessage.audio. Failures are
+// NSErrors in MLXRTErrorDomain whose
 // codes are the C library's mlxrt_status values.
 //
 // Builds with ARC or manual reference counting, on Apple platforms and with
@@ -184,15 +186,43 @@ NS_SWIFT_SENDABLE
 @property (nonatomic, readonly) NSUInteger bytesPerRow;
 @end
 
-/// One chat message, optionally with images (which come before its text, as
-/// content parts). Immutable.
+/// An audio clip for a chat message (for models with an audio tower: their
+/// info.modalities has MLXRT_MODALITY_AUDIO): a WAV file, or mono float
+/// samples. Immutable; it keeps the NSData, which mlxrt reads during submit
+/// only. Audio at another rate than the model's (16 kHz for Gemma 4) fails
+/// the submit with MLXRTErrorUnsupported, undecodable data with
+/// MLXRTErrorInvalidArgument.
+///   MLXRTAudio *clip = [MLXRTAudio audioWithData:[NSData dataWithContentsOfFile:@"hello.wav"]];
+///   MLXRTMessage *m = [MLXRTMessage userMessage:@"What is said?" images:@[] audio:@[ clip ]];
+NS_SWIFT_SENDABLE
+@interface MLXRTAudio : NSObject <NSCopying>
+#if MLXRT_FRAGILE_IVARS
+{
+  @private
+    NSData *_data;
+    NSUInteger _sampleRate;
+}
+#endif
+/// A WAV file's bytes (PCM 8/16/24/32-bit or float; channels are averaged).
++ (instancetype)audioWithData:(NSData *)data;
+/// Mono samples in -1..1 (`float`s, native byte order) at `sampleRate` Hz.
++ (instancetype)audioWithSamples:(NSData *)samples sampleRate:(NSUInteger)sampleRate;
+- (instancetype)init MLXRT_UNAVAILABLE;
++ (instancetype)new MLXRT_UNAVAILABLE;
+@property (nonatomic, readonly, copy) NSData *data;
+/// 0 for a WAV file.
+@property (nonatomic, readonly) NSUInteger sampleRate;
+@end
+
+/// One chat message, optionally with images and audio (which come before its
+/// text, as content parts: images, then audio). Immutable.
 NS_SWIFT_SENDABLE
 @interface MLXRTMessage : NSObject <NSCopying>
 #if MLXRT_FRAGILE_IVARS
 {
   @private
     NSString *_role, *_content;
-    NSArray *_images;
+    NSArray *_images, *_audio;
 }
 #endif
 + (instancetype)messageWithRole:(NSString *)role content:(NSString *)content;
@@ -200,9 +230,12 @@ NS_SWIFT_SENDABLE
 + (instancetype)userMessage:(NSString *)content;
 + (instancetype)assistantMessage:(NSString *)content;
 + (instancetype)userMessage:(NSString *)content images:(NSArray<MLXRTImage *> *)images;
++ (instancetype)userMessage:(NSString *)content images:(NSArray<MLXRTImage *> *)images audio:(NSArray<MLXRTAudio *> *)audio;
 - (instancetype)initWithRole:(NSString *)role
                      content:(NSString *)content
-                      images:(NSArray<MLXRTImage *> *)images NS_DESIGNATED_INITIALIZER;
+                      images:(NSArray<MLXRTImage *> *)images
+                       audio:(NSArray<MLXRTAudio *> *)audio NS_DESIGNATED_INITIALIZER;
+- (instancetype)initWithRole:(NSString *)role content:(NSString *)content images:(NSArray<MLXRTImage *> *)images;
 - (instancetype)initWithRole:(NSString *)role content:(NSString *)content;
 - (instancetype)init MLXRT_UNAVAILABLE;
 + (instancetype)new MLXRT_UNAVAILABLE;
@@ -210,6 +243,8 @@ NS_SWIFT_SENDABLE
 @property (nonatomic, readonly, copy) NSString *content;
 /// Empty unless made with images.
 @property (nonatomic, readonly, copy) NSArray<MLXRTImage *> *images;
+/// Empty unless made with audio.
+@property (nonatomic, readonly, copy) NSArray<MLXRTAudio *> *audio;
 @end
 
 /// Request settings: give `messages`, `prompt` or `promptTokens`. Mutable and

@@ -203,8 +203,57 @@ MLXRT_IMMUTABLE_COPY
 #endif
 @end
 
+@interface MLXRTAudio ()
+- (instancetype)initWithData:(NSData *)data sampleRate:(NSUInteger)sampleRate;
+- (mlxrt_media)media;
+@end
+
+@implementation MLXRTAudio
+@synthesize data = _data, sampleRate = _sampleRate;
+
++ (instancetype)audioWithData:(NSData *)data {
+    return MLXRT_AUTORELEASE([[self alloc] initWithData:data sampleRate:0]);
+}
+
++ (instancetype)audioWithSamples:(NSData *)samples sampleRate:(NSUInteger)sampleRate {
+    return MLXRT_AUTORELEASE([[self alloc] initWithData:samples sampleRate:sampleRate]);
+}
+
+- (instancetype)initWithData:(NSData *)data sampleRate:(NSUInteger)sampleRate {
+    if ((self = [super init])) {
+        _data = [data copy];
+        _sampleRate = sampleRate;
+    }
+    return self;
+}
+
+MLXRT_IMMUTABLE_COPY
+
+/// The C entry: points into `data`, valid while this object lives. Samples
+/// at a rate of 0 (or over UINT32_MAX) are refused by mlxrt.
+- (mlxrt_media)media {
+    mlxrt_media m;
+    memset(&m, 0, sizeof m);
+    m.struct_size = sizeof m;
+    m.kind = MLXRT_MEDIA_AUDIO;
+    BOOL samples = _sampleRate > 0;
+    m.format = samples ? MLXRT_AUDIO_F32 : MLXRT_MEDIA_ENCODED;
+    m.sample_rate = _sampleRate > UINT32_MAX ? 0 : (uint32_t)_sampleRate;
+    m.bytes = _data.bytes;
+    m.n_bytes = _data.length;
+    return m;
+}
+
+#if !__has_feature(objc_arc)
+- (void)dealloc {
+    [_data release];
+    [super dealloc];
+}
+#endif
+@end
+
 @implementation MLXRTMessage
-@synthesize role = _role, content = _content, images = _images;
+@synthesize role = _role, content = _content, images = _images, audio = _audio;
 
 + (instancetype)messageWithRole:(NSString *)role content:(NSString *)content {
     return MLXRT_AUTORELEASE([[self alloc] initWithRole:role content:content]);
@@ -213,20 +262,31 @@ MLXRT_IMMUTABLE_COPY
 + (instancetype)userMessage:(NSString *)content { return [self messageWithRole:@"user" content:content]; }
 + (instancetype)assistantMessage:(NSString *)content { return [self messageWithRole:@"assistant" content:content]; }
 + (instancetype)userMessage:(NSString *)content images:(NSArray<MLXRTImage *> *)images {
-    return MLXRT_AUTORELEASE([[self alloc] initWithRole:@"user" content:content images:images]);
+    return MLXRT_AUTORELEASE([[self alloc] initWithRole:@"user" content:content images:images audio:@[]]);
+}
++ (instancetype)userMessage:(NSString *)content images:(NSArray<MLXRTImage *> *)images audio:(NSArray<MLXRTAudio *> *)audio {
+    return MLXRT_AUTORELEASE([[self alloc] initWithRole:@"user" content:content images:images audio:audio]);
 }
 
-- (instancetype)initWithRole:(NSString *)role content:(NSString *)content images:(NSArray<MLXRTImage *> *)images {
+- (instancetype)initWithRole:(NSString *)role
+                     content:(NSString *)content
+                      images:(NSArray<MLXRTImage *> *)images
+                       audio:(NSArray<MLXRTAudio *> *)audio {
     if ((self = [super init])) {
         _role = [role copy];
         _content = [content copy];
         _images = [images copy];
+        _audio = [audio copy];
     }
     return self;
 }
 
+- (instancetype)initWithRole:(NSString *)role content:(NSString *)content images:(NSArray<MLXRTImage *> *)images {
+    return [self initWithRole:role content:content images:images audio:@[]];
+}
+
 - (instancetype)initWithRole:(NSString *)role content:(NSString *)content {
-    return [self initWithRole:role content:content images:@[]];
+    return [self initWithRole:role content:content images:@[] audio:@[]];
 }
 
 MLXRT_IMMUTABLE_COPY
@@ -236,6 +296,7 @@ MLXRT_IMMUTABLE_COPY
     [_role release];
     [_content release];
     [_images release];
+    [_audio release];
     [super dealloc];
 }
 #endif
@@ -727,20 +788,21 @@ static NSString *merged_options(NSString *options, NSString *format, NSString *s
                                       [options substringFromIndex:close.location]];
 }
 
-/// The messages as the JSON array the C API takes. A message with images
-/// has content parts: `{"type": "image", "media": K}` for each, K counting
-/// the images of all messages in order (their `mlxrt_media` entries), then
-/// its text.
+/// The messages as the JSON array the C API takes. A message with media
+/// has content parts: `{"type": "image", "media": K}` for each image, then
+/// `{"type": "audio", "media": K}` for each clip, K counting the media of
+/// all messages in order (their `mlxrt_media` entries), then its text.
 static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **error) {
     NSMutableArray *list = [NSMutableArray arrayWithCapacity:messages.count];
     NSUInteger k = 0;
     for (MLXRTMessage *m in messages) {
-        if (m.images.count == 0) {
+        if (m.images.count == 0 && m.audio.count == 0) {
             [list addObject:@{@"role": m.role, @"content": m.content}];
             continue;
         }
-        NSMutableArray *parts = [NSMutableArray arrayWithCapacity:m.images.count + 1];
+        NSMutableArray *parts = [NSMutableArray arrayWithCapacity:m.images.count + m.audio.count + 1];
         for (NSUInteger i = 0; i < m.images.count; i++) [parts addObject:@{@"type": @"image", @"media": @(k++)}];
+        for (NSUInteger i = 0; i < m.audio.count; i++) [parts addObject:@{@"type": @"audio", @"media": @(k++)}];
         [parts addObject:@{@"type": @"text", @"text": m.content}];
         [list addObject:@{@"role": m.role, @"content": parts}];
     }
@@ -791,14 +853,16 @@ static NSString *messages_json(NSArray<MLXRTMessage *> *messages, NSError **erro
     c.n_prompt_tokens = n_tokens;
     c.stop = n_stop ? stops : NULL;
     c.n_stop = n_stop;
-    // The images' entries point into their NSData, which `p` (a copy of the
+    // The media entries point into their NSData, which `p` (a copy of the
     // parameters, with copies of the messages) keeps alive through the call.
     size_t n_media = 0;
-    for (MLXRTMessage *m in p.messages) n_media += m.images.count;
+    for (MLXRTMessage *m in p.messages) n_media += m.images.count + m.audio.count;
     mlxrt_media *media = calloc(n_media ? n_media : 1, sizeof *media);
     n_media = 0;
-    for (MLXRTMessage *m in p.messages)
+    for (MLXRTMessage *m in p.messages) {
         for (MLXRTImage *image in m.images) media[n_media++] = [image media];
+        for (MLXRTAudio *clip in m.audio) media[n_media++] = [clip media];
+    }
     c.media = n_media ? media : NULL;
     c.n_media = n_media;
 

@@ -1,7 +1,9 @@
-//! What a host hands mlxrt as an image: encoded file bytes (`media::decode`,
+//! What a host hands mlxrt as media: encoded image files (`media::decode`,
 //! as a `{"type": "image", "data"}` part or an `MLXRT_MEDIA_ENCODED`
-//! buffer) and raw pixel buffers (`media::from_pixels`, the `MLXRT_PIXEL_*`
-//! layouts), then Gemma 3's image processor on what decodes.
+//! buffer), raw pixel buffers (`media::from_pixels`, the `MLXRT_PIXEL_*`
+//! layouts) and WAV files (`media::decode_wav`), then the image processors
+//! (Gemma 3's fixed size, Qwen3-VL's smart resize and patches, Gemma 4's
+//! patch budget) and Gemma 4's log-mel feature extractor on what decodes.
 //!
 //! Input: arbitrary bytes; the first 8 also give a raw buffer's width,
 //! height, stride and layout. Errors are expected and fine; a panic, an abort
@@ -9,16 +11,38 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mlxrt::media::{decode, from_pixels, ImageProcessor, Limits, PixelFormat};
+use mlxrt::media::{decode, decode_wav, from_pixels, AudioProcessor, ImageProcessor, Limits, PixelFormat, Rgb};
+use serde_json::json;
 use std::sync::OnceLock;
 
-fn processor() -> &'static ImageProcessor {
-    static P: OnceLock<ImageProcessor> = OnceLock::new();
+fn processors() -> &'static [ImageProcessor; 3] {
+    static P: OnceLock<[ImageProcessor; 3]> = OnceLock::new();
     P.get_or_init(|| {
-        let cfg = serde_json::json!({"size": {"height": 32, "width": 32}, "resample": 2,
+        let gemma3 = json!({"size": {"height": 32, "width": 32}, "resample": 2,
             "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]});
-        ImageProcessor::from_json(&cfg).expect("a valid processor config")
+        let qwen = json!({"patch_size": 4, "merge_size": 2, "min_pixels": 256, "max_pixels": 4096});
+        let gemma4 = json!({"patch_size": 4, "max_soft_tokens": 16, "pooling_kernel_size": 2});
+        [
+            ImageProcessor::from_json(&gemma3).expect("a valid processor config"),
+            ImageProcessor::qwen_vl_from(&qwen).expect("a valid processor config"),
+            ImageProcessor::gemma4(&gemma4).expect("a valid processor config"),
+        ]
     })
+}
+
+fn audio_processor() -> &'static AudioProcessor {
+    static P: OnceLock<AudioProcessor> = OnceLock::new();
+    P.get_or_init(|| AudioProcessor::gemma4(&json!({}), &json!({})).expect("the default feature extractor"))
+}
+
+/// Every processor on `img`: a result whose data matches its shape, or an
+/// error (Qwen refuses aspect ratios over 200).
+fn process(img: &Rgb) {
+    for p in processors() {
+        if let Ok(it) = p.process(img) {
+            assert_eq!(it.data.len(), it.shape.iter().product::<usize>());
+        }
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -26,8 +50,14 @@ fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_bytes: 1 << 20, max_pixels: 1 << 20 };
     if let Ok(img) = decode(data, &limits) {
         assert_eq!(img.data.len(), img.width * img.height * 3);
-        let px = processor().process(&img);
-        assert_eq!(px.data.len(), 3 * 32 * 32);
+        process(&img);
+    }
+    if let Ok(audio) = decode_wav(data, &limits) {
+        assert!(!audio.samples.is_empty());
+        if let Ok(it) = audio_processor().process(&mlxrt::media::Audio { rate: 16000, ..audio }) {
+            assert_eq!(it.data.len(), it.shape.iter().product::<usize>());
+            assert!(it.valid <= it.shape[0] && it.data.iter().all(|v| v.is_finite()));
+        }
     }
     if data.len() >= 8 {
         let w = u16::from_le_bytes([data[0], data[1]]) as usize;
@@ -36,7 +66,7 @@ fuzz_target!(|data: &[u8]| {
         let format = [PixelFormat::Rgb8, PixelFormat::Rgba8, PixelFormat::Bgra8][data[6] as usize % 3];
         if let Ok(img) = from_pixels(format, w, h, stride, &data[8..], &limits) {
             assert_eq!(img.data.len(), w * h * 3);
-            processor().process(&img);
+            process(&img);
         }
     }
 });

@@ -155,6 +155,17 @@ impl LayerCache {
         }
     }
 
+    /// Sets `row`'s RoPE delta: its next position is its length plus
+    /// `delta` (see `Timeline`).
+    pub fn set_rope_delta(&mut self, row: usize, delta: i32) {
+        match self {
+            LayerCache::Kv(c) => c.set_rope_delta(row, delta),
+            LayerCache::Ring(c) => c.set_rope_delta(row, delta),
+            LayerCache::State(c) => c.set_rope_delta(row, delta),
+            LayerCache::Paged(c) => c.set_rope_delta(row, delta),
+        }
+    }
+
     pub fn rows(&self) -> usize {
         self.timeline().rows()
     }

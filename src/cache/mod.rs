@@ -26,10 +26,13 @@ use crate::mlx::fast::Mask;
 use crate::mlx::Array;
 
 /// Where the new tokens of a forward pass start, for RoPE: the same position
-/// for every row, or one per row (`[B]` int32) when rows are left-padded.
+/// for every row, or one per row (`[B]` int32) when rows are left-padded or
+/// carry RoPE deltas; or, for a multimodal prompt (Qwen3-VL), every token's
+/// own (t, h, w) position (`[3, B, L]` int32).
 pub enum Positions {
     Same(i32),
     PerRow(Array),
+    Sections(Array),
 }
 
 /// The attention mask of a forward pass, computed once for all layers.

@@ -42,6 +42,11 @@ impl StateCache {
         &self.t
     }
 
+    /// Sets `row`'s RoPE delta (see `Timeline`).
+    pub fn set_rope_delta(&mut self, row: usize, delta: i32) {
+        self.t.set_delta(row, delta);
+    }
+
     /// Declares left padding for the rows of an empty cache (see `Timeline`).
     pub fn set_padding(&mut self, pads: &[i32]) {
         self.t.set_padding(pads);

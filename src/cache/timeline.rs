@@ -4,6 +4,11 @@
 //! kind of layer cache (`KvCache`, `RingCache`, `StateCache`) keeps one and moves it the
 //! same way, so all layers of a batch stay aligned.
 //!
+//! A row may also carry a RoPE delta: its next position is its length plus
+//! the delta (Qwen3-VL's multimodal RoPE packs an image's tokens into fewer
+//! positions than it has tokens; the text after it continues from there).
+//! Rows with other deltas (0 for text) still decode in one batch.
+//!
 //! A row may also have holes: positions after its padding that it never
 //! attends to either. A speculative verify step writes the same number of
 //! positions for every row, but rows accept different numbers of drafts;
@@ -25,17 +30,19 @@ pub struct Timeline {
     pad: Vec<i32>,
     /// Each row's holes: ascending slots in `pad[r]..len`.
     holes: Vec<Vec<i32>>,
+    /// Each row's RoPE delta.
+    delta: Vec<i32>,
 }
 
 impl Timeline {
     /// An empty timeline for `rows` rows.
     pub fn new(rows: usize) -> Timeline {
-        Timeline { len: 0, pad: vec![0; rows], holes: vec![vec![]; rows] }
+        Timeline { len: 0, pad: vec![0; rows], holes: vec![vec![]; rows], delta: vec![0; rows] }
     }
 
     /// One row holding `len` positions, without padding.
     pub fn single(len: i32) -> Timeline {
-        Timeline { len, pad: vec![0], holes: vec![vec![]] }
+        Timeline { len, pad: vec![0], holes: vec![vec![]], delta: vec![0] }
     }
 
     /// Declares left padding for the rows of an empty timeline; padding may
@@ -79,15 +86,21 @@ impl Timeline {
         self.holes.iter().any(|h| !h.is_empty())
     }
 
+    /// Sets `row`'s RoPE delta.
+    pub fn set_delta(&mut self, row: usize, delta: i32) {
+        self.delta[row] = delta;
+    }
+
     /// RoPE positions of the next tokens: one offset for all rows, or one
-    /// per row when they are ragged.
+    /// per row when they are ragged or their deltas differ.
     pub fn positions(&self) -> Result<Positions> {
-        if !self.ragged() {
-            return Ok(Positions::Same(self.len - self.pad[0]));
+        let same_delta = self.delta.iter().all(|&d| d == self.delta[0]);
+        if !self.ragged() && same_delta {
+            return Ok(Positions::Same(self.len - self.pad[0] + self.delta[0]));
         }
         // Negative for a row whose padding runs past what is written: its
         // first token lands at position 0 in a later chunk.
-        let off: Vec<i32> = (0..self.rows()).map(|r| self.len - self.pad[r] - self.holes[r].len() as i32).collect();
+        let off: Vec<i32> = (0..self.rows()).map(|r| self.len - self.pad[r] - self.holes[r].len() as i32 + self.delta[r]).collect();
         Ok(Positions::PerRow(Array::from_i32(&off, &[off.len() as i32])?))
     }
 
@@ -160,6 +173,7 @@ impl Timeline {
         debug_assert_eq!(self.len, other.len);
         self.pad.extend_from_slice(&other.pad);
         self.holes.extend_from_slice(&other.holes);
+        self.delta.extend_from_slice(&other.delta);
     }
 
     /// Keeps the rows `keep` (in that order), then drops the leading
@@ -168,6 +182,7 @@ impl Timeline {
     pub fn filter(&mut self, keep: &[usize]) -> i32 {
         self.pad = keep.iter().map(|&r| self.pad[r]).collect();
         self.holes = keep.iter().map(|&r| self.holes[r].clone()).collect();
+        self.delta = keep.iter().map(|&r| self.delta[r]).collect();
         let shared = self.pad.iter().copied().min().unwrap_or(0).min(self.len);
         self.len -= shared;
         self.pad.iter_mut().for_each(|p| *p -= shared);
@@ -197,6 +212,24 @@ mod tests {
         assert_eq!(a.filter(&[1]), 12, "the padding the kept row has alone goes");
         assert_eq!((a.len(), a.pads(), a.ragged()), (3, &[0][..], false));
         assert!(matches!(a.positions().unwrap(), Positions::Same(3)));
+    }
+
+    #[test]
+    fn rope_deltas_move_with_the_rows() {
+        let mut a = Timeline::single(10);
+        a.set_delta(0, -6);
+        assert!(matches!(a.positions().unwrap(), Positions::Same(4)), "one row: its length plus its delta");
+        let b = Timeline::single(10);
+        a.extend(&b);
+        assert!(!a.ragged(), "a delta is no padding");
+        let Positions::PerRow(p) = a.positions().unwrap() else { panic!("deltas differ") };
+        assert_eq!(p.to_vec_i32().unwrap(), vec![4, 10]);
+        a.advance(1);
+        assert_eq!(a.filter(&[1, 0]), 0);
+        let Positions::PerRow(p) = a.positions().unwrap() else { panic!("deltas differ") };
+        assert_eq!(p.to_vec_i32().unwrap(), vec![11, 5], "the delta follows its row");
+        a.filter(&[1]);
+        assert!(matches!(a.positions().unwrap(), Positions::Same(5)));
     }
 
     #[test]

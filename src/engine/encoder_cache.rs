@@ -3,11 +3,11 @@
 //! image skips the vision tower. Least recently used entries go first when
 //! the byte budget is exceeded. Scheduler thread only (holds MLX arrays).
 
-use crate::mlx::Array;
+use crate::model::Encoded;
 use std::collections::HashMap;
 
 pub(crate) struct EncoderCache {
-    entries: HashMap<[u8; 32], (Array, u64)>,
+    entries: HashMap<[u8; 32], (Encoded, u64)>,
     budget: usize,
     bytes: usize,
     tick: u64,
@@ -19,7 +19,7 @@ impl EncoderCache {
     }
 
     /// The cached rows of `key` (shared, not copied), marking them used.
-    pub fn get(&mut self, key: &[u8; 32]) -> Option<Array> {
+    pub fn get(&mut self, key: &[u8; 32]) -> Option<Encoded> {
         self.tick += 1;
         let tick = self.tick;
         self.entries.get_mut(key).map(|(a, used)| {
@@ -40,7 +40,7 @@ impl EncoderCache {
 
     /// Keeps `rows` (evaluated) under `key`, evicting least recently used
     /// entries beyond the budget; an entry larger than the budget is not kept.
-    pub fn put(&mut self, key: [u8; 32], rows: Array) {
+    pub fn put(&mut self, key: [u8; 32], rows: Encoded) {
         let n = rows.nbytes();
         if n > self.budget {
             return;
@@ -61,10 +61,11 @@ impl EncoderCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mlx::Array;
 
     #[test]
     fn least_recently_used_goes_first() {
-        let rows = || Array::from_f32(&[0.0; 4], &[1, 4]).unwrap(); // 16 bytes
+        let rows = || Encoded { rows: Array::from_f32(&[0.0; 4], &[1, 4]).unwrap(), deepstack: vec![] }; // 16 bytes
         let mut c = EncoderCache::new(40);
         c.put([1; 32], rows());
         c.put([2; 32], rows());

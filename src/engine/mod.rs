@@ -491,7 +491,7 @@ impl Engine {
         if matches!(speculation, Speculation::Draft { .. }) && !self.has_draft {
             return Err(Error::invalid("speculation \"draft\" needs an engine with a draft model (draft_model_path)"));
         }
-        let prompt_ids = prompt.clone();
+        let cache_key = media.as_ref().map(|m| m.key(&prompt));
         let spec = RequestSpec {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             cancelled: AtomicBool::new(false),
@@ -510,10 +510,7 @@ impl Engine {
             output_format,
             speculation,
             submitted,
-            cache_key: match (&media, &self.text.media) {
-                (Some(m), Some(spec)) => Some(crate::media::prefix_key(&prompt_ids, spec.soft_id, spec.tokens_per_image, &m.images)),
-                _ => None,
-            },
+            cache_key,
             media,
         };
         let n = self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
@@ -612,16 +609,8 @@ impl Engine {
                     let spec = self.text.media.as_deref().expect("extract found a tower");
                     let rendered = template.render(&x.messages, options.tools.as_ref(), true, Some(&kwargs))?;
                     let format = OutputFormat::detect(template.source(), options.tools.is_some(), &rendered);
-                    let prompt = tok.encode(&spec.expand(&rendered, x.images.len())?, true)?;
-                    let soft = prompt.iter().filter(|&&t| t == spec.soft_id).count();
-                    if soft != x.images.len() * spec.tokens_per_image {
-                        return Err(Error::internal(format!(
-                            "the prompt has {soft} image soft tokens; {} image(s) need {}",
-                            x.images.len(),
-                            x.images.len() * spec.tokens_per_image
-                        )));
-                    }
-                    let media = Some(Arc::new(crate::media::MediaPrompt { images: x.images }));
+                    let prompt = tok.encode(&spec.expand(&rendered, &x.items)?, true)?;
+                    let media = Some(Arc::new(spec.place(&prompt, x.items)?));
                     return Ok(Rendered { prompt, format, boundary: None, media });
                 }
                 let rendered = template.render(m, options.tools.as_ref(), true, Some(&kwargs))?;
@@ -692,7 +681,7 @@ struct Rendered {
     /// For a chat, the prompt length of the conversation before its last
     /// message, when that is a proper prefix of the prompt.
     boundary: Option<usize>,
-    /// The prompt's images, if any.
+    /// The prompt's media, if any.
     media: Option<Arc<crate::media::MediaPrompt>>,
 }
 

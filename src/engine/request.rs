@@ -65,9 +65,10 @@ pub struct RequestOptions {
     pub response_format: Option<ResponseFormat>,
     /// Speculative decoding (None = the engine's `speculation`).
     pub speculation: Option<Speculation>,
-    /// Decoded images the messages reference as `{"type": "image",
-    /// "media": K}` (the C ABI's `mlxrt_media` array, copied at submit).
-    pub media: Vec<crate::media::Rgb>,
+    /// Decoded images and audio the messages reference as `{"type":
+    /// "image" | "audio", "media": K}` (the C ABI's `mlxrt_media` array,
+    /// copied at submit).
+    pub media: Vec<crate::media::parts::Buffer>,
     /// Whether the model must call a tool (`Required`, `Named`: the output
     /// is then one call with arguments valid against the tool's schema).
     pub tool_choice: ToolChoice,
@@ -339,7 +340,7 @@ pub(crate) struct RequestSpec {
     /// The prompt's images (their soft tokens are in `prompt`): the row
     /// prefills alone, in one forward (`Cohort::advance`).
     pub media: Option<Arc<crate::media::MediaPrompt>>,
-    /// For a media prompt, its prompt-cache key (`media::prefix_key`): the
+    /// For a media prompt, its prompt-cache key (`MediaPrompt::key`): the
     /// prompt with each image soft token replaced by an id derived from the
     /// image's content hash and the token's place in the image.
     pub cache_key: Option<Vec<u32>>,

@@ -11,7 +11,7 @@
 //! work is timed in trace spans (`trace`), summarised in the stats.
 
 use super::batch::{DecodeBatch, Drawn, StepCtx};
-use super::cohort::{Cohort, Entrant, Progress};
+use super::cohort::{Cohort, CohortStep, Entrant, Progress};
 use super::delivery::{self, DeliveryTx, Msg};
 use super::encoder_cache::EncoderCache;
 use super::cache_io::IoDone;
@@ -32,8 +32,7 @@ use crate::cache::LayerCache;
 use crate::mlx;
 use crate::model::load::TextAssets;
 use crate::mlx::{Array, Dtype};
-use crate::model::siglip::Gemma3Vision;
-use crate::model::{self, Group, LanguageModel, LoadOptions, MediaInput, ModelInfo, Output};
+use crate::model::{self, Group, LanguageModel, LoadOptions, MediaInput, ModelInfo, Output, Towers};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -135,8 +134,8 @@ struct Queued {
 
 struct Scheduler<'a> {
     model: Box<dyn LanguageModel>,
-    /// The vision tower, when the model has one, and its recent outputs.
-    vision: Option<Gemma3Vision>,
+    /// The model's towers (vision, audio), and their recent outputs.
+    towers: Towers,
     encoder: EncoderCache,
     text: Arc<TextAssets>,
     config: EngineConfig,
@@ -214,7 +213,7 @@ fn main(
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
     let mut s = Scheduler {
         model: loaded.model,
-        vision: loaded.vision,
+        towers: loaded.towers,
         encoder: EncoderCache::new(config.encoder_cache_bytes),
         text,
         shared,
@@ -556,8 +555,10 @@ impl Scheduler<'_> {
             Admit::Nothing => Ok(()),
             Admit::Join(n) => {
                 for share in &shares[..n] {
-                    let (t, tokens) = (Instant::now(), self.queue.front().map_or(0, |q| q.job.spec.prompt.len()));
+                    let tokens = self.queue.front().map_or(0, |q| q.job.spec.prompt.len());
+                    // The restore is its own span (spans never nest).
                     let Some(start) = self.open_one(share) else { continue };
+                    let t = Instant::now();
                     let cohort = self.cohort.as_mut().expect("the plan joins a running cohort");
                     match start {
                         Start::Fresh(e) => cohort.join(e)?,
@@ -586,8 +587,8 @@ impl Scheduler<'_> {
                 Ok(())
             }
             Admit::FromCache(n) => {
-                let t = Instant::now();
                 let starts: Vec<Start> = shares[..n].iter().filter_map(|share| self.open_one(share)).collect();
+                let t = Instant::now();
                 let media = match &starts[..] {
                     [s] => self.media_input(s.row())?,
                     _ => None,
@@ -670,51 +671,45 @@ impl Scheduler<'_> {
         }
     }
 
-    /// A media prompt's image rows for its positions past `row.cached` and
-    /// where they go (prompt positions): from the encoder cache, or the tower
-    /// over the images it does not hold (one batch). Images wholly in the
-    /// cached prefix are not needed.
+    /// A media prompt's tower rows for its positions past `row.cached` and
+    /// where they go (prompt positions): from the encoder cache, or the
+    /// towers over the items it does not hold (one batch per kind). Items
+    /// wholly in the cached prefix are not needed.
     fn media_input(&mut self, row: &Row) -> Result<Option<MediaInput>> {
         let Some(m) = &row.media else { return Ok(None) };
-        let (Some(v), Some(spec)) = (&self.vision, &self.text.media) else {
-            return Err(Error::internal("a media prompt reached a model without a tower"));
-        };
-        let soft: Vec<usize> = row.prompt.iter().enumerate().filter(|(_, &t)| t == spec.soft_id).map(|(i, _)| i).collect();
-        let t = v.tokens_per_image;
-        // Image i's span ends at soft[(i + 1) t - 1]: needed when past the cache.
-        let needed: Vec<bool> = (0..m.images.len()).map(|i| soft[(i + 1) * t - 1] >= row.cached).collect();
-        let mut rows: Vec<Option<Array>> =
-            m.images.iter().zip(&needed).map(|(img, &n)| if n { self.encoder.get(&img.hash) } else { None }).collect();
-        let missing: Vec<usize> = (0..rows.len()).filter(|&i| needed[i] && rows[i].is_none()).collect();
+        let needed: Vec<bool> = m.spans.iter().map(|s| s.end > row.cached).collect();
+        let mut rows: Vec<Option<model::Encoded>> =
+            m.items.iter().zip(&needed).map(|(it, &n)| if n { self.encoder.get(&it.hash) } else { None }).collect();
         let hits = rows.iter().filter(|r| r.is_some()).count();
         self.shared.encoder_cache_hits.fetch_add(hits as u64, Ordering::Relaxed);
-        if !missing.is_empty() {
-            let s = v.image_size() as i32;
-            let mut data = Vec::with_capacity(missing.len() * 3 * (s * s) as usize);
-            for &i in &missing {
-                data.extend_from_slice(&m.images[i].data);
+        for kind in [crate::media::MediaKind::Image, crate::media::MediaKind::Audio] {
+            let missing: Vec<usize> = (0..rows.len()).filter(|&i| needed[i] && rows[i].is_none() && m.items[i].kind == kind).collect();
+            if missing.is_empty() {
+                continue;
             }
-            let pixels = Array::from_f32(&data, &[missing.len() as i32, 3, s, s])?.transpose(&[0, 2, 3, 1])?;
-            let t = v.tokens_per_image as i32;
-            let out = v.embed(&pixels)?;
-            mlx::eval(&[&out])?;
+            let tower = self.towers.get(kind).ok_or_else(|| Error::internal(format!("{} input reached a model without its tower", kind.name())))?;
+            let out = tower.encode(&missing.iter().map(|&i| &m.items[i]).collect::<Vec<_>>())?;
+            mlx::eval(&out.iter().flat_map(model::Encoded::arrays).collect::<Vec<_>>())?;
             self.shared.tower_runs.fetch_add(missing.len() as u64, Ordering::Relaxed);
-            for (k, &i) in missing.iter().enumerate() {
-                let r = out.slice_axis(0, k as i32 * t, (k as i32 + 1) * t)?.contiguous()?;
-                self.encoder.put(m.images[i].hash, r.share());
-                rows[i] = Some(r);
+            for (e, &i) in out.into_iter().zip(&missing) {
+                self.encoder.put(m.items[i].hash, e.share());
+                rows[i] = Some(e);
             }
             self.shared.encoder_cache_bytes.store(self.encoder.bytes() as u64, Ordering::Relaxed);
             self.shared.encoder_cache_entries.store(self.encoder.len() as u64, Ordering::Relaxed);
         }
-        let rows: Vec<Array> = rows.into_iter().flatten().collect();
-        let at: Vec<usize> = needed.iter().enumerate().filter(|(_, &n)| n).flat_map(|(i, _)| soft[i * t..(i + 1) * t].to_vec()).collect();
-        let features = match &rows[..] {
-            [] => Array::zeros(&[0, 1], crate::mlx::Dtype::F32)?,
-            _ => Array::concatenate(&rows.iter().collect::<Vec<_>>(), 0)?,
+        let rows: Vec<model::Encoded> = rows.into_iter().flatten().collect();
+        let at: Vec<usize> = m.spans.iter().zip(&needed).filter(|(_, &n)| n).flat_map(|(s, _)| s.clone()).collect();
+        let stack = |part: &dyn Fn(&model::Encoded) -> &Array| -> Result<Array> {
+            match &rows[..] {
+                [] => Ok(Array::zeros(&[0, 1], crate::mlx::Dtype::F32)?),
+                _ => Ok(Array::concatenate(&rows.iter().map(part).collect::<Vec<_>>(), 0)?),
+            }
         };
-        let zero = row.prompt.iter().enumerate().filter(|(_, &t)| t == v.pad_id).map(|(i, _)| i).collect();
-        Ok(Some(MediaInput { features, at, zero }))
+        let features = stack(&|r| &r.rows)?;
+        let layers = rows.iter().map(|r| r.deepstack.len()).max().unwrap_or(0);
+        let deepstack = (0..layers).map(|i| stack(&|r| &r.deepstack[i])).collect::<Result<_>>()?;
+        Ok(Some(MediaInput { features, at, zero: m.zero.clone(), deepstack, mrope: m.mrope.clone(), blocks: m.blocks.clone() }))
     }
 
     /// Turns the first `n` queued jobs into rows, reserving their KV memory
@@ -791,7 +786,9 @@ impl Scheduler<'_> {
     /// iteration): the decoding rows' tokens and the cohort's chunk packed
     /// into one model call, attention per group. A verify step, a media
     /// prompt, or a cohort that just lost its last row runs the two apart.
-    /// An error in the shared forward ends the rows of both.
+    /// An error in the shared forward ends the rows of both; one in either
+    /// group's own work (its step's inputs, reading its logits, its
+    /// snapshots) ends only that group's rows.
     fn mixed(&mut self, chunk: usize) {
         match self.drop_cancelled() {
             Ok(true) if !self.cohort.as_ref().is_some_and(Cohort::is_atomic) => {}
@@ -801,6 +798,14 @@ impl Scheduler<'_> {
                 return self.decode_and_prefill(chunk);
             }
         }
+        let cohort = self.cohort.as_ref().expect("checked above");
+        let cstep = match cohort.next_step(self.model.as_ref(), chunk as i32) {
+            Ok(s) => s,
+            Err(e) => {
+                self.fail_cohort(e);
+                return self.decode_and_prefill(chunk);
+            }
+        };
         let drawn = match self.with_batch(DecodeBatch::begin) {
             Ok(Some(d)) => d,
             // A verify step ran (or nothing was pending): the chunk alone.
@@ -810,26 +815,26 @@ impl Scheduler<'_> {
             }
             Err(e) => return self.then_prefill(Err(e), chunk),
         };
-        let progress = match self.mixed_forward(drawn, chunk) {
-            Ok(p) => p,
+        let (decoded, prefilled) = match self.mixed_forward(drawn, cstep) {
+            Ok(both) => both,
             Err(e) => {
                 self.fail_batch(e.clone());
                 return self.fail_cohort(e);
             }
         };
-        if let Err(e) = self.finish_decode() {
+        if let Err(e) = decoded.and_then(|()| self.finish_decode()) {
             self.fail_batch(e);
         }
-        if let Err(e) = self.finish_prefill(progress) {
+        if let Err(e) = prefilled.and_then(|p| self.finish_prefill(p)) {
             self.fail_cohort(e);
         }
     }
 
     /// The one forward of a mixed iteration: the batch's plain step on the
-    /// tokens `drawn`, and the cohort's next step.
-    fn mixed_forward(&mut self, drawn: Drawn, chunk: usize) -> Result<Progress> {
+    /// tokens `drawn`, and the cohort's step `cstep`. The outer error is the
+    /// shared forward's; the inner ones are each group's own.
+    fn mixed_forward(&mut self, drawn: Drawn, cstep: CohortStep) -> Result<(Result<()>, Result<Progress>)> {
         let cohort = self.cohort.as_mut().expect("a mixed iteration has a cohort");
-        let cstep = cohort.next_step(self.model.as_ref(), chunk as i32)?;
         let (b, r) = (self.batch.len() as i32, cstep.rows() as i32);
         let t = Instant::now();
         let tokens = Array::concatenate(
@@ -846,8 +851,8 @@ impl Scheduler<'_> {
         let logits = self.model.forward_mixed(&tokens, &mut groups)?.expect("the decode rows' logits");
         self.tracer.record(SpanKind::Forward, (b + r) as usize, b as usize + cstep.len(), t);
         let first = (cstep.out == Output::LastLogits).then(|| logits.slice_axis(0, b, b + r)).transpose()?;
-        self.batch.finish_plain(drawn, logits.slice_axis(0, 0, b)?, &self.tracer)?;
-        cohort.finish_step(cstep, first, false, &self.tracer)
+        let decoded = logits.slice_axis(0, 0, b).map_err(Error::from).and_then(|l| self.batch.finish_plain(drawn, l, &self.tracer));
+        Ok((decoded, cohort.finish_step(cstep, first, false, &self.tracer)))
     }
 
     /// Calls `f` (a `DecodeBatch` step) with the batch, the model and what a

@@ -17,6 +17,17 @@ pub const MLXRT_MODALITY_TEXT: u32 = 1;
 /// tower; image parts and `mlxrt_media` entries work).
 pub const MLXRT_MODALITY_IMAGE: u32 = 2;
 
+/// `mlxrt_engine_info.modalities` bit: audio input (the model has an audio
+/// tower; audio parts and `MLXRT_MEDIA_AUDIO` entries work).
+pub const MLXRT_MODALITY_AUDIO: u32 = 4;
+
+/// The modality bits of a model with `media` towers.
+fn modalities(media: Option<&crate::media::MediaSpec>) -> u32 {
+    let image = media.is_some_and(|m| m.image.is_some());
+    let audio = media.is_some_and(|m| m.audio.is_some());
+    MLXRT_MODALITY_TEXT | if image { MLXRT_MODALITY_IMAGE } else { 0 } | if audio { MLXRT_MODALITY_AUDIO } else { 0 }
+}
+
 /// Facts about an engine's model, filled by `mlxrt_engine_get_info`. Set
 /// `struct_size` first; strings and arrays belong to the engine and stay
 /// valid until it is destroyed.
@@ -117,7 +128,7 @@ pub extern "C" fn mlxrt_engine_get_info(
             has_chat_template: e.text().template.is_some() as u8,
             supports_tools: template.contains("tools") as u8,
             supports_reasoning: (template.contains("<think>") || template.contains("enable_thinking")) as u8,
-            modalities: MLXRT_MODALITY_TEXT | if e.text().media.is_some() { MLXRT_MODALITY_IMAGE } else { 0 },
+            modalities: modalities(e.text().media.as_deref()),
             kv_scheme: s.kv_scheme.as_ptr(),
         };
         write_versioned(out, info, "out")

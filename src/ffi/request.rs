@@ -111,8 +111,8 @@ pub struct mlxrt_request_params {
     /// conversation; NULL = none): cached state is only shared between
     /// requests of the same namespace and session.
     pub cache_session_id: *const c_char,
-    /// Images the messages reference by index: a content part
-    /// `{"type": "image", "media": K}` is `media[K]`. Every entry is read
+    /// Images and audio the messages reference by index: a content part
+    /// `{"type": "image" | "audio", "media": K}` is `media[K]`. Every entry is read
     /// (decoded or converted into the engine's own buffer) before
     /// `mlxrt_request_submit` returns: the memory may be reused at once.
     /// An entry no part references is INVALID_ARGUMENT.
@@ -122,7 +122,10 @@ pub struct mlxrt_request_params {
 
 /// `mlxrt_media.kind`: a picture.
 pub const MLXRT_MEDIA_IMAGE: i32 = 1;
-/// `mlxrt_media.format`: `bytes` hold an encoded file (JPEG, PNG or WebP).
+/// `mlxrt_media.kind`: a sound clip.
+pub const MLXRT_MEDIA_AUDIO: i32 = 2;
+/// `mlxrt_media.format`: `bytes` hold an encoded file (images: JPEG, PNG or
+/// WebP; audio: WAV).
 pub const MLXRT_MEDIA_ENCODED: i32 = 0;
 /// `mlxrt_media.format`: 8-bit pixels, red first, 3 bytes each.
 pub const MLXRT_PIXEL_RGB8: i32 = 1;
@@ -133,11 +136,15 @@ pub const MLXRT_PIXEL_RGBA8: i32 = 2;
 /// ignored): Core Graphics' usual `kCGImageAlphaPremultipliedFirst |
 /// kCGBitmapByteOrder32Little` layout.
 pub const MLXRT_PIXEL_BGRA8: i32 = 3;
+/// `mlxrt_media.format` (audio): mono `float` samples in -1..1, native
+/// byte order, at `sample_rate` Hz (`n_bytes` a multiple of 4).
+pub const MLXRT_AUDIO_F32: i32 = 4;
 
-/// One image of a request (`mlxrt_request_params.media`). Set `struct_size`
-/// to `sizeof(mlxrt_media)`. Undecodable data, a buffer smaller than
-/// `stride × (height - 1) + width × bytes per pixel`, more than 50 million
-/// pixels or 64 MiB of encoded data is INVALID_ARGUMENT.
+/// One image or audio clip of a request (`mlxrt_request_params.media`). Set
+/// `struct_size` to `sizeof(mlxrt_media)`. Undecodable data, a buffer
+/// smaller than `stride × (height - 1) + width × bytes per pixel`, more than
+/// 50 million pixels or 64 MiB of data is INVALID_ARGUMENT. Audio is taken
+/// at the model's rate (16 kHz for Gemma 4): another rate is UNSUPPORTED.
 ///
 /// ```c
 /// mlxrt_media m = {.struct_size = sizeof m, .kind = MLXRT_MEDIA_IMAGE,
@@ -152,9 +159,10 @@ pub const MLXRT_PIXEL_BGRA8: i32 = 3;
 #[derive(Clone, Copy)]
 pub struct mlxrt_media {
     pub struct_size: usize,
-    /// `MLXRT_MEDIA_IMAGE` (audio is not supported yet: UNSUPPORTED).
+    /// `MLXRT_MEDIA_IMAGE` or `MLXRT_MEDIA_AUDIO`.
     pub kind: i32,
-    /// `MLXRT_MEDIA_ENCODED` or one of the `MLXRT_PIXEL_*` layouts.
+    /// `MLXRT_MEDIA_ENCODED`, one of the `MLXRT_PIXEL_*` layouts (images) or
+    /// `MLXRT_AUDIO_F32` (audio).
     pub format: i32,
     /// Pixels (raw layouts only; 0 for encoded data).
     pub width: u32,
@@ -163,35 +171,45 @@ pub struct mlxrt_media {
     pub stride: usize,
     pub bytes: *const u8,
     pub n_bytes: usize,
+    /// Samples per second (`MLXRT_AUDIO_F32` only).
+    pub sample_rate: u32,
 }
 
-/// `params.media` as decoded images.
-fn media_from(p: &mlxrt_request_params) -> crate::Result<Vec<crate::media::Rgb>> {
-    use crate::media::{self, PixelFormat};
+/// The first published layout of `mlxrt_media`: every field before
+/// `sample_rate` (images only).
+const MEDIA_V1_SIZE: usize = std::mem::offset_of!(mlxrt_media, sample_rate);
+
+/// `params.media` as decoded images and audio.
+fn media_from(p: &mlxrt_request_params) -> crate::Result<Vec<crate::media::parts::Buffer>> {
+    use crate::media::{self, parts::Buffer, PixelFormat};
     let list = slice(p.media, p.n_media, "params.media")?;
     let limits = media::Limits::default();
     let mut out = Vec::with_capacity(list.len());
     for (k, m) in list.iter().enumerate() {
         let at = format!("params.media[{k}]");
-        if m.struct_size < size_of::<mlxrt_media>() {
+        let full = m.struct_size >= size_of::<mlxrt_media>();
+        if m.struct_size < MEDIA_V1_SIZE || (m.kind == MLXRT_MEDIA_AUDIO && !full) {
             return Err(Error::invalid(format!("{at}.struct_size is {}; set it to sizeof(mlxrt_media)", m.struct_size)));
         }
-        if m.kind != MLXRT_MEDIA_IMAGE {
-            return Err(Error::unsupported(format!("{at}: media kind {} is not supported (MLXRT_MEDIA_IMAGE)", m.kind)));
-        }
         let bytes = slice(m.bytes, m.n_bytes, &format!("{at}.bytes"))?;
-        let format = match m.format {
-            MLXRT_MEDIA_ENCODED => {
-                out.push(media::decode(bytes, &limits).map_err(|e| e.context(&at))?);
-                continue;
+        let buffer = match (m.kind, m.format) {
+            (MLXRT_MEDIA_IMAGE, MLXRT_MEDIA_ENCODED) => media::decode(bytes, &limits).map(Buffer::Image),
+            (MLXRT_MEDIA_IMAGE, f @ (MLXRT_PIXEL_RGB8 | MLXRT_PIXEL_RGBA8 | MLXRT_PIXEL_BGRA8)) => {
+                let format = [PixelFormat::Rgb8, PixelFormat::Rgba8, PixelFormat::Bgra8][(f - MLXRT_PIXEL_RGB8) as usize];
+                media::from_pixels(format, m.width as usize, m.height as usize, m.stride, bytes, &limits).map(Buffer::Image)
             }
-            MLXRT_PIXEL_RGB8 => PixelFormat::Rgb8,
-            MLXRT_PIXEL_RGBA8 => PixelFormat::Rgba8,
-            MLXRT_PIXEL_BGRA8 => PixelFormat::Bgra8,
-            other => return Err(Error::invalid(format!("{at}: unknown format {other}"))),
+            (MLXRT_MEDIA_AUDIO, MLXRT_MEDIA_ENCODED) => media::decode_wav(bytes, &limits).map(Buffer::Audio),
+            (MLXRT_MEDIA_AUDIO, MLXRT_AUDIO_F32) => {
+                if bytes.len() % 4 != 0 {
+                    return Err(Error::invalid(format!("{at}: n_bytes {} is not a whole number of float samples", bytes.len())));
+                }
+                let samples: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_ne_bytes([b[0], b[1], b[2], b[3]])).collect();
+                media::from_samples(&samples, m.sample_rate, &limits).map(Buffer::Audio)
+            }
+            (MLXRT_MEDIA_IMAGE | MLXRT_MEDIA_AUDIO, other) => return Err(Error::invalid(format!("{at}: format {other} is not one for kind {}", m.kind))),
+            (other, _) => return Err(Error::unsupported(format!("{at}: media kind {other} is not supported (MLXRT_MEDIA_IMAGE, MLXRT_MEDIA_AUDIO)"))),
         };
-        let img = media::from_pixels(format, m.width as usize, m.height as usize, m.stride, bytes, &limits);
-        out.push(img.map_err(|e| e.context(&at))?);
+        out.push(buffer.map_err(|e| e.context(&at))?);
     }
     Ok(out)
 }

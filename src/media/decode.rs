@@ -22,12 +22,25 @@ impl Default for Limits {
     }
 }
 
-/// A decoded image: packed RGB8 rows, no padding.
+/// A decoded image: packed RGB8 rows, no padding, and the alpha plane of an
+/// encoded file that has one (processors differ on it: transformers'
+/// `convert_to_rgb` composites onto white, PIL's `convert("RGB")` drops it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rgb {
     pub width: usize,
     pub height: usize,
     pub data: Vec<u8>,
+    pub alpha: Option<Vec<u8>>,
+}
+
+impl Rgb {
+    /// The pixels composited onto an opaque white background (as they are
+    /// without alpha).
+    pub fn over_white(&self) -> std::borrow::Cow<'_, [u8]> {
+        let Some(alpha) = &self.alpha else { return std::borrow::Cow::Borrowed(&self.data) };
+        let px = self.data.chunks_exact(3).zip(alpha).flat_map(|(p, &a)| over_white([p[0], p[1], p[2], a]));
+        std::borrow::Cow::Owned(px.collect())
+    }
 }
 
 /// Layouts of raw pixel buffers (`mlxrt_media`).
@@ -60,10 +73,8 @@ fn check_size(w: u64, h: u64, limits: &Limits) -> Result<()> {
     Ok(())
 }
 
-/// Decodes a JPEG, PNG or WebP file. Transparent images are composited onto
-/// white (as transformers' `convert_to_rgb`, with Pillow's `alpha_composite`
-/// arithmetic); EXIF orientation is not applied (Pillow's `open` does not
-/// either).
+/// Decodes a JPEG, PNG or WebP file (the alpha plane kept apart, see `Rgb`).
+/// EXIF orientation is not applied (Pillow's `open` does not either).
 pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Rgb> {
     if bytes.is_empty() {
         return Err(Error::invalid("image data is empty"));
@@ -94,17 +105,19 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<Rgb> {
     if img.color().has_alpha() {
         let rgba = img.into_rgba8();
         let (width, height) = (rgba.width() as usize, rgba.height() as usize);
-        let data = rgba.into_raw().chunks_exact(4).flat_map(|p| over_white(p)).collect();
-        return Ok(Rgb { width, height, data });
+        let raw = rgba.into_raw();
+        let data = raw.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
+        let alpha = raw.chunks_exact(4).map(|p| p[3]).collect();
+        return Ok(Rgb { width, height, data, alpha: Some(alpha) });
     }
     let rgb = img.into_rgb8();
     let (width, height) = (rgb.width() as usize, rgb.height() as usize);
-    Ok(Rgb { width, height, data: rgb.into_raw() })
+    Ok(Rgb { width, height, data: rgb.into_raw(), alpha: None })
 }
 
 /// One RGBA pixel over an opaque white background, in Pillow's fixed point
 /// (`ImagingAlphaComposite`, 7 fractional bits, division by 255 by shifts).
-fn over_white(p: &[u8]) -> [u8; 3] {
+fn over_white(p: [u8; 4]) -> [u8; 3] {
     let a = p[3] as u32;
     if a == 0 {
         return [255; 3];
@@ -116,7 +129,7 @@ fn over_white(p: &[u8]) -> [u8; 3] {
 }
 
 /// Copies a raw pixel buffer (rows `stride` bytes apart; 0 = packed) into
-/// packed RGB8.
+/// packed RGB8 (alpha dropped: a host's buffer is taken as opaque).
 pub fn from_pixels(
     format: PixelFormat,
     width: usize,
@@ -145,7 +158,7 @@ pub fn from_pixels(
             PixelFormat::Bgra8 => r.chunks_exact(4).for_each(|p| data.extend_from_slice(&[p[2], p[1], p[0]])),
         }
     }
-    Ok(Rgb { width, height, data })
+    Ok(Rgb { width, height, data, alpha: None })
 }
 
 #[cfg(test)]

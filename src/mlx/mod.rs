@@ -48,7 +48,7 @@ pub use paged::{
     paged_sdpa_isa, paged_sdpa_stock, paged_turbo_isa_of, paged_turbo_sdpa_isa, paged_write, paged_write_stock, BlockTables,
     PagedGather,
 };
-pub use ops::{conv1d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
+pub use ops::{conv1d, conv2d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
     blas_info, fast_qmm_is_int8, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_int8,
     fast_quantized_matmul_isa, fast_quantized_matmul_with, qmm_threads, BlasInfo, QmmIsa, INT8_MAX_ROWS_4BIT,

@@ -146,7 +146,7 @@ impl Array {
 /// TurboQuant KV codec, src/cache/turbo.rs).
 impl Array {
     binary!(bitwise_and, bitwise_or, left_shift, right_shift);
-    unary!(round);
+    unary!(round, floor, cos, sin);
 
     /// `self @ H * scale` along the last axis, `H` the Hadamard matrix of its
     /// size (a power of two times 1, 12, 20 or 28); `scale = 1/sqrt(n)` makes
@@ -191,6 +191,12 @@ pub fn gather_mm(a: &Array, b: &Array, rhs_indices: &Array, sorted_indices: bool
 /// 1-D convolution, `x` `[B, L, C_in]`, `w` `[C_out, K, C_in / groups]`.
 pub fn conv1d(x: &Array, w: &Array, stride: i32, padding: i32, dilation: i32, groups: i32) -> Result<Array> {
     wrap(ffi::conv1d(x.raw(), w.raw(), stride, padding, dilation, groups))
+}
+
+/// 2-D convolution, `x` `[B, H, W, C_in]`, `w` `[C_out, kH, kW, C_in]`,
+/// strides and zero padding per spatial axis.
+pub fn conv2d(x: &Array, w: &Array, stride: (i32, i32), padding: (i32, i32)) -> Result<Array> {
+    wrap(ffi::conv2d(x.raw(), w.raw(), stride.0, stride.1, padding.0, padding.1))
 }
 
 /// Affine-quantized matrix product `x @ w.T` (MLX's packing).

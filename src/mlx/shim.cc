@@ -174,6 +174,9 @@ ArrPtr unary(const array& a, rust::Str name) {
   if (n == "stop_gradient") return up(mx::stop_gradient(a));
   if (n == "silu") return up(mx::multiply(a, mx::sigmoid(a)));
   if (n == "round") return up(mx::round(a));
+  if (n == "floor") return up(mx::floor(a));
+  if (n == "cos") return up(mx::cos(a));
+  if (n == "sin") return up(mx::sin(a));
   throw std::invalid_argument("unknown unary op " + n);
 }
 
@@ -274,6 +277,10 @@ ArrPtr gather_mm(const array& a, const array& b, const array& rhs_indices, bool 
 ArrPtr conv1d(const array& x, const array& w, int32_t stride, int32_t padding, int32_t dilation,
               int32_t groups) {
   return up(mx::conv1d(x, w, stride, padding, dilation, groups));
+}
+ArrPtr conv2d(const array& x, const array& w, int32_t stride_h, int32_t stride_w, int32_t pad_h,
+              int32_t pad_w) {
+  return up(mx::conv2d(x, w, {stride_h, stride_w}, {pad_h, pad_w}));
 }
 std::unique_ptr<ArrVec> gated_delta_update(const array& q, const array& k, const array& v,
                                            const array& g, const array& beta,

@@ -123,6 +123,8 @@ ArrPtr gather_qmm(const array& x, const array& w, const array& scales, const arr
 ArrPtr gather_mm(const array& a, const array& b, const array& rhs_indices, bool sorted_indices);
 ArrPtr conv1d(const array& x, const array& w, int32_t stride, int32_t padding, int32_t dilation,
               int32_t groups);
+ArrPtr conv2d(const array& x, const array& w, int32_t stride_h, int32_t stride_w, int32_t pad_h,
+              int32_t pad_w);
 std::unique_ptr<ArrVec> gated_delta_update(const array& q, const array& k, const array& v,
                                            const array& g, const array& beta,
                                            const array& state);

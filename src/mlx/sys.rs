@@ -116,6 +116,8 @@ pub(crate) mod ffi {
             -> Result<UniquePtr<array>>;
         fn conv1d(x: &array, w: &array, stride: i32, padding: i32, dilation: i32, groups: i32)
             -> Result<UniquePtr<array>>;
+        fn conv2d(x: &array, w: &array, stride_h: i32, stride_w: i32, pad_h: i32, pad_w: i32)
+            -> Result<UniquePtr<array>>;
         fn gated_delta_update(
             q: &array,
             k: &array,

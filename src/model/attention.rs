@@ -30,6 +30,12 @@ pub struct Masks {
 }
 
 impl Masks {
+    /// Given masks for the full-attention and the sliding layers (a media
+    /// prompt's bidirectional spans).
+    pub fn given(full: AttnMask, window: AttnMask) -> Masks {
+        Masks { full: Some(full), window: Some(window), causal_window: None }
+    }
+
     /// The masks for `n` new tokens over a model's layer caches.
     pub fn new(cache: &[LayerCache], n: i32) -> Result<Masks> {
         // Paged layers attend causally over each row's own length (the

@@ -1,16 +1,19 @@
-//! The pre-norm decoder stack that Llama, Qwen2, Qwen3 and Qwen3-MoE share:
-//! `h += attn(norm(h)); h += ffn(norm(h))` per block, a final norm and the
-//! output head. The family files (llama.rs, qwen2.rs, qwen3.rs,
-//! qwen3_moe.rs) read their configs and checkpoints into it.
+//! The pre-norm decoder stack that Llama, Qwen2, Qwen3, Qwen3-MoE and
+//! Qwen3-VL's language model share: `h += attn(norm(h)); h += ffn(norm(h))`
+//! per block, a final norm and the output head. The family files (llama.rs,
+//! qwen2.rs, qwen3.rs, qwen3_moe.rs) read their configs and checkpoints into
+//! it. Media prompts (Qwen3-VL) splice the tower's rows into the input
+//! embeddings, rotate by each token's (t, h, w) position and add the
+//! deepstack rows after the first layers, as mlx-vlm's qwen3_vl.
 
 use super::attention::Attention;
 use super::layers::{Embedding, Head, Mlp, RmsNorm};
 use super::moe::SparseMoe;
 use super::pass::Pass;
-use super::{Group, LanguageModel, ModelInfo, Output};
+use super::{Group, LanguageModel, MediaInput, ModelInfo, Output};
 use crate::cache::scheme::KvLayer;
-use crate::cache::{KvCache, LayerCache};
-use crate::error::Result;
+use crate::cache::{KvCache, LayerCache, Positions};
+use crate::error::{Error, Result};
 use crate::mlx::Array;
 
 /// A block's feed-forward part.
@@ -51,13 +54,15 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    fn run(&self, tokens: &Array, mut pass: Pass) -> Result<Option<Array>> {
-        let mut h = self.embed.forward(tokens)?;
+    /// The blocks over input embeddings `h` (`[B, L, dim]`, or the packed
+    /// `[1, T, dim]` of a mixed pass); `after(i, h)` is applied to each
+    /// block's output.
+    fn run(&self, mut h: Array, mut pass: Pass, after: impl Fn(usize, Array) -> Result<Array>) -> Result<Option<Array>> {
         for (i, blk) in self.blocks.iter().enumerate() {
             let a = blk.attn.forward(&blk.input_norm.forward(&h)?, &mut pass, i)?;
             h = h.add(&a)?;
             let m = blk.ffn.forward(&blk.post_norm.forward(&h)?)?;
-            h = h.add(&m)?;
+            h = after(i, h.add(&m)?)?;
         }
         pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
     }
@@ -77,7 +82,36 @@ impl LanguageModel for Decoder {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        self.run(tokens, Pass::single(cache, tokens.dim(1), out, self.blocks.len())?)
+        let pass = Pass::single(cache, tokens.dim(1), out, self.blocks.len())?;
+        self.run(self.embed.forward(tokens)?, pass, |_, h| Ok(h))
+    }
+
+    /// The tower's rows spliced at their positions; with multimodal RoPE
+    /// every token at its (t, h, w) position, and the row's RoPE delta set
+    /// for decoding; deepstack rows added after the first layers.
+    fn forward_media(&self, tokens: &Array, media: &MediaInput, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
+        let h = media.splice(&self.embed.forward(tokens)?)?;
+        let l = tokens.dim(1);
+        let sections = match &media.mrope {
+            Some((p, _)) if p.len() == l as usize => {
+                let flat: Vec<i32> = (0..3).flat_map(|a| p.iter().map(move |t| t[a])).collect();
+                Some(Positions::Sections(Array::from_i32(&flat, &[3, 1, l])?))
+            }
+            Some(_) => return Err(Error::internal("multimodal positions do not fit the chunk")),
+            None => None,
+        };
+        if media.deepstack.len() > self.blocks.len() {
+            return Err(Error::internal("more deepstack layers than the model has"));
+        }
+        let mut pass = Pass::single(cache, l, out, self.blocks.len())?;
+        if let Some(pos) = sections {
+            pass.set_positions(pos)?;
+        }
+        let logits = self.run(h, pass, |i, h| if i < media.deepstack.len() { media.add_deepstack(i, &h) } else { Ok(h) })?;
+        if let Some((_, delta)) = media.mrope {
+            cache.iter_mut().for_each(|c| c.set_rope_delta(0, delta));
+        }
+        Ok(logits)
     }
 
     fn supports_mixed(&self) -> bool {
@@ -85,7 +119,7 @@ impl LanguageModel for Decoder {
     }
 
     fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
-        self.run(tokens, Pass::mixed(tokens, groups, self.blocks.len())?)
+        self.run(self.embed.forward(tokens)?, Pass::mixed(tokens, groups, self.blocks.len())?, |_, h| Ok(h))
     }
 
     fn parameters(&self) -> Vec<&Array> {

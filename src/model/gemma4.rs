@@ -18,15 +18,21 @@
 //! Sliding layers keep a ring of their last `sliding_window` positions
 //! (`RingCache`), as in gemma3.rs; a KV-shared sliding layer attends to the
 //! keys its donor's ring returned, with the same mask.
+//!
+//! Media prompts (mlx-vlm's gemma4 `get_input_embeddings`): the towers' rows
+//! replace the scaled embeddings of the soft tokens, whose per-layer inputs
+//! take token 0; each image's tokens attend to one another both ways
+//! (`MediaInput::blocks`).
 
 use super::layers::{gelu_tanh, Act, Embedding, FusedLinear, Head, Kernels, Linear, LinearGroup, Mlp, RmsNorm, Rope};
 use super::load::FamilyConfig;
 use super::moe::SwitchGlu;
 use super::pass::Pass;
 use super::weights::Weights;
-use super::{Group, LanguageModel, ModelInfo, Output};
+use super::attention::Masks;
+use super::{Group, LanguageModel, MediaInput, ModelInfo, Output};
 use crate::cache::kv::bytes_per_position;
-use crate::cache::{KvCache, KvView, LayerCache, RingCache};
+use crate::cache::{AttnMask, KvCache, KvView, LayerCache, RingCache};
 use crate::error::{Error, Result};
 use crate::mlx::{fast, Array, Dtype};
 use serde::Deserialize;
@@ -403,6 +409,12 @@ pub fn load(config: &Value, w: &mut Weights, mut info: ModelInfo) -> Result<Box<
 impl Gemma4 {
     /// Each layer's extra input `[B, L, layers, size]` from the per-layer
     /// table and a projection of the scaled token embedding `h`.
+    /// The token embeddings times the embedding scale.
+    fn scaled_embeddings(&self, tokens: &Array) -> Result<Array> {
+        let h = self.embed.forward(tokens)?;
+        Ok(h.multiply(&h.scalar_like(self.embed_scale)?)?)
+    }
+
     fn per_layer_inputs(&self, tokens: &Array, h: &Array) -> Result<Option<Array>> {
         let Some(p) = &self.per_layer else { return Ok(None) };
         let s = h.shape();
@@ -416,9 +428,9 @@ impl Gemma4 {
         Ok(Some(mixed.multiply(&mixed.scalar_like(0.5f64.sqrt() as f32)?)?))
     }
 
-    fn run(&self, tokens: &Array, mut pass: Pass) -> Result<Option<Array>> {
-        let h0 = self.embed.forward(tokens)?;
-        let mut h = h0.multiply(&h0.scalar_like(self.embed_scale)?)?;
+    /// The layers over the scaled input embeddings `h`, per-layer inputs
+    /// from `tokens`.
+    fn run(&self, tokens: &Array, mut h: Array, mut pass: Pass) -> Result<Option<Array>> {
         let per_layer = self.per_layer_inputs(tokens, &h)?;
         // Per layer with its own keys: those it attended to, per row set.
         let mut kvs: Vec<Option<Vec<KvView>>> = Vec::with_capacity(self.blocks.len());
@@ -495,7 +507,7 @@ impl LanguageModel for Gemma4 {
     }
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
-        self.run(tokens, Pass::single(cache, tokens.dim(1), out, self.cached_layers)?)
+        self.run(tokens, self.scaled_embeddings(tokens)?, Pass::single(cache, tokens.dim(1), out, self.cached_layers)?)
     }
 
     fn supports_mixed(&self) -> bool {
@@ -503,7 +515,29 @@ impl LanguageModel for Gemma4 {
     }
 
     fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
-        self.run(tokens, Pass::mixed(tokens, groups, self.cached_layers)?)
+        self.run(tokens, self.scaled_embeddings(tokens)?, Pass::mixed(tokens, groups, self.cached_layers)?)
+    }
+
+    /// The towers' rows in place of the soft tokens' embeddings (whose
+    /// per-layer inputs take token 0); each image's tokens attend to one
+    /// another both ways.
+    fn forward_media(&self, tokens: &Array, media: &MediaInput, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
+        let h = media.splice(&self.scaled_embeddings(tokens)?)?;
+        let mut ids = tokens.to_vec_i32()?;
+        for &p in &media.at {
+            ids[p] = 0;
+        }
+        let ids = Array::from_i32(&ids, &tokens.shape())?;
+        let n = tokens.dim(1);
+        let both_ways = match (n > 1, &media.blocks[..]) {
+            (true, [_, ..]) => Some(bidirectional_masks(cache, n, &media.blocks, self.window)?),
+            _ => None,
+        };
+        let mut pass = Pass::single(cache, n, out, self.cached_layers)?;
+        if let Some((full, window)) = both_ways {
+            pass.set_masks(Masks::given(full, window))?;
+        }
+        self.run(&ids, h, pass)
     }
 
     fn parameters(&self) -> Vec<&Array> {
@@ -536,4 +570,38 @@ impl LanguageModel for Gemma4 {
         v.extend(self.head.arrays());
         v
     }
+}
+
+/// The (full, sliding) masks of a one-row prefill chunk of `n` tokens in
+/// which the tokens of each of `blocks` (chunk positions) also see each
+/// other: causal (within the window for sliding layers) or in the same
+/// block, over the keys each kind of cache returns (`KvCache`: every
+/// position; `RingCache`: from the first one the window lets a new query
+/// see).
+fn bidirectional_masks(cache: &[LayerCache], n: i32, blocks: &[std::ops::Range<usize>], window: i32) -> Result<(AttnMask, AttnMask)> {
+    let t = cache[0].timeline();
+    if t.rows() != 1 || t.pads()[0] != 0 {
+        return Err(Error::internal("a media prompt prefills alone, unpadded"));
+    }
+    // Paged attention bounds every query causally (the kernels read no mask).
+    if cache.iter().any(|c| matches!(c, LayerCache::Paged(_))) {
+        return Err(Error::unsupported("Gemma 4 images attend both ways, which paged KV (kv_paging) does not do yet"));
+    }
+    let len = t.len();
+    let block = |j: i32| blocks.iter().position(|b| b.contains(&(j as usize)));
+    let mask = |start: i32, window: Option<i32>| -> Result<AttnMask> {
+        let keys = len + n - start;
+        let mut allowed = Vec::with_capacity((n * keys) as usize);
+        for i in 0..n {
+            let q = len + i;
+            for k in start..len + n {
+                let causal = k <= q && window.is_none_or(|w| k + w > q);
+                let same = k >= len && block(i).is_some() && block(i) == block(k - len);
+                allowed.push((causal || same) as i32);
+            }
+        }
+        let a = Array::from_i32(&allowed, &[1, 1, n, keys])?;
+        Ok(AttnMask::Array(a.greater(&Array::scalar_i32(0)?)?))
+    };
+    Ok((mask(0, None)?, mask((len - window + 1).max(0), Some(window))?))
 }

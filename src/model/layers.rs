@@ -6,7 +6,7 @@ use crate::cache::Positions;
 use crate::error::{Error, Result};
 use crate::mlx::{
     dequantize, fast, fast_quantized_matmul, fast_quantized_matmul_int8, fast_swiglu, fast_swiglu_packed, fused_rms_norm, fused_rope, fused_rope_at,
-    quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, Array,
+    quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, Array, Dtype,
 };
 use serde_json::Value;
 
@@ -300,6 +300,36 @@ impl RmsNorm {
     }
 }
 
+/// LayerNorm with a weight and a bias.
+pub struct LayerNorm {
+    pub w: Array,
+    pub b: Array,
+    eps: f32,
+}
+
+impl LayerNorm {
+    pub fn new(w: Array, b: Array, eps: f32) -> LayerNorm {
+        LayerNorm { w, b, eps }
+    }
+
+    pub fn load(w: &mut super::weights::Weights, prefix: &str, n: i32, eps: f32) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            w: w.take_shaped(&format!("{prefix}.weight"), &[n])?,
+            b: w.take_shaped(&format!("{prefix}.bias"), &[n])?,
+            eps,
+        })
+    }
+
+    /// `(x - mean) / sqrt(var + eps) * w + b` over the last axis.
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let mean = x.mean(-1, true)?;
+        let d = x.subtract(&mean)?;
+        let var = d.square()?.mean(-1, true)?;
+        let y = d.multiply(&var.add_scalar(self.eps)?.rsqrt()?)?;
+        Ok(y.multiply(&self.w)?.add(&self.b)?)
+    }
+}
+
 /// The activation of a gated MLP's gate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Act {
@@ -325,6 +355,13 @@ pub fn gelu_tanh(x: &Array) -> Result<Array> {
     let inner = x.add(&cube.multiply(&c(0.044715)?)?)?.multiply(&c((2.0 / std::f32::consts::PI).sqrt())?)?;
     let t = inner.tanh()?.add(&c(1.0)?)?;
     Ok(c(0.5)?.multiply(x)?.multiply(&t)?)
+}
+
+/// mlx's `nn.gelu` (the exact GELU), op for op: `x (1 + erf(x / √2)) / 2`.
+pub fn gelu(x: &Array) -> Result<Array> {
+    let c = |v: f32| x.scalar_like(v);
+    let e = x.divide(&c(std::f32::consts::SQRT_2)?)?.erf()?;
+    Ok(x.multiply(&e.add(&c(1.0)?)?)?.divide(&c(2.0)?)?)
 }
 
 /// `down(act(gate(x)) * up(x))`, gate and up fused when alike.
@@ -424,6 +461,9 @@ pub struct Rope {
     /// The inverse frequencies MLX derives from `base` or `freqs` at every
     /// call, computed once (by MLX's ops) for mlxrt's one-node RoPE.
     inv_freqs: Array,
+    /// Multimodal RoPE: which of the (t, h, w) positions each frequency
+    /// takes (`[dims / 2]` int32), for `Positions::Sections`.
+    sections: Option<Array>,
 }
 
 impl Rope {
@@ -472,16 +512,40 @@ impl Rope {
             None => rope_inv_freqs(dims, base)?,
         };
         inv_freqs.eval()?;
-        Ok(Rope { dims, traditional, base, scale, freqs, inv_freqs })
+        Ok(Rope { dims, traditional, base, scale, freqs, inv_freqs, sections: None })
+    }
+
+    /// Qwen3-VL's interleaved multimodal RoPE over `section` = (t, h, w)
+    /// frequency counts: frequency `i` takes the h position when `i % 3 == 1`
+    /// and `i < 3 h`, the w position when `i % 3 == 2` and `i < 3 w`, else
+    /// the t position (mlx-vlm's interleaved selector). With equal positions
+    /// it is this RoPE.
+    pub fn with_sections(mut self, section: [i32; 3]) -> Result<Rope> {
+        let n = (self.dims / 2) as usize;
+        if self.traditional || section.iter().sum::<i32>() as usize != n {
+            return Err(Error::model(format!("mrope_section {section:?} does not fit a half-split RoPE of {} dims", self.dims)));
+        }
+        let mut sel = vec![0i32; n];
+        for (axis, offset) in [(1usize, 1usize), (2, 2)] {
+            for i in (offset..(section[axis] as usize * 3).min(n)).step_by(3) {
+                sel[i] = axis as i32;
+            }
+        }
+        self.sections = Some(Array::from_i32(&sel, &[n as i32])?);
+        Ok(self)
     }
 
     /// Rotates `x` `[B, heads, L, head_dim]` for positions starting at `pos`.
     pub fn forward(&self, x: &Array, pos: &Positions) -> Result<Array> {
         let (d, t, s) = (self.dims, self.traditional, self.scale);
+        if let Positions::Sections(p) = pos {
+            return self.forward_sections(x, p);
+        }
         // One mlxrt node on the CPU for f32 (bit-identical to MLX's ops).
         let fused = match pos {
             Positions::Same(o) => fused_rope(x, d, t, s, *o, &self.inv_freqs)?,
             Positions::PerRow(o) => fused_rope_at(x, d, t, s, o, &self.inv_freqs)?,
+            Positions::Sections(_) => unreachable!("handled above"),
         };
         if let Some(y) = fused {
             return Ok(y);
@@ -491,7 +555,29 @@ impl Rope {
             (None, Positions::Same(o)) => fast::rope(x, d, t, self.base, s, *o)?,
             (Some(f), Positions::PerRow(o)) => fast::rope_with_freqs_at(x, d, t, s, o, f)?,
             (None, Positions::PerRow(o)) => fast::rope_at(x, d, t, self.base, s, o)?,
+            (_, Positions::Sections(_)) => unreachable!("handled above"),
         })
+    }
+
+    /// Multimodal RoPE at `[3, B, L]` positions, as mlx-vlm computes it:
+    /// angles `pos[section(i)] * inv_freq[i]` in f32, `cos`/`sin` of them
+    /// doubled over the head (half-split), `x cos + rotate_half(x) sin`.
+    fn forward_sections(&self, x: &Array, pos: &Array) -> Result<Array> {
+        let sel = self.sections.as_ref().ok_or_else(|| Error::internal("multimodal positions for a RoPE without sections"))?;
+        // [F, B, L] -> [B, L, F]
+        let p = pos.take(sel, 0)?.transpose(&[1, 2, 0])?.astype(Dtype::F32)?;
+        let f = p.multiply(&self.inv_freqs)?;
+        let emb = Array::concatenate(&[&f, &f], -1)?.expand_dims(1)?;
+        let (cos, sin) = (emb.cos()?.astype(x.dtype())?, emb.sin()?.astype(x.dtype())?);
+        let (hd, d) = (x.dim(-1), self.dims);
+        let rot = if d < hd { x.slice_axis(-1, 0, d)? } else { x.share() };
+        let (a, b) = (rot.slice_axis(-1, 0, d / 2)?, rot.slice_axis(-1, d / 2, d)?);
+        let half = Array::concatenate(&[&b.negative()?, &a], -1)?;
+        let y = rot.multiply(&cos)?.add(&half.multiply(&sin)?)?;
+        if d < hd {
+            return Ok(Array::concatenate(&[&y, &x.slice_axis(-1, d, hd)?], -1)?);
+        }
+        Ok(y)
     }
 }
 

@@ -106,11 +106,13 @@ pub(crate) struct Variant<'a> {
     /// The feed-forward part of layer `i` (`prefix` = `model.layers.{i}.mlp`);
     /// None = the dense SwiGLU MLP.
     pub ffn: Option<&'a dyn Fn(&mut Weights, i32, &str) -> Result<Ffn>>,
+    /// Multimodal RoPE sections (t, h, w) for media prompts (Qwen3-VL).
+    pub mrope: Option<[i32; 3]>,
 }
 
 /// A Llama-architecture model (also SmolLM, Llama 2/3.x, Mistral-style dense).
 pub fn load(cfg: &LlamaConfig, w: &mut Weights, info: ModelInfo) -> Result<Decoder> {
-    build(cfg, w, info, &Variant { arch: "llama", qk_norm: false, ffn: None })
+    build(cfg, w, info, &Variant { arch: "llama", qk_norm: false, ffn: None, mrope: None })
 }
 
 pub(crate) fn build(cfg: &LlamaConfig, w: &mut Weights, mut info: ModelInfo, var: &Variant) -> Result<Decoder> {
@@ -120,7 +122,11 @@ pub(crate) fn build(cfg: &LlamaConfig, w: &mut Weights, mut info: ModelInfo, var
     let eps = cfg.rms_norm_eps;
     let norm = |w: &mut Weights, name: &str| -> Result<RmsNorm> { Ok(RmsNorm { w: w.take_shaped(name, &[d])?, eps }) };
     let embed = w.embedding("model.embed_tokens", cfg.vocab_size, d)?;
-    let rope = Rc::new(Rope::new(hd, cfg.rope_theta, cfg.rope_traditional, cfg.rope_scaling.as_ref(), cfg.max_position_embeddings)?);
+    let mut rope = Rope::new(hd, cfg.rope_theta, cfg.rope_traditional, cfg.rope_scaling.as_ref(), cfg.max_position_embeddings)?;
+    if let Some(s) = var.mrope {
+        rope = rope.with_sections(s)?;
+    }
+    let rope = Rc::new(rope);
     let spec = AttnSpec {
         dim: d,
         heads: nh,

@@ -6,7 +6,11 @@
 use super::check;
 use super::layers::{Kernels, QuantSpec};
 use super::llama::{self, LlamaConfig};
+use super::gemma4_audio::Gemma4Audio;
+use super::gemma4_vision::Gemma4Vision;
+use super::qwen_vision::QwenVision;
 use super::siglip::Gemma3Vision;
+use super::media::Towers;
 use super::weights::{QuantConfig, Weights};
 use super::{LanguageModel, ModelInfo};
 use crate::error::{Error, Result};
@@ -54,7 +58,7 @@ pub struct TextAssets {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
     pub eos_ids: Vec<u32>,
-    /// How to prepare images, when the model has a vision tower.
+    /// How to prepare media, when the model has a tower.
     pub media: Option<Arc<MediaSpec>>,
 }
 
@@ -66,12 +70,12 @@ pub struct LoadedModel {
     /// Identifies the checkpoint's files (names, sizes, first and last MiB),
     /// so state saved for one model is never loaded for another.
     pub fingerprint: String,
-    /// The vision tower, when the checkpoint has one (scheduler thread;
-    /// `text.media` then says how to prepare images for it).
-    pub vision: Option<Gemma3Vision>,
+    /// The checkpoint's towers (scheduler thread; `text.media` then says how
+    /// to prepare media for them).
+    pub towers: Towers,
 }
 
-type Parts = (Box<dyn LanguageModel>, TextAssets, Option<Gemma3Vision>);
+type Parts = (Box<dyn LanguageModel>, TextAssets, Towers);
 
 /// Loads `path`: a `.gguf` file or a folder with `config.json`.
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
@@ -86,11 +90,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     } else {
         load_gguf(path, scale_dtype, opts).map_err(|e| e.context(ctx()))?
     };
-    let (model, text, vision) = loaded;
+    let (model, text, towers) = loaded;
     opts.report(0.4, "evaluating")?;
     // Materialize the weights in about ten steps, reporting progress.
     let mut params = model.parameters();
-    params.extend(vision.iter().flat_map(Gemma3Vision::parameters));
+    params.extend(towers.parameters());
     let step = params.len().div_ceil(10).max(1);
     for (i, group) in params.chunks(step).enumerate() {
         mlx::eval(group).map_err(|e| Error::model(e.to_string()).context(ctx()))?;
@@ -99,7 +103,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let parameter_bytes = params.iter().map(|a| a.nbytes()).sum();
     drop(params);
     let fingerprint = fingerprint(path).map_err(|e| Error::from(e).context(ctx()))?;
-    Ok(LoadedModel { model, text, parameter_bytes, fingerprint, vision })
+    Ok(LoadedModel { model, text, parameter_bytes, fingerprint, towers })
 }
 
 /// CRC-32 over the name, size, first and last MiB of each checkpoint file.
@@ -169,20 +173,55 @@ fn load_folder(dir: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Re
     opts.report(0.3, "building")?;
     let info = ModelInfo { format: "mlx-folder".into(), ..Default::default() };
     let model = build(model_type, &config, &mut weights, info)?;
-    let vision = match model_type {
-        "gemma3" => Gemma3Vision::load(&config, model.info().hidden_size, &mut weights)?,
-        _ => None,
-    };
-    if vision.is_some() {
-        // The tower is built: its tensors are no longer ignorable.
-        weights.finish_prefixes(&["vision_tower.", "multi_modal_projector."])?;
-    }
-    weights.finish(model_type)?;
     let mut text = folder_text_assets(dir, &config)?;
-    if let Some(v) = &vision {
-        text.media = Some(Arc::new(MediaSpec::load(dir, &config, &text, v.tokens_per_image)?));
+    let towers = build_towers(model_type, dir, &config, model.info(), &mut weights, &mut text)?;
+    weights.finish(model_type)?;
+    Ok((model, text, towers))
+}
+
+/// The towers of a multimodal checkpoint whose config and tensors have
+/// them (none for a text-only folder of the same family), and how to
+/// prepare media for them (`text.media`). Their tensors are then read
+/// strictly: a missing or left-over one fails the load.
+fn build_towers(model_type: &str, dir: &Path, config: &Value, info: &ModelInfo, w: &mut Weights, text: &mut TextAssets) -> Result<Towers> {
+    let mut towers = Towers::default();
+    match model_type {
+        "gemma3" => {
+            if let Some(v) = Gemma3Vision::load(config, info.hidden_size, w)? {
+                text.media = Some(Arc::new(MediaSpec::gemma3(dir, config, text, v.tokens_per_image)?));
+                towers.image = Some(Box::new(v));
+                w.finish_prefixes(&["vision_tower.", "multi_modal_projector."])?;
+            }
+        }
+        "qwen3_vl" => {
+            if let Some(v) = QwenVision::load(config, info.hidden_size, w)? {
+                if v.deepstack_layers() > info.num_layers as usize {
+                    return Err(Error::model("config.json: more deepstack layers than the language model has"));
+                }
+                text.media = Some(Arc::new(MediaSpec::qwen3_vl(dir, config, text, v.merge())?));
+                towers.image = Some(Box::new(v));
+                w.finish_prefixes(&["vision_tower."])?;
+            }
+        }
+        "gemma4" => {
+            let vision = Gemma4Vision::load(config, info.hidden_size, w)?;
+            let audio = Gemma4Audio::load(config, info.hidden_size, w)?;
+            if vision.is_some() || audio.is_some() {
+                let patch_pool = vision.as_ref().map(Gemma4Vision::patch_and_pool);
+                text.media = Some(Arc::new(MediaSpec::gemma4(dir, config, text, patch_pool, audio.is_some())?));
+            }
+            if vision.is_some() {
+                w.finish_prefixes(&["vision_tower.", "embed_vision."])?;
+            }
+            if audio.is_some() {
+                w.finish_prefixes(&["audio_tower.", "embed_audio."])?;
+            }
+            towers.image = vision.map(|v| Box::new(v) as Box<dyn super::Tower>);
+            towers.audio = audio.map(|a| Box::new(a) as Box<dyn super::Tower>);
+        }
+        _ => {}
     }
-    Ok((model, text, vision))
+    Ok(towers)
 }
 
 /// `model_type`s a folder may have (mlx-lm's names).
@@ -192,6 +231,7 @@ const FOLDER_ARCHITECTURES: &[&str] = &[
     "qwen2",
     "qwen3",
     "qwen3_moe",
+    "qwen3_vl",
     "gemma3_text",
     "gemma3",
     "qwen3_next",
@@ -234,6 +274,10 @@ fn build(model_type: &str, config: &Value, w: &mut Weights, info: ModelInfo) -> 
         "gemma4" => {
             w.strip_prefix("language_model.");
             gemma4::load(&text_config(config, 262_144, 8, 1), w, info)?
+        }
+        "qwen3_vl" => {
+            w.strip_prefix("language_model.");
+            Box::new(qwen3::load_vl(config, w, info)?)
         }
         other => return check_supported(other).and(Err(Error::internal(format!("no builder for `{other}`")))),
     })
@@ -521,5 +565,5 @@ fn load_gguf(path: &Path, scale_dtype: Option<Dtype>, opts: &LoadOptions) -> Res
         .transpose()
         .map_err(|e| Error::model(format!("chat template: {e}")))?;
     let eos_ids = vocab.eos_id.into_iter().collect();
-    Ok((model, TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids, media: None }, None))
+    Ok((model, TextAssets { tokenizer: Arc::new(tokenizer), template, eos_ids, media: None }, Towers::default()))
 }

@@ -8,15 +8,19 @@ pub mod decoder;
 pub mod gated_delta;
 pub mod gemma3;
 pub mod gemma4;
+pub mod gemma4_audio;
+pub mod gemma4_vision;
 pub mod layers;
 pub mod llama;
 pub mod load;
+pub mod media;
 pub mod moe;
 pub mod pass;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod qwen_vision;
 pub mod siglip;
 pub mod weights;
 
@@ -27,6 +31,7 @@ use crate::mlx::Array;
 
 pub use layers::Kernels;
 pub use load::{load, LoadOptions, LoadedModel, Progress};
+pub use media::{Encoded, MediaInput, Tower, Towers};
 
 /// What a forward pass should produce.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,59 +133,6 @@ pub trait LanguageModel {
     fn prefill_chunk(&self, rows: usize, done: usize, requested: usize) -> usize {
         let _ = (rows, done);
         requested
-    }
-}
-
-/// Embeddings that replace some positions' token embeddings in a one-row
-/// forward (`LanguageModel::forward_media`).
-pub struct MediaInput {
-    /// `[n, hidden]`: the rows, in the language model's space, in prompt order.
-    pub features: Array,
-    /// The chunk positions of `features`' rows (ascending).
-    pub at: Vec<usize>,
-    /// Chunk positions whose embedding is zero (Gemma 3: the pad token).
-    pub zero: Vec<usize>,
-}
-
-impl MediaInput {
-    /// The part for positions `from..to`, renumbered from `from`.
-    pub fn window(&self, from: usize, to: usize) -> Result<MediaInput> {
-        let keep: Vec<usize> = (0..self.at.len()).filter(|&k| (from..to).contains(&self.at[k])).collect();
-        let features = if keep.len() == self.at.len() {
-            self.features.share()
-        } else {
-            let idx: Vec<i32> = keep.iter().map(|&k| k as i32).collect();
-            self.features.take(&Array::from_i32(&idx, &[idx.len() as i32])?, 0)?
-        };
-        Ok(MediaInput {
-            features,
-            at: keep.iter().map(|&k| self.at[k] - from).collect(),
-            zero: self.zero.iter().filter(|p| (from..to).contains(*p)).map(|p| p - from).collect(),
-        })
-    }
-
-    /// `h` (`[1, L, hidden]`) with the positions of `at` replaced by the
-    /// features and those of `zero` zeroed.
-    pub fn splice(&self, h: &Array) -> Result<Array> {
-        let (l, d) = (h.dim(1), h.dim(2));
-        if self.features.dim(0) as usize != self.at.len() || self.at.iter().chain(&self.zero).any(|&p| p >= l as usize) {
-            return Err(crate::error::Error::internal("media rows do not fit the chunk"));
-        }
-        let (mut idx, mut media, mut zero) = (vec![0i32; l as usize], vec![0i32; l as usize], vec![0i32; l as usize]);
-        for (i, &p) in self.at.iter().enumerate() {
-            idx[p] = i as i32;
-            media[p] = 1;
-        }
-        for &p in &self.zero {
-            zero[p] = 1;
-        }
-        let flag = |v: &[i32]| -> Result<Array> { Ok(Array::from_i32(v, &[1, l, 1])?.greater(&Array::scalar_i32(0)?)?) };
-        let h = Array::select(&flag(&zero)?, &h.scalar_like(0.0)?, h)?;
-        if self.at.is_empty() {
-            return Ok(h);
-        }
-        let rows = self.features.take(&Array::from_i32(&idx, &[l])?, 0)?.reshape(&[1, l, d])?.astype(h.dtype())?;
-        Ok(Array::select(&flag(&media)?, &rows, &h)?)
     }
 }
 

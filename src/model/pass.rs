@@ -65,6 +65,24 @@ impl<'a, 'g> Pass<'a, 'g> {
         Ok(Pass::Single { cache, ctx, out })
     }
 
+    /// Rotates a single pass's tokens at `pos` instead of its caches'
+    /// positions (a media prompt's multimodal RoPE positions).
+    pub fn set_positions(&mut self, pos: Positions) -> Result<()> {
+        match self {
+            Pass::Single { ctx, .. } => Ok(ctx.pos = pos),
+            Pass::Mixed { .. } => Err(Error::internal("media positions in a mixed forward")),
+        }
+    }
+
+    /// Attends a single pass's tokens with `masks` instead of its caches'
+    /// (a media prompt's bidirectional spans).
+    pub fn set_masks(&mut self, masks: Masks) -> Result<()> {
+        match self {
+            Pass::Single { ctx, .. } => Ok(ctx.masks = masks),
+            Pass::Mixed { .. } => Err(Error::internal("media masks in a mixed forward")),
+        }
+    }
+
     /// `tokens` (`[1, T]`) packed from `groups`, in order.
     pub fn mixed(tokens: &Array, groups: &'a mut [Group<'g>], layers: usize) -> Result<Pass<'a, 'g>> {
         let mut ctx = Vec::with_capacity(groups.len());

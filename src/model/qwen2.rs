@@ -17,5 +17,5 @@ pub fn load(config: &Value, w: &mut Weights, info: ModelInfo) -> Result<Decoder>
     o.insert("attention_bias".into(), json!(true));
     o.remove("head_dim");
     let cfg: LlamaConfig = super::load::parse_config("qwen2", &c)?;
-    build(&cfg, w, info, &Variant { arch: "qwen2", qk_norm: false, ffn: None })
+    build(&cfg, w, info, &Variant { arch: "qwen2", qk_norm: false, ffn: None, mrope: None })
 }

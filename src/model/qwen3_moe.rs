@@ -66,5 +66,5 @@ pub fn load(config: &Value, w: &mut Weights, info: ModelInfo) -> Result<Decoder>
             Ffn::Dense(Mlp::load(w, prefix, cfg.hidden_size, cfg.intermediate_size, Act::Silu)?)
         })
     };
-    build(&cfg, w, info, &Variant { arch: "qwen3_moe", qk_norm: true, ffn: Some(&ffn) })
+    build(&cfg, w, info, &Variant { arch: "qwen3_moe", qk_norm: true, ffn: Some(&ffn), mrope: None })
 }

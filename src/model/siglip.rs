@@ -6,9 +6,11 @@
 //! gemma3.py). Tensor names are the checkpoint's (`vision_tower.vision_model.…`,
 //! `multi_modal_projector.…`).
 
-use super::layers::{gelu_tanh, Linear, RmsNorm};
+use super::layers::{gelu_tanh, LayerNorm, Linear, RmsNorm};
+use super::media::{Encoded, Tower};
 use super::weights::Weights;
 use crate::error::{Error, Result};
+use crate::media::MediaItem;
 use crate::mlx::fast::{self, Mask};
 use crate::mlx::Array;
 use serde::Deserialize;
@@ -32,31 +34,6 @@ fn default_image_size() -> i32 {
 }
 fn default_eps() -> f32 {
     1e-6
-}
-
-struct LayerNorm {
-    w: Array,
-    b: Array,
-    eps: f32,
-}
-
-impl LayerNorm {
-    fn load(w: &mut Weights, prefix: &str, n: i32, eps: f32) -> Result<LayerNorm> {
-        Ok(LayerNorm {
-            w: w.take_shaped(&format!("{prefix}.weight"), &[n])?,
-            b: w.take_shaped(&format!("{prefix}.bias"), &[n])?,
-            eps,
-        })
-    }
-
-    /// `(x - mean) / sqrt(var + eps) * w + b` over the last axis.
-    fn forward(&self, x: &Array) -> Result<Array> {
-        let mean = x.mean(-1, true)?;
-        let d = x.subtract(&mean)?;
-        let var = d.square()?.mean(-1, true)?;
-        let y = d.multiply(&var.add_scalar(self.eps)?.rsqrt()?)?;
-        Ok(y.multiply(&self.w)?.add(&self.b)?)
-    }
 }
 
 struct Block {
@@ -90,8 +67,6 @@ pub struct Gemma3Vision {
     /// mlx-vlm divides the projected features by √(config `hidden_size`),
     /// 2048 when absent, before the language model scales every embedding.
     feature_divisor: f32,
-    /// The pad token, whose embeddings mlx-vlm zeroes in image prompts.
-    pub pad_id: u32,
 }
 
 impl Gemma3Vision {
@@ -160,13 +135,7 @@ impl Gemma3Vision {
             pool: side / tokens_side,
             tokens_per_image: mm as usize,
             feature_divisor: (config.get("hidden_size").and_then(Value::as_f64).unwrap_or(2048.0)).sqrt() as f32,
-            pad_id: config.get("pad_token_id").and_then(Value::as_u64).unwrap_or(0) as u32,
         }))
-    }
-
-    /// The input side (pixels are `[3, image_size, image_size]`).
-    pub fn image_size(&self) -> usize {
-        self.image_size as usize
     }
 
     /// `pixels` `[N, S, S, 3]` (channels last, normalized) → projected soft
@@ -207,8 +176,26 @@ impl Gemma3Vision {
         let d = f.dim(2);
         Ok(f.divide(&f.scalar_like(self.feature_divisor)?)?.reshape(&[-1, d])?)
     }
+}
 
-    pub fn parameters(&self) -> Vec<&Array> {
+impl Tower for Gemma3Vision {
+    /// Items are `[3, S, S]` pixels (channels first, normalized).
+    fn encode(&self, items: &[&MediaItem]) -> Result<Vec<Encoded>> {
+        let s = self.image_size;
+        let mut data = Vec::with_capacity(items.len() * 3 * (s * s) as usize);
+        for it in items {
+            if it.shape != [3, s as usize, s as usize] {
+                return Err(Error::internal(format!("a {:?} image for a {s}x{s} tower", it.shape)));
+            }
+            data.extend_from_slice(&it.data);
+        }
+        let pixels = Array::from_f32(&data, &[items.len() as i32, 3, s, s])?.transpose(&[0, 2, 3, 1])?;
+        let out = self.embed(&pixels)?;
+        let t = self.tokens_per_image as i32;
+        (0..items.len() as i32).map(|k| Ok(Encoded { rows: out.slice_axis(0, k * t, (k + 1) * t)?.contiguous()?, deepstack: vec![] })).collect()
+    }
+
+    fn parameters(&self) -> Vec<&Array> {
         let mut v = vec![&self.patch_w, &self.patch_b, &self.positions, &self.soft_norm.w, &self.projection];
         v.extend([&self.post_ln.w, &self.post_ln.b]);
         for b in &self.blocks {

@@ -137,9 +137,13 @@ int main(int argc, char **argv) {
   CHECK(run(e, "[{\"role\": \"user\", \"content\": \"hi\"}]", &forms[1], 1, got, msg, sizeof msg) ==
             MLXRT_STATUS_INVALID_ARGUMENT && strstr(msg, "media[0]"),
         "unreferenced: %s", msg);
-  mlxrt_media audio = forms[1];
-  audio.kind = 2;
-  CHECK(run(e, MEDIA_CHAT, &audio, 1, got, msg, sizeof msg) == MLXRT_STATUS_UNSUPPORTED, "audio: %s", msg);
+  /* Audio for a model without an audio tower: UNSUPPORTED naming the part. */
+  float samples[1600] = {0};
+  mlxrt_media audio = media_of(MLXRT_AUDIO_F32, 0, 0, 0, (const unsigned char *)samples, sizeof samples);
+  audio.kind = MLXRT_MEDIA_AUDIO;
+  audio.sample_rate = 16000;
+  const char *audio_chat = "[{\"role\": \"user\", \"content\": [{\"type\": \"audio\", \"media\": 0}]}]";
+  CHECK(run(e, audio_chat, &audio, 1, got, msg, sizeof msg) == MLXRT_STATUS_UNSUPPORTED && strstr(msg, "audio tower"), "audio: %s", msg);
   CHECK(run(e, MEDIA_CHAT, &forms[3], 1, got, msg, sizeof msg) == MLXRT_STATUS_OK && memcmp(got, want, sizeof want) == 0,
         "after errors: %s", msg);
   CHECK(mlxrt_engine_get_stats(e, &st, NULL) == MLXRT_STATUS_OK && st.tower_runs == 1 && st.encoder_cache_hits == 5,

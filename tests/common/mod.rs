@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod media;
+
 use mlxrt::cache::LayerCache;
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
 use mlxrt::mlx::io::{Meta, TensorFile};
@@ -381,17 +383,36 @@ pub fn reference_cases(reference: &Path) -> Vec<Case> {
 /// at once wait for one build instead of racing on the folder.
 pub fn tiny_vlm() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = repo_root().join("target/oracle/media");
-        let script = repo_root().join("tests/oracle/make_tiny_vlm.py");
-        if !reference_fresh(&dir.join("reference.safetensors"), &[script.clone()]) {
-            let _ = std::fs::remove_dir_all(&dir);
-            let gguf = model_path();
-            py(&[script.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--gguf", gguf.to_str().unwrap()]);
-        }
-        dir
-    })
-    .clone()
+    DIR.get_or_init(|| media_oracle("media", "make_tiny_vlm.py")).clone()
+}
+
+/// The tiny random-weight Qwen3-VL checkpoint and mlx-vlm's reference
+/// outputs (tests/oracle/make_tiny_qwen_vl.py), laid out as `tiny_vlm()`.
+pub fn tiny_qwen_vl() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| media_oracle("media_qwen_vl", "make_tiny_qwen_vl.py")).clone()
+}
+
+/// The tiny random-weight Gemma 4 checkpoint (vision and audio towers) and
+/// mlx-vlm's reference outputs (tests/oracle/make_tiny_gemma4_vlm.py).
+pub fn tiny_gemma4_vlm() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| media_oracle("media_gemma4", "make_tiny_gemma4_vlm.py")).clone()
+}
+
+/// Runs the media oracle `script` into target/oracle/`name` unless its
+/// output is newer than the script and make_tiny_vlm.py (whose images and
+/// helpers the others share).
+fn media_oracle(name: &str, script: &str) -> PathBuf {
+    let dir = repo_root().join("target/oracle").join(name);
+    let oracle = repo_root().join("tests/oracle");
+    let (script, shared) = (oracle.join(script), oracle.join("make_tiny_vlm.py"));
+    if !reference_fresh(&dir.join("reference.safetensors"), &[script.clone(), shared]) {
+        let _ = std::fs::remove_dir_all(&dir);
+        let gguf = model_path();
+        py(&[script.to_str().unwrap(), "--out", dir.to_str().unwrap(), "--gguf", gguf.to_str().unwrap()]);
+    }
+    dir
 }
 
 /// A test image of `tiny_vlm()` for the binding tests: the PNG's path, and a
@@ -407,6 +428,18 @@ pub fn tiny_vlm_image(dir: &Path) -> (PathBuf, PathBuf, usize, usize) {
     std::fs::write(&tmp, &img.data).unwrap();
     std::fs::rename(&tmp, &raw).unwrap();
     (png, raw, img.width, img.height)
+}
+
+/// The 0.5 s clip of `tiny_gemma4_vlm()` for the binding tests: the WAV's
+/// path, and a file of its decoded samples (native f32, as mlxrt decodes it).
+pub fn tiny_gemma4_clip(dir: &Path) -> (PathBuf, PathBuf) {
+    let wav = dir.join("audio/tone_wav.wav");
+    let audio = mlxrt::media::decode_wav(&std::fs::read(&wav).unwrap(), &mlxrt::media::Limits::default()).unwrap();
+    let raw = dir.join("tone_wav.f32");
+    let tmp = dir.join(format!("tone_wav.f32.{}.{:?}", std::process::id(), std::thread::current().id()));
+    std::fs::write(&tmp, audio.samples.iter().flat_map(|s| s.to_ne_bytes()).collect::<Vec<u8>>()).unwrap();
+    std::fs::rename(&tmp, &raw).unwrap();
+    (wav, raw)
 }
 
 /// mlx-vlm's greedy tokens for a case of `tiny_vlm()` (e.g. "one_png": its

@@ -132,6 +132,25 @@ static void test_images(const char *folder, const char *png_path, const char *rg
 
   mlxrt_engine_stats s = vlm.stats();
   CHECK(s.tower_runs == 1 && s.encoder_cache_hits == 4 && s.encoder_cache_entries == 1 && s.encoder_cache_bytes > 0);
+
+  // Audio entries reach the library as audio: this model has no audio tower,
+  // so a WAV or f32 clip in an audio part is refused as UNSUPPORTED (and a
+  // sample buffer with rate 0 as INVALID_ARGUMENT, before that).
+  const char *audio_chat = "[{\"role\": \"user\", \"content\": [{\"type\": \"audio\", \"media\": 0}]}]";
+  std::vector<float> silence(1600);
+  mlxrt::RequestParams samples;
+  CHECK(samples.audio_samples(silence, 16000) == 0);
+  samples.messages_json(audio_chat);
+  CHECK(status_of([&] { vlm.generate(samples); }) == MLXRT_STATUS_UNSUPPORTED);
+  mlxrt::RequestParams no_rate;
+  no_rate.audio_samples(silence.data(), silence.size(), 0);
+  no_rate.messages_json(audio_chat);
+  CHECK(status_of([&] { vlm.generate(no_rate); }) == MLXRT_STATUS_INVALID_ARGUMENT);
+  mlxrt::RequestParams wav;
+  const std::string not_wav = "RIFF";  // read during submit: it must outlive it
+  CHECK(wav.audio_data(not_wav) == 0);
+  wav.messages_json(audio_chat);
+  CHECK(status_of([&] { vlm.generate(wav); }) == MLXRT_STATUS_INVALID_ARGUMENT);
 }
 
 int main(int argc, char **argv) {

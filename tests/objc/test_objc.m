@@ -560,6 +560,53 @@ static void test_images(MLXRTEngine *text_engine, dispatch_queue_t queue, const 
     MRC_RELEASE(engine);
 }
 
+static MLXRTRequestParameters *audio_chat(NSArray<MLXRTAudio *> *audio) {
+    MLXRTMessage *m = [MLXRTMessage userMessage:@"What is this sound?" images:@[] audio:audio];
+    MLXRTRequestParameters *p = [MLXRTRequestParameters parametersWithMessages:@[ m ]];
+    p.maxTokens = 8;
+    p.optionsJSON = @"{\"ignore_eos\": true}";
+    return p;
+}
+
+/// Audio on the tiny Gemma 4 checkpoint of tests/media_gemma4.rs: the WAV
+/// as NSData and its samples as floats give mlx-vlm's tokens with one tower
+/// run; samples at another rate and a model without an audio tower fail the
+/// submit.
+static void test_audio(MLXRTEngine *vision_only, dispatch_queue_t queue, const char *folder, const char *wav_path,
+                       const char *f32_path, const char *want_csv) {
+    MLXRTEngineConfiguration *cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:@(folder)];
+    NSError *error = nil;
+    MLXRTEngine *engine = [[MLXRTEngine alloc] initWithConfiguration:cfg error:&error];
+    MRC_RELEASE(cfg);
+    CHECK(engine != nil, "audio engine: %s", error.localizedDescription.UTF8String);
+    if (!engine) return;
+    CHECK((engine.info.modalities & MLXRT_MODALITY_AUDIO) != 0, "modalities %u", engine.info.modalities);
+    NSMutableArray<NSNumber *> *want = [NSMutableArray array];
+    for (NSString *t in [@(want_csv) componentsSeparatedByString:@","]) [want addObject:@(t.longLongValue)];
+    NSData *wav = [NSData dataWithContentsOfFile:@(wav_path)];
+    NSData *samples = [NSData dataWithContentsOfFile:@(f32_path)];
+    CHECK(wav.length > 44 && samples.length > 0 && samples.length % 4 == 0, "audio inputs");
+    NSArray<NSNumber *> *got = tokens_of(engine, queue, audio_chat(@[ [MLXRTAudio audioWithData:wav] ]), &error);
+    CHECK([got isEqualToArray:want], "WAV: %s vs mlx-vlm %s (%s)", got.description.UTF8String, want_csv,
+          error.localizedDescription.UTF8String);
+    MLXRTAudio *floats = [MLXRTAudio audioWithSamples:samples sampleRate:16000];
+    CHECK(floats.sampleRate == 16000, "audio properties");
+    got = tokens_of(engine, queue, audio_chat(@[ floats ]), &error);
+    CHECK([got isEqualToArray:want], "samples: %s (%s)", got.description.UTF8String, error.localizedDescription.UTF8String);
+    MLXRTEngineStats *s = settled_stats(engine, 2);
+    CHECK(s.towerRuns == 1 && s.encoderCacheHits == 1, "tower runs %llu, encoder cache hits %llu",
+          (unsigned long long)s.towerRuns, (unsigned long long)s.encoderCacheHits);
+    error = nil;
+    CHECK(tokens_of(engine, queue, audio_chat(@[ [MLXRTAudio audioWithSamples:samples sampleRate:44100] ]), &error) == nil &&
+              error.code == MLXRTErrorUnsupported && [error.localizedDescription rangeOfString:@"44100 Hz"].location != NSNotFound,
+          "44.1 kHz: %s", error.localizedDescription.UTF8String);
+    error = nil;
+    CHECK(tokens_of(vision_only, queue, audio_chat(@[ floats ]), &error) == nil && error.code == MLXRTErrorUnsupported &&
+              [error.localizedDescription rangeOfString:@"audio tower"].location != NSNotFound,
+          "no audio tower: %s", error.localizedDescription.UTF8String);
+    MRC_RELEASE(engine);
+}
+
 /// Releasing the engine with a request in flight ends it (CANCELLED); the
 /// engine drafts with the model itself (draftModelPath), so the request
 /// speculates by default.
@@ -589,8 +636,11 @@ static void test_engine_teardown(NSString *model, dispatch_queue_t queue) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 8) {
-        fprintf(stderr, "usage: %s MODEL_PATH VLM_FOLDER IMAGE.png IMAGE.rgb WIDTH HEIGHT TOKENS\n", argv[0]);
+    if (argc != 12) {
+        fprintf(stderr,
+                "usage: %s MODEL_PATH VLM_FOLDER IMAGE.png IMAGE.rgb WIDTH HEIGHT TOKENS AUDIO_FOLDER CLIP.wav CLIP.f32 "
+                "AUDIO_TOKENS\n",
+                argv[0]);
         return 2;
     }
     @autoreleasepool {
@@ -619,6 +669,14 @@ int main(int argc, char **argv) {
             test_images(engine, queue, argv[2], argv[3], argv[4], (NSUInteger)atoi(argv[5]), (NSUInteger)atoi(argv[6]),
                         argv[7]);
             MRC_RELEASE(engine);
+        }
+        MLXRTEngineConfiguration *vision_cfg = [[MLXRTEngineConfiguration alloc] initWithModelPath:@(argv[2])];
+        MLXRTEngine *vision = [[MLXRTEngine alloc] initWithConfiguration:vision_cfg error:&error];
+        MRC_RELEASE(vision_cfg);
+        CHECK(vision != nil, "vision engine: %s", error.localizedDescription.UTF8String);
+        if (vision) {
+            test_audio(vision, queue, argv[8], argv[9], argv[10], argv[11]);
+            MRC_RELEASE(vision);
         }
         test_engine_teardown(model, queue);
         dispatch_release(queue);

@@ -132,6 +132,14 @@ def make_images(out):
     return sorted(out.iterdir())
 
 
+def save_twin(out):
+    """twin_png: odd_png's size (so the same soft-token count under any processor),
+    other pixels; the families with dynamic resolution use it as the "other image"."""
+    rng = np.random.default_rng(13)
+    img = np.clip(90 + rng.normal(0, 50, (23, 37, 3)), 0, 255).astype(np.uint8)
+    Image.fromarray(img).save(out / "twin_png.png")
+
+
 def build_model(seed):
     from mlx_vlm.models.gemma3 import Model, ModelConfig, TextConfig, VisionConfig
 

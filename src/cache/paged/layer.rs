@@ -293,6 +293,11 @@ impl PagedKv {
         &self.t
     }
 
+    /// Sets `row`'s RoPE delta (see `Timeline`).
+    pub fn set_rope_delta(&mut self, row: usize, delta: i32) {
+        self.t.set_delta(row, delta);
+    }
+
     pub fn set_padding(&mut self, pads: &[i32]) {
         self.t.set_padding(pads);
     }

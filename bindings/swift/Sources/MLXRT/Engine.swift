@@ -59,7 +59,7 @@ public final class Engine: @unchecked Sendable {
     public func generate(messages: [Message], parameters: GenerateParameters = GenerateParameters())
         -> AsyncThrowingStream<Event, Error>
     {
-        stream(parameters, images: messages.flatMap { $0.images }) { strings, p in
+        stream(parameters, media: messages.flatMap { $0.images.map(Medium.init) + $0.audio.map(Medium.init) }) { strings, p in
             p.messages_json = strings.add(try chatJSON(messages))
         }
     }
@@ -135,16 +135,16 @@ public final class Engine: @unchecked Sendable {
     }
 
     /// `input` sets the request's input fields; it runs before this returns.
-    /// `images` are the `mlxrt_media` entries the messages refer to.
+    /// `media` are the `mlxrt_media` entries the messages refer to.
     private func stream(
         _ parameters: GenerateParameters,
-        images: [ImageInput] = [],
+        media: [Medium] = [],
         input: (inout CStrings, inout mlxrt_request_params) throws -> Void
     ) -> AsyncThrowingStream<Event, Error> {
         AsyncThrowingStream { continuation in
             let context = Unmanaged.passRetained(Context(continuation))
             do {
-                let request = try submit(parameters, images, context.toOpaque(), input)
+                let request = try submit(parameters, media, context.toOpaque(), input)
                 // Leaving the loop or cancelling the task terminates the stream.
                 continuation.onTermination = { @Sendable _ in request.cancel() }
             } catch {
@@ -156,7 +156,7 @@ public final class Engine: @unchecked Sendable {
 
     private func submit(
         _ parameters: GenerateParameters,
-        _ images: [ImageInput],
+        _ media: [Medium],
         _ context: UnsafeMutableRawPointer,
         _ input: (inout CStrings, inout mlxrt_request_params) throws -> Void
     ) throws -> Request {
@@ -184,7 +184,7 @@ public final class Engine: @unchecked Sendable {
 
         var request: OpaquePointer?
         var error: OpaquePointer?
-        let status = withMedia(images) { media -> Int32 in
+        let status = withMedia(media) { media -> Int32 in
             stops.withUnsafeBufferPointer { stopList -> Int32 in
                 p.stop = stops.isEmpty ? nil : stopList.baseAddress
                 p.n_stop = stops.count
@@ -238,9 +238,10 @@ private let releaseContext: mlxrt_free_fn = { userData in
     Unmanaged<Engine.Context>.fromOpaque(userData).release()
 }
 
-/// The messages as the JSON array the C API takes. A message with images has
-/// content parts: `{"type": "image", "media": K}` for each, K counting the
-/// images of all messages in order (their `mlxrt_media` entries), then its text.
+/// The messages as the JSON array the C API takes. A message with media has
+/// content parts: `{"type": "image", "media": K}` for each image, then
+/// `{"type": "audio", "media": K}` for each clip, K counting the media of all
+/// messages in order (their `mlxrt_media` entries), then its text.
 private func chatJSON(_ messages: [Message]) throws -> String {
     struct Part: Encodable {
         var type: String
@@ -266,32 +267,58 @@ private func chatJSON(_ messages: [Message]) throws -> String {
     var k = 0
     for m in messages {
         var parts: [Part]? = nil
-        if !m.images.isEmpty {
-            parts = (k..<k + m.images.count).map { Part(type: "image", text: nil, media: $0) }
+        if !m.images.isEmpty || !m.audio.isEmpty {
+            let kinds = Array(repeating: "image", count: m.images.count) + Array(repeating: "audio", count: m.audio.count)
+            parts = kinds.enumerated().map { Part(type: $0.element, text: nil, media: k + $0.offset) }
             parts?.append(Part(type: "text", text: m.content, media: nil))
-            k += m.images.count
+            k += kinds.count
         }
         wire.append(Wire(role: m.role, text: m.content, parts: parts))
     }
     return String(decoding: try JSONEncoder().encode(wire), as: UTF8.self)
 }
 
-/// Calls `body` with the images' `mlxrt_media` entries, which point into
+/// One `mlxrt_media` entry's fields, from an image or an audio clip.
+struct Medium {
+    var kind: Int32
+    var format: Int32
+    var width = 0, height = 0, bytesPerRow = 0, sampleRate = 0
+    var data: Data
+
+    init(_ image: ImageInput) {
+        kind = Int32(MLXRT_MEDIA_IMAGE)
+        format = image.pixelFormat?.rawValue ?? Int32(MLXRT_MEDIA_ENCODED)
+        width = image.width
+        height = image.height
+        bytesPerRow = image.bytesPerRow
+        data = image.data
+    }
+
+    init(_ audio: AudioInput) {
+        kind = Int32(MLXRT_MEDIA_AUDIO)
+        format = audio.sampleRate == nil ? Int32(MLXRT_MEDIA_ENCODED) : Int32(MLXRT_AUDIO_F32)
+        sampleRate = audio.sampleRate ?? 0
+        data = audio.data
+    }
+}
+
+/// Calls `body` with the media's `mlxrt_media` entries, which point into
 /// their `Data` and are valid only during the call.
-private func withMedia(_ images: [ImageInput], _ body: (UnsafeBufferPointer<mlxrt_media>) -> Int32) -> Int32 {
+private func withMedia(_ media: [Medium], _ body: (UnsafeBufferPointer<mlxrt_media>) -> Int32) -> Int32 {
     var entries: [mlxrt_media] = []
     func add(_ i: Int) -> Int32 {
-        guard i < images.count else { return entries.withUnsafeBufferPointer(body) }
-        let image = images[i]
-        return image.data.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> Int32 in
+        guard i < media.count else { return entries.withUnsafeBufferPointer(body) }
+        let item = media[i]
+        return item.data.withUnsafeBytes { (bytes: UnsafeRawBufferPointer) -> Int32 in
             var m = mlxrt_media()
             m.struct_size = MemoryLayout<mlxrt_media>.size
-            m.kind = Int32(MLXRT_MEDIA_IMAGE)
-            m.format = image.pixelFormat?.rawValue ?? Int32(MLXRT_MEDIA_ENCODED)
+            m.kind = item.kind
+            m.format = item.format
             // Out-of-range sizes become values mlxrt refuses rather than wrapping.
-            m.width = UInt32(clamping: image.width)
-            m.height = UInt32(clamping: image.height)
-            m.stride = max(image.bytesPerRow, 0)
+            m.width = UInt32(clamping: item.width)
+            m.height = UInt32(clamping: item.height)
+            m.stride = max(item.bytesPerRow, 0)
+            m.sample_rate = UInt32(clamping: item.sampleRate)
             m.bytes = bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)
             m.n_bytes = bytes.count
             entries.append(m)

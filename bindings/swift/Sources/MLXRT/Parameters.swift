@@ -90,27 +90,58 @@ public struct ImageInput: Sendable, Hashable {
     }
 }
 
-/// One chat message, optionally with images (which come before its text, as
-/// content parts).
+/// An audio clip for a chat message (`Message.audio`), for models with an
+/// audio tower (`EngineInfo.modalities` has `MLXRT_MODALITY_AUDIO`): a WAV
+/// file, or mono float samples. mlxrt reads the bytes while `generate`
+/// submits the request and keeps nothing.
+///
+///     let clip = AudioInput.wav(try Data(contentsOf: url))
+///     engine.generate(messages: [.user("What is said?", audio: [clip])])
+///
+/// Audio at another rate than the model's (16 kHz for Gemma 4) makes the
+/// stream throw `.unsupported`; undecodable data, `.invalidArgument`.
+public struct AudioInput: Sendable, Hashable {
+    /// The WAV file's bytes, or the samples (`Float`s, native byte order).
+    public var data: Data
+    /// nil: `data` is a WAV file (PCM 8/16/24/32-bit or float; channels are
+    /// averaged); else the samples' rate in Hz.
+    public var sampleRate: Int?
+
+    /// A WAV file's bytes.
+    public static func wav(_ data: Data) -> AudioInput {
+        AudioInput(data: data, sampleRate: nil)
+    }
+
+    /// Mono samples in -1...1 at `sampleRate` Hz.
+    public static func samples(_ samples: [Float], sampleRate: Int) -> AudioInput {
+        AudioInput(data: samples.withUnsafeBufferPointer { Data(buffer: $0) }, sampleRate: sampleRate)
+    }
+}
+
+/// One chat message, optionally with images and audio (which come before
+/// its text, as content parts: images, then audio).
 public struct Message: Sendable, Hashable, Codable {
     public var role: String
     public var content: String
     /// Not part of the Codable form (role and content only).
     public var images: [ImageInput] = []
+    /// Not part of the Codable form (role and content only).
+    public var audio: [AudioInput] = []
 
     private enum CodingKeys: String, CodingKey {
         case role, content
     }
 
-    public init(role: String, content: String, images: [ImageInput] = []) {
+    public init(role: String, content: String, images: [ImageInput] = [], audio: [AudioInput] = []) {
         self.role = role
         self.content = content
         self.images = images
+        self.audio = audio
     }
 
     public static func system(_ content: String) -> Message { Message(role: "system", content: content) }
-    public static func user(_ content: String, images: [ImageInput] = []) -> Message {
-        Message(role: "user", content: content, images: images)
+    public static func user(_ content: String, images: [ImageInput] = [], audio: [AudioInput] = []) -> Message {
+        Message(role: "user", content: content, images: images, audio: audio)
     }
     public static func assistant(_ content: String) -> Message { Message(role: "assistant", content: content) }
 }
