@@ -94,7 +94,7 @@ fn hostile_images_are_invalid_argument() {
 use mlxrt::engine::{Engine, EngineConfig, Event};
 use mlxrt::mlx::{self, Array};
 use mlxrt::media::MediaItem;
-use mlxrt::model::{load, LoadOptions, MediaInput, Output};
+use mlxrt::model::{load, LoadOptions, MediaInput};
 use serde_json::{json, Value};
 
 /// Max |Δ| between mlxrt's and mlx-vlm's logits (f32 weights).
@@ -138,19 +138,7 @@ fn gemma3_tower_and_logits_match_mlx_vlm() {
         let at: Vec<usize> = c.prompt.iter().enumerate().filter(|(_, &t)| t == slot.soft_id).map(|(i, _)| i).collect();
         let zero: Vec<usize> = c.prompt.iter().enumerate().filter(|(_, &t)| Some(t) == spec.zero_id).map(|(i, _)| i).collect();
         let media = MediaInput { features: rows, at, zero, deepstack: vec![], mrope: None, blocks: vec![] };
-        let mut cache = m.model.new_cache(1);
-        let ids: Vec<i32> = c.prompt.iter().map(|&t| t as i32).collect();
-        let x = Array::from_i32(&ids, &[1, ids.len() as i32]).unwrap();
-        let mut logits = m.model.forward_media(&x, &media, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        let (mut worst, mut tokens) = (0f32, vec![]);
-        for step in 0..c.tokens.len() {
-            let l = logits.to_vec_f32().unwrap();
-            worst = worst.max(max_abs_diff(&l, &c.logits[step]));
-            let next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
-            tokens.push(next as u32);
-            let x = Array::from_i32(&[next], &[1, 1]).unwrap();
-            logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        }
+        let (tokens, worst) = greedy_media(&m, &c, &media);
         eprintln!("{}: tower max |Δ| {d:.2e}; {} tokens; logits max |Δ| {worst:.2e}", c.name, tokens.len());
         assert_eq!(tokens, c.tokens, "{}: greedy tokens differ from mlx-vlm", c.name);
         assert!(worst <= LOGIT_TOL, "{}: logits max |Δ| {worst} > {LOGIT_TOL}", c.name);

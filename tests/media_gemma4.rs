@@ -12,7 +12,7 @@ use common::*;
 use mlxrt::engine::{Engine, EngineConfig, Event, RequestOptions};
 use mlxrt::media::{self, parts::Buffer, Limits, MediaItem, MediaSpec};
 use mlxrt::mlx::Array;
-use mlxrt::model::{load, LoadOptions, LoadedModel, MediaInput, Output};
+use mlxrt::model::{load, LoadOptions, LoadedModel, MediaInput};
 use mlxrt::ErrorKind;
 use serde_json::json;
 
@@ -128,19 +128,7 @@ fn gemma4_towers_and_logits_match_mlx_vlm() {
         let mut at: Vec<usize> = placed.spans.iter().flat_map(|s| s.clone()).collect();
         at.sort();
         let media = MediaInput { features, at, zero: vec![], deepstack: vec![], mrope: None, blocks: placed.blocks.clone() };
-        let mut cache = m.model.new_cache(1);
-        let ids: Vec<i32> = c.prompt.iter().map(|&t| t as i32).collect();
-        let x = Array::from_i32(&ids, &[1, ids.len() as i32]).unwrap();
-        let mut logits = m.model.forward_media(&x, &media, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        let (mut worst, mut tokens) = (0f32, vec![]);
-        for step in 0..c.tokens.len() {
-            let lv = logits.to_vec_f32().unwrap();
-            worst = worst.max(max_abs_diff(&lv, &c.logits[step]));
-            let next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
-            tokens.push(next as u32);
-            let x = Array::from_i32(&[next], &[1, 1]).unwrap();
-            logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        }
+        let (tokens, worst) = greedy_media(&m, &c, &media);
         eprintln!("{}: tower max |Δ| {d:.2e}; logits max |Δ| {worst:.2e}", c.name);
         assert_eq!(tokens, c.tokens, "{}: greedy tokens differ from mlx-vlm", c.name);
         assert!(worst <= LOGIT_TOL, "{}: logits max |Δ| {worst} > {LOGIT_TOL}", c.name);

@@ -11,7 +11,7 @@ use common::*;
 use mlxrt::engine::{Engine, EngineConfig};
 use mlxrt::media::{self, Limits, MediaItem, MediaSpec};
 use mlxrt::mlx::Array;
-use mlxrt::model::{load, LoadOptions, MediaInput, Output};
+use mlxrt::model::{load, LoadOptions, MediaInput};
 use serde_json::json;
 
 /// Max |Δ| between mlxrt's and mlx-vlm's logits (f32 weights).
@@ -104,19 +104,7 @@ fn qwen3_vl_tower_positions_and_logits_match_mlx_vlm() {
 
         let at: Vec<usize> = placed.spans.iter().flat_map(|s| s.clone()).collect();
         let media = MediaInput { features: rows, at, zero: vec![], deepstack: deep, mrope: Some((pos, delta)), blocks: vec![] };
-        let mut cache = m.model.new_cache(1);
-        let ids: Vec<i32> = c.prompt.iter().map(|&t| t as i32).collect();
-        let x = Array::from_i32(&ids, &[1, ids.len() as i32]).unwrap();
-        let mut logits = m.model.forward_media(&x, &media, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        let (mut worst, mut tokens) = (0f32, vec![]);
-        for step in 0..c.tokens.len() {
-            let lv = logits.to_vec_f32().unwrap();
-            worst = worst.max(max_abs_diff(&lv, &c.logits[step]));
-            let next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
-            tokens.push(next as u32);
-            let x = Array::from_i32(&[next], &[1, 1]).unwrap();
-            logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
-        }
+        let (tokens, worst) = greedy_media(&m, &c, &media);
         eprintln!("{}: merger max |Δ| {d:.2e}, deepstack {dd:.2e}; delta {delta}; logits max |Δ| {worst:.2e}", c.name);
         assert_eq!(tokens, c.tokens, "{}: greedy tokens differ from mlx-vlm", c.name);
         assert!(worst <= LOGIT_TOL, "{}: logits max |Δ| {worst} > {LOGIT_TOL}", c.name);

@@ -65,6 +65,27 @@ pub fn cases(dir: &Path) -> Vec<MediaCase> {
         .collect()
 }
 
+/// `c`'s prompt through the model API with `media` spliced in, then greedy
+/// decoding for as many steps as the oracle took: the tokens, and the max
+/// |Δ| of every step's logits from the oracle's.
+pub fn greedy_media(m: &mlxrt::model::LoadedModel, c: &MediaCase, media: &mlxrt::model::MediaInput) -> (Vec<u32>, f32) {
+    use mlxrt::mlx::Array;
+    use mlxrt::model::Output;
+    let mut cache = m.model.new_cache(1);
+    let ids: Vec<i32> = c.prompt.iter().map(|&t| t as i32).collect();
+    let x = Array::from_i32(&ids, &[1, ids.len() as i32]).unwrap();
+    let mut logits = m.model.forward_media(&x, media, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
+    let (mut worst, mut tokens) = (0f32, vec![]);
+    for step in 0..c.tokens.len() {
+        worst = worst.max(max_abs_diff(&logits.to_vec_f32().unwrap(), &c.logits[step]));
+        let next = logits.argmax(-1, false).unwrap().item_i32().unwrap();
+        tokens.push(next as u32);
+        let x = Array::from_i32(&[next], &[1, 1]).unwrap();
+        logits = m.model.forward(&x, &mut cache, Output::LastLogits).unwrap().unwrap().reshape(&[-1]).unwrap();
+    }
+    (tokens, worst)
+}
+
 /// A chat request of `steps` greedy tokens without EOS stop.
 pub fn request(messages: Value, steps: u32) -> RequestOptions {
     let mut o = RequestOptions::new(Input::Messages(messages));
