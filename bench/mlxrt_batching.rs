@@ -137,6 +137,7 @@ fn main() {
     let s: Value = serde_json::from_str(&std::fs::read_to_string(&args[2]).unwrap()).unwrap();
     let mut cfg = EngineConfig::new(&args[1]);
     cfg.kernels = provenance::kernels();
+    cfg.kv = provenance::kv();
     if let Some(r) = s.get("max_rows").and_then(Value::as_u64) {
         cfg.max_rows = r as usize;
     }

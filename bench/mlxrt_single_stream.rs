@@ -46,6 +46,7 @@ fn main() {
     let t0 = Instant::now();
     let mut config = EngineConfig::new(&args[1]);
     config.kernels = provenance::kernels();
+    config.kv = provenance::kv();
     let engine = Engine::new(config).expect("load");
     let load_s = t0.elapsed().as_secs_f64();
     generate(&engine, &ids[..ids.len().min(32)], 8);

@@ -2,6 +2,7 @@
 //! results file records it (bench/README.md, "Provenance"). Included by the
 //! bench examples with `#[path]`.
 
+use mlxrt::cache::scheme::{KvQuant, KvScheme};
 use mlxrt::engine::Kernels;
 use serde_json::{json, Value};
 
@@ -14,6 +15,20 @@ pub fn kernels() -> Kernels {
         Ok("int8") => Kernels::Int8,
         Ok(other) => {
             eprintln!("MLXRT_BENCH_KERNELS={other:?}: expected auto, stock or int8");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// The KV storage the driver asked for in `MLXRT_BENCH_KV_BITS`: unset or 0
+/// = dense (f32, the engine's default), 4 or 8 = MLX affine quantization in
+/// groups of 64 from the first position (the engine's `kv_bits`).
+pub fn kv() -> KvQuant {
+    match std::env::var("MLXRT_BENCH_KV_BITS").as_deref() {
+        Err(_) | Ok("") | Ok("0") => KvQuant::default(),
+        Ok(b @ ("4" | "8")) => KvQuant { scheme: KvScheme::Affine { bits: b.parse().unwrap(), group_size: 64 }, start: 0 },
+        Ok(other) => {
+            eprintln!("MLXRT_BENCH_KV_BITS={other:?}: expected 0, 4 or 8");
             std::process::exit(2);
         }
     }
@@ -43,5 +58,10 @@ pub fn json(kernels: Kernels) -> Value {
         "blas": blas.library,
         "openblas_threads": blas.openblas_threads,
         "mlx": mlxrt::mlx::version(),
+        // Only where the driver chose it (kv_memory sets its own schemes).
+        "kv": std::env::var_os("MLXRT_BENCH_KV_BITS").map(|_| match kv().scheme {
+            KvScheme::Affine { bits, group_size } => format!("affine {bits}-bit, groups of {group_size}"),
+            _ => "f32".into(),
+        }),
     })
 }

@@ -151,7 +151,8 @@ def llama_build_info(llama_dir):
         if m:
             cache[m.group(1)] = m.group(2)
     keys = ("CMAKE_BUILD_TYPE", "GGML_NATIVE", "GGML_OPENMP", "GGML_CPU_REPACK", "GGML_BLAS",
-            "BUILD_SHARED_LIBS", "CMAKE_C_COMPILER", "CMAKE_CXX_COMPILER")
+            "BUILD_SHARED_LIBS", "CMAKE_C_COMPILER", "CMAKE_CXX_COMPILER", "CMAKE_C_FLAGS",
+            "CMAKE_CXX_FLAGS")
     commit = llama_dir / "commit"
     return {
         "source": f"llama.cpp vendored in the llama-cpp-python sdist ({llama_dir.name.split('-', 1)[1]})",
@@ -178,7 +179,7 @@ class Runner:
 
     def __init__(self, args, exe_dir, llama_bin, ids):
         self.args, self.exe_dir, self.bin, self.ids = args, Path(exe_dir), Path(llama_bin), ids
-        self.env = common.kernels_env(args.kernels)
+        self.env = {**common.kernels_env(args.kernels), "MLXRT_BENCH_KV_BITS": str(args.kv_bits)}
         self.llama_env = dict(e.split("=", 1) for e in args.llama_env)
         self.info = {"mlxrt": {}, "llama.cpp": {}}
 
@@ -333,6 +334,9 @@ def main():
                          "OMP_WAIT_POLICY=passive: its OpenMP workers spin at barriers by "
                          "default, which collapses on an oversubscribed machine")
     common.add_kernels_arg(ap)
+    ap.add_argument("--kv-bits", type=int, choices=(0, 4, 8), default=0,
+                    help="mlxrt's KV storage: 0 = f32 (the default, logit parity with mlx-lm), "
+                         "4/8 = affine-quantized from the first position (llama.cpp keeps f16)")
     ap.add_argument("--note", default="", help="recorded in the results (e.g. machine load)")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS)
     ap.add_argument("--name", default="vs_llama_cpp")
@@ -392,6 +396,7 @@ def main():
         payload = {
             "settings": {"rounds": args.rounds, "cases": cases, "models": {m: str(p) for m, p in models.items()},
                          "threads": args.threads, "llama_reps": args.llama_reps, "kernels": args.kernels,
+                         "kv_bits": args.kv_bits,
                          "short": {"prompt_tokens": SHORT_PROMPT, "gen_tokens": GEN},
                          "long": {"prompt_tokens": LONG_PROMPT, "gen_tokens": GEN},
                          "batch": {"concurrency": [8, 32], "prompt_tokens": BATCH_PROMPT,

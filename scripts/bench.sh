@@ -33,9 +33,16 @@ which="${1:-single_stream}"; shift || true
 # sdist, into $LLAMA_CPP_DIR/bin. cmake comes from PyPI into the venv if absent.
 LLAMA_CPP_PY_VERSION=0.3.36
 LLAMA_CPP_DIR="$MLXRT_CACHE/llama.cpp-$LLAMA_CPP_PY_VERSION"
+# On CPUs with AMX, -march=native turns on ggml's AMX matmul, which crashed
+# (SIGSEGV in ggml_backend_amx_mul_mat) on every prompt batch on a Sapphire
+# Rapids VM; there the build keeps the native ISA minus AMX (the explicit
+# -mno-* flags win over -march=native in GCC, whatever their order).
+LLAMA_CPP_CFLAGS=""
+grep -qw amx_int8 /proc/cpuinfo 2>/dev/null && LLAMA_CPP_CFLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 build_llama_cpp() {
   local tools=(llama-bench llama-batched-bench llama-quantize) t ok=1
   for t in "${tools[@]}"; do [ -x "$LLAMA_CPP_DIR/bin/$t" ] || ok=0; done
+  [ "$(cat "$LLAMA_CPP_DIR/cflags" 2>/dev/null)" = "$LLAMA_CPP_CFLAGS" ] || ok=0
   [ "$ok" = 0 ] || return 0
   local cmake; cmake="$(command -v cmake || true)"
   if [ -z "$cmake" ]; then
@@ -66,10 +73,12 @@ build_llama_cpp() {
   local t0=$SECONDS
   nice "$cmake" -S "$LLAMA_CPP_DIR/src" -B "$LLAMA_CPP_DIR/build" -DCMAKE_BUILD_TYPE=Release \
     -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >/dev/null
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+    -DCMAKE_C_FLAGS="$LLAMA_CPP_CFLAGS" -DCMAKE_CXX_FLAGS="$LLAMA_CPP_CFLAGS" >/dev/null
   nice "$cmake" --build "$LLAMA_CPP_DIR/build" -j "$(nproc)" --target "${tools[@]}"
   mkdir -p "$LLAMA_CPP_DIR/bin"
   for t in "${tools[@]}"; do cp "$LLAMA_CPP_DIR/build/bin/$t" "$LLAMA_CPP_DIR/bin/"; done
+  printf '%s' "$LLAMA_CPP_CFLAGS" > "$LLAMA_CPP_DIR/cflags"
   echo "[bench] llama.cpp built in $((SECONDS - t0)) s" >&2
 }
 case "$which" in

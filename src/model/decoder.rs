@@ -63,6 +63,7 @@ impl Decoder {
             h = h.add(&a)?;
             let m = blk.ffn.forward(&blk.post_norm.forward(&h)?)?;
             h = after(i, h.add(&m)?)?;
+            pass.settle(&h)?;
         }
         pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
     }

@@ -168,6 +168,7 @@ impl Gemma3 {
             h = residual(&h, &b.post_attn_norm.forward(&r)?)?;
             let r = b.mlp.forward(&b.pre_ff_norm.forward(&h)?)?;
             h = residual(&h, &b.post_ff_norm.forward(&r)?)?;
+            pass.settle(&h)?;
         }
         pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
     }

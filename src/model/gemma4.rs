@@ -446,6 +446,7 @@ impl Gemma4 {
                 h = h.add(&p.norm.forward(&p.projection.forward(&g)?)?)?;
             }
             h = h.multiply(&b.layer_scalar)?;
+            pass.settle(&h)?;
             kvs.push(own.then_some(kv));
         }
         pass.logits(h, |h| {

@@ -13,6 +13,9 @@ use crate::cache::{LayerCache, Positions};
 use crate::error::{Error, Result};
 use crate::mlx::Array;
 
+/// Passes of at least this many tokens compute block by block (`settle`).
+const SETTLE_TOKENS: i32 = 256;
+
 /// What the sequence mixers of one set of rows need besides its caches,
 /// computed once for all layers (the caches share one timeline).
 pub struct SeqCtx {
@@ -130,6 +133,19 @@ impl<'a, 'g> Pass<'a, 'g> {
             return Err(Error::internal("mixed forward: the groups do not cover the input"));
         }
         Ok(Array::concatenate(&parts.iter().collect::<Vec<_>>(), 1)?)
+    }
+
+    /// Ends a block of a pass of many tokens (a prefill chunk) by computing
+    /// its output `h`. Otherwise MLX's graph building runs dozens of ops
+    /// ahead of the CPU stream, each with its output allocated: for a
+    /// 1024-token chunk of SmolLM2 about 70 MB more peak memory (4096-token
+    /// prompt: 421 -> 349 MB), for no speed (a block of such a chunk
+    /// computes for milliseconds; waiting for it costs microseconds).
+    pub fn settle(&self, h: &Array) -> Result<()> {
+        match h.dim(0) * h.dim(1) >= SETTLE_TOKENS {
+            true => Ok(h.eval()?),
+            false => Ok(()),
+        }
     }
 
     /// The logits the pass's output asks for, `head` applied to the hidden

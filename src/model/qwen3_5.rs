@@ -256,6 +256,7 @@ impl Hybrid {
             };
             h = h.add(&r)?;
             h = h.add(&b.ffn.forward(&b.post_norm.forward(&h)?)?)?;
+            pass.settle(&h)?;
         }
         pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
     }
