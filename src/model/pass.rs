@@ -139,7 +139,7 @@ impl<'a, 'g> Pass<'a, 'g> {
     /// its output `h`. Otherwise MLX's graph building runs dozens of ops
     /// ahead of the CPU stream, each with its output allocated: for a
     /// 1024-token chunk of SmolLM2 about 70 MB more peak memory (4096-token
-    /// prompt: 421 -> 349 MB), for no speed (a block of such a chunk
+    /// prompt: `EngineStats::peak_memory` 421 -> 349 MiB), for no speed (a block of such a chunk
     /// computes for milliseconds; waiting for it costs microseconds).
     pub fn settle(&self, h: &Array) -> Result<()> {
         match h.dim(0) * h.dim(1) >= SETTLE_TOKENS {
