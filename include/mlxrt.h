@@ -499,7 +499,7 @@ typedef struct mlxrt_engine_config {
   uint32_t max_in_flight;
   /**
    * Prompt positions per prefill forward pass when nothing else is
-   * generating (default 1024).
+   * generating (default 512).
    */
   uint32_t prefill_chunk;
   /**

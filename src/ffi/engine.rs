@@ -131,7 +131,7 @@ pub struct mlxrt_engine_config {
     /// (default 256).
     pub max_in_flight: u32,
     /// Prompt positions per prefill forward pass when nothing else is
-    /// generating (default 1024).
+    /// generating (default 512).
     pub prefill_chunk: u32,
     /// Base seed for requests without their own seed (default 0).
     pub seed: u64,
