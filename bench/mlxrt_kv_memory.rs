@@ -10,7 +10,7 @@
 //! sampled every millisecond while the request runs (the peak is kept).
 
 use mlxrt::engine::{Engine, EngineConfig, Event, Input, RequestOptions};
-use mlxrt::cache::scheme::{KvQuant, KvScheme};
+use mlxrt::cache::scheme::{KvFloat, KvQuant, KvScheme};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
@@ -24,12 +24,13 @@ fn scheme(name: &str) -> KvQuant {
         "affine8" => KvScheme::Affine { bits: 8, group_size: 64 },
         "affine4" => KvScheme::Affine { bits: 4, group_size: 64 },
         "turboquant" => KvScheme::TurboQuant { key_bits: 8, value_bits: 3 },
+        "f16" => return KvQuant { float: KvFloat::F16, ..KvQuant::default() },
         other => {
-            eprintln!("unknown scheme {other:?} (f32, affine8, affine4, turboquant)");
+            eprintln!("unknown scheme {other:?} (f32, f16, affine8, affine4, turboquant)");
             std::process::exit(2);
         }
     };
-    KvQuant { scheme, start: 0 }
+    KvQuant { scheme, start: 0, ..KvQuant::default() }
 }
 
 fn engine(model: &str, kv: &str, f: impl FnOnce(&mut EngineConfig)) -> Engine {

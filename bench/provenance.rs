@@ -2,7 +2,7 @@
 //! results file records it (bench/README.md, "Provenance"). Included by the
 //! bench examples with `#[path]`.
 
-use mlxrt::cache::scheme::{KvQuant, KvScheme};
+use mlxrt::cache::scheme::{KvFloat, KvQuant, KvScheme};
 use mlxrt::engine::Kernels;
 use serde_json::{json, Value};
 
@@ -22,13 +22,17 @@ pub fn kernels() -> Kernels {
 
 /// The KV storage the driver asked for in `MLXRT_BENCH_KV_BITS`: unset or 0
 /// = dense (f32, the engine's default), 4 or 8 = MLX affine quantization in
-/// groups of 64 from the first position (the engine's `kv_bits`).
+/// groups of 64 from the first position (the engine's `kv_bits`), 16 =
+/// dense f16 (`KvFloat::F16`, `MLXRT_KV_SCHEME_F16`).
 pub fn kv() -> KvQuant {
     match std::env::var("MLXRT_BENCH_KV_BITS").as_deref() {
         Err(_) | Ok("") | Ok("0") => KvQuant::default(),
-        Ok(b @ ("4" | "8")) => KvQuant { scheme: KvScheme::Affine { bits: b.parse().unwrap(), group_size: 64 }, start: 0 },
+        Ok(b @ ("4" | "8")) => {
+            KvQuant { scheme: KvScheme::Affine { bits: b.parse().unwrap(), group_size: 64 }, ..KvQuant::default() }
+        }
+        Ok("16") => KvQuant { float: KvFloat::F16, ..KvQuant::default() },
         Ok(other) => {
-            eprintln!("MLXRT_BENCH_KV_BITS={other:?}: expected 0, 4 or 8");
+            eprintln!("MLXRT_BENCH_KV_BITS={other:?}: expected 0, 4, 8 or 16");
             std::process::exit(2);
         }
     }
@@ -59,8 +63,9 @@ pub fn json(kernels: Kernels) -> Value {
         "openblas_threads": blas.openblas_threads,
         "mlx": mlxrt::mlx::version(),
         // Only where the driver chose it (kv_memory sets its own schemes).
-        "kv": std::env::var_os("MLXRT_BENCH_KV_BITS").map(|_| match kv().scheme {
-            KvScheme::Affine { bits, group_size } => format!("affine {bits}-bit, groups of {group_size}"),
+        "kv": std::env::var_os("MLXRT_BENCH_KV_BITS").map(|_| match (kv().scheme, kv().float) {
+            (KvScheme::Affine { bits, group_size }, _) => format!("affine {bits}-bit, groups of {group_size}"),
+            (_, KvFloat::F16) => "f16".into(),
             _ => "f32".into(),
         }),
     })

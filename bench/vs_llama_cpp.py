@@ -334,9 +334,10 @@ def main():
                          "OMP_WAIT_POLICY=passive: its OpenMP workers spin at barriers by "
                          "default, which collapses on an oversubscribed machine")
     common.add_kernels_arg(ap)
-    ap.add_argument("--kv-bits", type=int, choices=(0, 4, 8), default=0,
+    ap.add_argument("--kv-bits", type=int, choices=(0, 4, 8, 16), default=0,
                     help="mlxrt's KV storage: 0 = f32 (the default, logit parity with mlx-lm), "
-                         "4/8 = affine-quantized from the first position (llama.cpp keeps f16)")
+                         "4/8 = affine-quantized from the first position, 16 = dense f16 "
+                         "(MLXRT_KV_SCHEME_F16, llama.cpp's own KV type)")
     ap.add_argument("--note", default="", help="recorded in the results (e.g. machine load)")
     ap.add_argument("--results-dir", type=Path, default=common.RESULTS)
     ap.add_argument("--name", default="vs_llama_cpp")

@@ -94,6 +94,14 @@
 #define MLXRT_KV_SCHEME_TURBOQUANT 2
 
 /**
+ * `mlxrt_engine_config.kv_scheme`: full-attention layers keep keys and
+ * values dense as f16 (half the bytes of f32; llama.cpp's default KV type),
+ * widened exactly to f32 for attention on the CPU. Sliding-window layers
+ * keep the activations' dtype. Not with `kv_paging` (UNSUPPORTED).
+ */
+#define MLXRT_KV_SCHEME_F16 3
+
+/**
  * Log levels (`mlxrt_engine_config.log_level` and the log callback's level).
  */
 #define MLXRT_LOG_OFF 0

@@ -137,14 +137,14 @@ fn affine4_snapshots_round_trip() {
     // boundary snapshot holds packed planes only); past the whole prompt
     // (the snapshots hold the float copy too).
     for (start, tag) in [(0, "a4s0"), (16, "a4s16"), (4096, "a4s4096")] {
-        round_trip(&folder(), KvQuant { scheme: AFFINE4, start }, tag);
+        round_trip(&folder(), KvQuant { scheme: AFFINE4, start, ..KvQuant::default() }, tag);
     }
 }
 
 #[test]
 fn turboquant_snapshots_round_trip() {
     for (start, tag) in [(0, "tqs0"), (16, "tqs16")] {
-        round_trip(&folder(), KvQuant { scheme: K8V3, start }, tag);
+        round_trip(&folder(), KvQuant { scheme: K8V3, start, ..KvQuant::default() }, tag);
     }
 }
 
@@ -160,8 +160,8 @@ fn paged_snapshots_round_trip() {
 #[test]
 fn smollm2_snapshots_round_trip() {
     let gguf = model_path();
-    round_trip(&gguf, KvQuant { scheme: AFFINE4, start: 16 }, "smol-a4");
-    round_trip(&gguf, KvQuant { scheme: K8V3, start: 0 }, "smol-tq");
+    round_trip(&gguf, KvQuant { scheme: AFFINE4, start: 16, ..KvQuant::default() }, "smol-a4");
+    round_trip(&gguf, KvQuant { scheme: K8V3, start: 0, ..KvQuant::default() }, "smol-tq");
 }
 
 /// Files made under one scheme and start are never loaded under another
@@ -171,7 +171,7 @@ fn smollm2_snapshots_round_trip() {
 fn another_scheme_or_start_never_loads() {
     let f = folder();
     let dir = temp_dir("compat");
-    let made = KvQuant { scheme: AFFINE4, start: 16 };
+    let made = KvQuant { scheme: AFFINE4, start: 16, ..KvQuant::default() };
     let e = engine(&f, made, Some(&dir));
     go(&e, ask("When do you open?", true, None));
     let (_, c) = go(&e, ask("Do you deliver cakes?", true, None));
@@ -179,17 +179,17 @@ fn another_scheme_or_start_never_loads() {
     // Same engine, another start: a miss, and its tokens are the cold run's.
     let (t, c) = go(&e, ask("Do you deliver cakes?", true, Some(0)));
     assert_eq!(c, 0, "a request with another start used an entry of the default start");
-    let cold = engine(&f, KvQuant { scheme: AFFINE4, start: 0 }, None);
+    let cold = engine(&f, KvQuant { scheme: AFFINE4, start: 0, ..KvQuant::default() }, None);
     assert_eq!(t, go(&cold, ask("Do you deliver cakes?", false, None)).0);
     e.flush_prompt_cache().unwrap();
     drop(e);
     assert!(entry_files(&dir) > 0);
 
     for other in [
-        KvQuant { scheme: AFFINE4, start: 0 },
-        KvQuant { scheme: KvScheme::Affine { bits: 8, group_size: 64 }, start: 16 },
-        KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 32 }, start: 16 },
-        KvQuant { scheme: K8V3, start: 16 },
+        KvQuant { scheme: AFFINE4, start: 0, ..KvQuant::default() },
+        KvQuant { scheme: KvScheme::Affine { bits: 8, group_size: 64 }, start: 16, ..KvQuant::default() },
+        KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 32 }, start: 16, ..KvQuant::default() },
+        KvQuant { scheme: K8V3, start: 16, ..KvQuant::default() },
         KvQuant::default(),
     ] {
         let o = engine(&f, other, Some(&dir));

@@ -20,7 +20,7 @@
 mod common;
 
 use common::*;
-use mlxrt::cache::scheme::{KvQuant, KvScheme};
+use mlxrt::cache::scheme::{KvFloat, KvQuant, KvScheme};
 use mlxrt::cache::{KvCache, LayerCache};
 use mlxrt::engine::{Engine, EngineConfig, Event, RequestOptions};
 use mlxrt::model::{load, Kernels, LoadOptions, LoadedModel};
@@ -110,7 +110,7 @@ fn quant_engine(model: &Path, bits: i32, start: i32, max_rows: usize) -> Engine 
     cfg.max_rows = max_rows;
     cfg.prefill_chunk = CHUNK;
     cfg.prompt_cache_bytes = 0;
-    cfg.kv = KvQuant { scheme: affine(bits), start };
+    cfg.kv = KvQuant { scheme: affine(bits), start, ..KvQuant::default() };
     cfg.kernels = Kernels::Stock;
     Engine::new(cfg).unwrap()
 }
@@ -248,7 +248,7 @@ fn quantized_kv_admits_more_rows() {
     let prompt: Vec<u32> = (0..100).map(|i| 100 + i).collect();
     let engine = |scheme: KvScheme, budget: usize| {
         let mut cfg = EngineConfig::new(&f);
-        cfg.kv = KvQuant { scheme, start: 0 };
+        cfg.kv = KvQuant { scheme, start: 0, ..KvQuant::default() };
         cfg.kv_budget = budget;
         cfg.max_rows = 8;
         cfg.prompt_cache_bytes = 0;
@@ -292,9 +292,76 @@ fn engine_reports_the_scheme_and_refuses_bad_settings() {
         (KvScheme::TurboQuant { key_bits: 8, value_bits: 5 }, "turboquant value bits"),
     ] {
         let mut cfg = EngineConfig::new(&f);
-        cfg.kv = KvQuant { scheme, start: 0 };
+        cfg.kv = KvQuant { scheme, start: 0, ..KvQuant::default() };
         let err = Engine::new(cfg).err().expect("refused");
         assert!(err.to_string().contains(what), "{err}");
     }
 }
 
+
+#[test]
+fn f16_kv_halves_the_cache_and_keeps_smollm2_greedy_tokens() {
+    // `KvFloat::F16` (MLXRT_KV_SCHEME_F16): attention widens each stored key
+    // and value exactly, so only their rounding to f16 differs from the
+    // default f32 cache. On the default model the greedy tokens stay the
+    // same (mlxrt's fused kernels and MLX's stock path alike), and the cache
+    // holds half the bytes.
+    let engine = |float: KvFloat, kernels: Kernels| {
+        let mut cfg = EngineConfig::new(model_path());
+        cfg.kv = KvQuant { float, ..KvQuant::default() };
+        cfg.kernels = kernels;
+        cfg.prompt_cache_bytes = 0;
+        Engine::new(cfg).unwrap()
+    };
+    let long = "Write a short story about a lighthouse keeper who finds a message in a bottle. ".repeat(12);
+    let prompts = ["What is the capital of France?", "Name three colors of the rainbow.", long.as_str()];
+    // Greedy tokens and the most KV bytes seen while each request ran.
+    let go = |e: &Engine| -> Vec<(Vec<u32>, usize)> {
+        let one = |p: &&str| {
+            let mut o = chat(p);
+            o.max_tokens = 48;
+            o.stop_at_eos = false;
+            let rx = submit(e, o);
+            let (mut events, mut most) = (vec![], 0);
+            loop {
+                most = most.max(e.stats().kv_bytes_dense);
+                match rx.recv_timeout(std::time::Duration::from_millis(1)) {
+                    Ok(ev) => {
+                        let end = ev.is_terminal();
+                        events.push(ev);
+                        if end {
+                            break;
+                        }
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(err) => panic!("{err}"),
+                }
+            }
+            assert!(matches!(events.last(), Some(Event::Done { .. })), "{events:?}");
+            (tokens_of(&events), most)
+        };
+        prompts.iter().map(one).collect()
+    };
+    let f16 = engine(KvFloat::F16, Kernels::Auto);
+    assert_eq!(f16.info().kv_scheme, "f16");
+    let (a, b) = (go(&f16), go(&engine(KvFloat::Compute, Kernels::Auto)));
+    for (i, ((ta, ka), (tb, kb))) in a.iter().zip(&b).enumerate() {
+        assert_eq!(ta, tb, "prompt {i}: f16 KV changed the greedy tokens");
+        assert!(*ka > 0 && *kb > 0, "prompt {i}: no KV bytes seen ({ka}, {kb})");
+        let ratio = *ka as f64 / *kb as f64;
+        assert!((0.45..=0.55).contains(&ratio), "prompt {i}: f16 KV holds {ka} bytes against {kb} of f32");
+    }
+    let stock = go(&engine(KvFloat::F16, Kernels::Stock));
+    assert_eq!(stock.iter().map(|s| &s.0).collect::<Vec<_>>(), a.iter().map(|s| &s.0).collect::<Vec<_>>());
+
+    // Dense only, and not paged.
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.kv = KvQuant { scheme: affine(8), float: KvFloat::F16, start: 0 };
+    let err = Engine::new(cfg).err().expect("f16 with a quantized scheme is refused");
+    assert!(err.to_string().contains("f16"), "{err}");
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.kv = KvQuant { float: KvFloat::F16, ..KvQuant::default() };
+    cfg.kv_paging = true;
+    let err = Engine::new(cfg).err().expect("f16 with kv_paging is refused");
+    assert!(err.to_string().contains("kv_paging"), "{err}");
+}

@@ -162,7 +162,7 @@ fn turbo_engine(max_rows: usize) -> Engine {
     cfg.max_rows = max_rows;
     cfg.prefill_chunk = 16;
     cfg.prompt_cache_bytes = 0;
-    cfg.kv = KvQuant { scheme: K8V3, start: 0 };
+    cfg.kv = KvQuant { scheme: K8V3, start: 0, ..KvQuant::default() };
     Engine::new(cfg).unwrap()
 }
 

@@ -372,7 +372,7 @@ fn paging_options_are_validated() {
     }
     assert!(Engine::new(config(false, 0, false)).is_ok(), "the block size is ignored without paging");
     let mut c = config(true, 256, false);
-    c.kv = KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 64 }, start: 0 };
+    c.kv = KvQuant { scheme: KvScheme::Affine { bits: 4, group_size: 64 }, start: 0, ..KvQuant::default() };
     let e = Engine::new(c).expect("paging with quantized KV");
     assert_eq!(e.info().kv_scheme, "affine:b4:g64");
 }
@@ -519,7 +519,7 @@ const QUANT_SCHEMES: [KvScheme; 3] = [
 
 fn quant_config(paging: bool, scheme: KvScheme, start: i32, kernels: Kernels, max_rows: usize) -> EngineConfig {
     let mut c = config(paging, 256, false);
-    c.kv = KvQuant { scheme, start };
+    c.kv = KvQuant { scheme, start, ..KvQuant::default() };
     c.kernels = kernels;
     c.max_rows = max_rows;
     c.prefill_chunk = 16;

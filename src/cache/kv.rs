@@ -38,10 +38,12 @@ fn round_up(n: i32) -> i32 {
 }
 
 /// Buffers along the timeline (`[B, H, capacity, X]` each; none allocated
-/// yet when empty), and the capacity the first growth allocates at least
-/// (`KvCache::reserve`). All of the cache's bookkeeping is written once, here.
+/// yet when empty), the capacity the first growth allocates at least
+/// (`KvCache::reserve`), and the dtype the first allocation stores (None:
+/// the written arrays'). A plane keeps its dtype: writes are cast to it.
+/// All of the cache's bookkeeping is written once, here.
 #[derive(Default)]
-struct Planes(Vec<Array>, i32);
+struct Planes(Vec<Array>, i32, Option<Dtype>);
 
 impl Planes {
     fn capacity(&self) -> i32 {
@@ -52,6 +54,11 @@ impl Planes {
     /// `prev..prev + L`, growing first if needed; returns views of
     /// positions `0..prev + L`.
     fn write(&mut self, new: &[Array], prev: i32) -> Result<Vec<Array>> {
+        let cast = |(i, x): (usize, &Array)| match self.0.get(i).map(|a| a.dtype()).or(self.2) {
+            Some(d) if d != x.dtype() => x.astype(d),
+            _ => Ok(x.share()),
+        };
+        let new = &new.iter().enumerate().map(cast).collect::<std::result::Result<Vec<_>, _>>()?;
         let l = new[0].dim(2);
         let end = prev + l;
         if end > self.capacity() {
@@ -293,13 +300,24 @@ impl KvCache {
         Ok(c)
     }
 
-    /// An empty cache of the same scheme for `rows` rows.
+    /// An empty cache of the same scheme (and dense dtype) for `rows` rows.
     pub fn empty_like(&self, rows: usize) -> KvCache {
         let mut c = KvCache::new(rows);
         if let Some(q) = &self.quant {
             c.quant = Some(Quant { turbo: q.turbo.clone(), ..Quant::new(q.scheme, rows) });
         }
+        if let (Some(mine), Some(theirs)) = (&self.dense, &mut c.dense) {
+            theirs.2 = mine.0.first().map(|a| a.dtype()).or(mine.2);
+        }
         c
+    }
+
+    /// Stores the dense keys and values of an empty cache as `dtype` (an f16
+    /// cache: `KvFloat::F16`); writes are cast to it.
+    pub fn set_dense_dtype(&mut self, dtype: Dtype) {
+        if let Some(d) = &mut self.dense {
+            d.2 = Some(dtype);
+        }
     }
 
     /// A one-row dense cache holding `keys`, `values` (`[1, H, n, D]`) as its
@@ -307,7 +325,7 @@ impl KvCache {
     /// grows into a new buffer.
     pub fn from_prefix(keys: Array, values: Array) -> KvCache {
         let t = Timeline::single(keys.dim(2));
-        KvCache { t, dense: Some(Planes(vec![keys, values], 0)), quant: None }
+        KvCache { t, dense: Some(Planes(vec![keys, values], 0, None)), quant: None }
     }
 
     /// Whether keys and values are stored quantized.
@@ -407,11 +425,11 @@ impl KvCache {
         // While the row is below its start a cold run keeps the float copy
         // beside the packed planes; at or after it, only the packed planes.
         let dense = match r.float {
-            Some((k, v)) if len < r.start => Some(Planes(vec![k, v], 0)),
+            Some((k, v)) if len < r.start => Some(Planes(vec![k, v], 0, None)),
             None if len >= r.start => None,
             _ => return Err(Error::internal(format!("a quantized KV row of {len} positions, start {}: float copy mismatch", r.start))),
         };
-        let quant = Quant { planes: Planes(r.planes, 0), scheme: r.scheme, turbo: None, starts: vec![r.start] };
+        let quant = Quant { planes: Planes(r.planes, 0, None), scheme: r.scheme, turbo: None, starts: vec![r.start] };
         Ok(KvCache { t: Timeline::single(len), dense, quant: Some(quant) })
     }
 

@@ -1,6 +1,6 @@
 //! How attention layers store their keys and values: dense (the
-//! activations' dtype, f32 on the CPU) or quantized, and from which position
-//! on (`start`, mlx-lm's `quantized_kv_start`).
+//! activations' dtype, f32 on the CPU, or f16) or quantized, and from which
+//! position on (`start`, mlx-lm's `quantized_kv_start`).
 //!
 //! One storage format per engine: rows batched together must share it. The
 //! start may differ per request (a row's forward over its positions
@@ -24,19 +24,33 @@ pub enum KvScheme {
     TurboQuant { key_bits: i32, value_bits: i32 },
 }
 
-/// The KV storage of an engine: the scheme, and the default position from
+/// The element type of a dense cache of full-attention layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvFloat {
+    /// The activations' dtype (f32 on the CPU: logit parity with mlx-lm).
+    #[default]
+    Compute,
+    /// f16 (half the bytes; llama.cpp's default KV type). Attention widens
+    /// it to f32 exactly, so only the rounding of each stored key and value
+    /// differs from `Compute`.
+    F16,
+}
+
+/// The KV storage of an engine: the scheme, the default position from
 /// which a row's cache is quantized (0 = from the first token; mlx-lm's own
 /// default is 5000 and, unlike mlxrt, it keeps its first prefill chunk float
-/// even with start 0).
+/// even with start 0), and the element type of dense full-attention caches
+/// (sliding-window rings keep the activations' dtype).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvQuant {
     pub scheme: KvScheme,
     pub start: i32,
+    pub float: KvFloat,
 }
 
 impl Default for KvQuant {
     fn default() -> KvQuant {
-        KvQuant { scheme: KvScheme::Dense, start: 0 }
+        KvQuant { scheme: KvScheme::Dense, start: 0, float: KvFloat::Compute }
     }
 }
 
@@ -50,7 +64,8 @@ pub struct KvLayer {
     pub window: Option<i32>,
 }
 
-/// Bytes of one dense element (f32: the CPU keeps KV in f32).
+/// Bytes of one dense element (f32: the CPU keeps KV in f32 unless
+/// `KvFloat::F16`).
 const DENSE_ELEM: usize = 4;
 
 impl KvScheme {
@@ -148,7 +163,28 @@ impl KvQuant {
         if self.start < 0 {
             return Err(Error::invalid(format!("quantized_kv_start must be >= 0, got {}", self.start)));
         }
+        if self.float == KvFloat::F16 && self.scheme.is_quantized() {
+            return Err(Error::invalid("an f16 KV cache is dense: it cannot be combined with a quantized kv_scheme"));
+        }
         self.scheme.validate(layers)
+    }
+
+    /// A short name of the storage: the scheme's, or `f16`.
+    pub fn name(&self) -> String {
+        match self.float {
+            KvFloat::F16 => "f16".into(),
+            KvFloat::Compute => self.scheme.name(),
+        }
+    }
+
+    /// `KvScheme::bytes`, with an f16 dense cache at 2 bytes an element
+    /// (sliding-window rings stay in the activations' dtype).
+    pub fn bytes(&self, layer: &KvLayer, positions: usize, start: i32) -> usize {
+        let b = self.scheme.bytes(layer, positions, start);
+        match self.float {
+            KvFloat::F16 if layer.window.is_none() => b / 2,
+            _ => b,
+        }
     }
 }
 
@@ -209,6 +245,14 @@ mod tests {
         let e = k8v3.validate(&[Some(L), Some(KvLayer { k_dim: 80, v_dim: 80, ..L })]).unwrap_err();
         assert!(e.to_string().contains("layer 1") && e.to_string().contains("80"), "{e}");
         assert!(KvScheme::TurboQuant { key_bits: 8, value_bits: 5 }.validate(&[]).is_err());
-        assert!(KvQuant { scheme: KvScheme::Dense, start: -1 }.validate(&[]).is_err());
+        assert!(KvQuant { start: -1, ..KvQuant::default() }.validate(&[]).is_err());
+        let f16 = KvQuant { float: KvFloat::F16, ..KvQuant::default() };
+        assert!(f16.validate(&[Some(L)]).is_ok());
+        assert!(KvQuant { scheme: a, ..f16 }.validate(&[Some(L)]).is_err());
+        // Half the bytes of f32 for full-attention layers; rings as computed.
+        assert_eq!(f16.bytes(&L, 1000, 0) * 2, KvScheme::Dense.bytes(&L, 1000, 0));
+        let ring = KvLayer { window: Some(16), ..L };
+        assert_eq!(f16.bytes(&ring, 1000, 0), KvScheme::Dense.bytes(&ring, 1000, 0));
+        assert_eq!((f16.name(), KvQuant::default().name()), ("f16".to_string(), "none".to_string()));
     }
 }

@@ -16,10 +16,10 @@ use super::row_set::{keep_rows, RowSet};
 use super::trace::{SpanKind, Tracer};
 use super::FinishReason;
 use crate::cache::paged::{PagedKv, PagedPools};
-use crate::cache::scheme::KvScheme;
+use crate::cache::scheme::{KvFloat, KvQuant};
 use crate::cache::{KvCache, LayerCache};
 use crate::error::Result;
-use crate::mlx::{self, Array};
+use crate::mlx::{self, Array, Dtype};
 use crate::model::{LanguageModel, MediaInput, Output};
 use std::time::Instant;
 
@@ -72,15 +72,15 @@ impl CohortStep {
 
 impl Cohort {
     /// A cohort of new rows whose full-attention layers store KV as
-    /// `scheme` says (each row from its own `quantized_kv_start`), with room
+    /// `kv` says (each row from its own `quantized_kv_start`), with room
     /// reserved for the prompt and the first decoded tokens.
     /// With `pools` (`kv_paging`) the full-attention layers are paged.
-    pub fn new(model: &dyn LanguageModel, scheme: KvScheme, pools: Option<&PagedPools>, entrants: Vec<Entrant>) -> Result<Cohort> {
+    pub fn new(model: &dyn LanguageModel, kv: KvQuant, pools: Option<&PagedPools>, entrants: Vec<Entrant>) -> Result<Cohort> {
         let (rows, marks): (Vec<Row>, Vec<_>) = entrants.into_iter().unzip();
         let total = rows.iter().map(|r| r.prompt.len() as i32).max().unwrap_or(0);
         let pads: Vec<i32> = rows.iter().map(|r| total - r.prompt.len() as i32).collect();
         let starts: Vec<i32> = rows.iter().map(|r| r.kv_start).collect();
-        let mut cache = new_cache(model, scheme, rows.len())?;
+        let mut cache = new_cache(model, kv, rows.len())?;
         if let Some(p) = pools {
             for (c, pool) in cache.iter_mut().zip(&p.layers) {
                 if let Some(pool) = pool {
@@ -405,14 +405,18 @@ impl Cohort {
 }
 
 /// Empty caches for `rows` rows: the model's, with the full-attention
-/// layers storing KV as `scheme` says (sliding-window layers stay dense).
-fn new_cache(model: &dyn LanguageModel, scheme: KvScheme, rows: usize) -> Result<Vec<LayerCache>> {
+/// layers storing KV as `kv` says (sliding-window layers stay dense, in the
+/// activations' dtype).
+fn new_cache(model: &dyn LanguageModel, kv: KvQuant, rows: usize) -> Result<Vec<LayerCache>> {
     let mut cache = model.new_cache(rows);
-    if scheme.is_quantized() {
-        for (c, l) in cache.iter_mut().zip(model.kv_layers()) {
-            if l.is_some_and(|l| l.window.is_none()) {
-                *c = LayerCache::Kv(KvCache::with_scheme(rows, scheme)?);
-            }
+    for (c, l) in cache.iter_mut().zip(model.kv_layers()) {
+        if !l.is_some_and(|l| l.window.is_none()) {
+            continue;
+        }
+        if kv.scheme.is_quantized() {
+            *c = LayerCache::Kv(KvCache::with_scheme(rows, kv.scheme)?);
+        } else if let (KvFloat::F16, LayerCache::Kv(c)) = (kv.float, &mut *c) {
+            c.set_dense_dtype(Dtype::F16);
         }
     }
     Ok(cache)

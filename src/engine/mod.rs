@@ -98,7 +98,8 @@ pub struct EngineConfig {
     pub encoder_cache_bytes: usize,
     /// Model-load progress (may abort the load).
     pub progress: Option<crate::model::Progress>,
-    /// How full-attention layers store KV (dense by default) and the default
+    /// How full-attention layers store KV (dense in the activations' dtype by
+    /// default; `KvFloat::F16` for an f16 cache) and the default
     /// `quantized_kv_start` (0: quantized from the first token). Checked
     /// against the model at creation.
     pub kv: KvQuant,
@@ -176,6 +177,9 @@ impl EngineConfig {
                 "kv_block_size {} is not a multiple of 32 from 32 to 1024",
                 self.kv_block_size
             )));
+        }
+        if self.kv_paging && self.kv.float == crate::cache::scheme::KvFloat::F16 {
+            return Err(Error::unsupported("kv_paging keeps its blocks in f32: an f16 KV cache needs kv_paging off"));
         }
         if matches!(self.speculation, Speculation::Draft { .. }) && self.draft_model_path.is_none() {
             return Err(Error::invalid("speculation Draft needs a draft_model_path"));
@@ -579,7 +583,7 @@ impl Engine {
         if self.info.context_length > 0 {
             positions = positions.min(self.info.context_length as usize);
         }
-        let kv: usize = self.info.kv_layers.iter().flatten().map(|l| self.kv.scheme.bytes(l, positions, start)).sum();
+        let kv: usize = self.info.kv_layers.iter().flatten().map(|l| self.kv.bytes(l, positions, start)).sum();
         kv + self.info.state_bytes_per_sequence
     }
 

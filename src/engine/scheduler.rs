@@ -27,7 +27,7 @@ use super::trace::{SpanKind, Tracer};
 use super::{Device, EngineConfig, LogLevel, Shared};
 use crate::error::{Error, Result};
 use crate::cache::paged::{PagedLayer, PagedPools};
-use crate::cache::scheme::KvScheme;
+use crate::cache::scheme::{KvFloat, KvScheme};
 use crate::cache::LayerCache;
 use crate::mlx;
 use crate::model::load::TextAssets;
@@ -209,7 +209,7 @@ fn main(
     let mut info = loaded.model.info().clone();
     info.device = if mlx::device::default_is_gpu() { "gpu" } else { "cpu" }.into();
     info.kv_layers = loaded.model.kv_layers();
-    info.kv_scheme = config.kv.scheme.name();
+    info.kv_scheme = config.kv.name();
     let _ = ready.send(Ok((text.clone(), info.clone(), loaded.parameter_bytes)));
     let mut s = Scheduler {
         model: loaded.model,
@@ -278,6 +278,7 @@ fn open_prompt_cache(
     // namespace, see `Engine::prepare`).
     let kv = match config.kv.scheme {
         s if s.is_quantized() => format!("{};start={}", s.stored_form(), config.kv.start),
+        _ if config.kv.float == KvFloat::F16 => "f16".to_string(),
         _ => "f32".to_string(),
     };
     let paged = pools.map_or(String::new(), |p| format!(";paged={}", p.block));
@@ -577,7 +578,7 @@ impl Scheduler<'_> {
                         [(row, _)] => self.media_input(row)?,
                         _ => None,
                     };
-                    let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), entrants)?;
+                    let mut cohort = Cohort::new(self.model.as_ref(), self.config.kv, self.pools.as_ref(), entrants)?;
                     if let Some(m) = media {
                         cohort.set_media(m)?;
                     }
@@ -616,7 +617,7 @@ impl Scheduler<'_> {
             }
         }
         if cached.is_empty() {
-            return Cohort::new(self.model.as_ref(), self.config.kv.scheme, self.pools.as_ref(), fresh);
+            return Cohort::new(self.model.as_ref(), self.config.kv, self.pools.as_ref(), fresh);
         }
         let mut cohort = Cohort::with_prefixes(cached)?;
         for e in fresh {

@@ -3,7 +3,7 @@
 use super::args::{opt_str, req_str, versioned};
 use super::error::{c_string, guard, guard_value, mlxrt_error, mlxrt_status};
 use super::out::{free_box, put, put_box, required, write_versioned};
-use crate::cache::scheme::{KvQuant, KvScheme};
+use crate::cache::scheme::{KvFloat, KvQuant, KvScheme};
 use crate::engine::spec::{DEFAULT_NGRAM_TOKENS, NGRAM_MIN_MATCH};
 use crate::engine::{Device, Engine, EngineConfig, Kernels, LogLevel, Logger, Span, SpanStats, Speculation};
 use crate::error::Error;
@@ -42,6 +42,11 @@ pub const MLXRT_KV_SCHEME_AFFINE: i32 = 1;
 /// `kv_value_bits`): keys affine per 32 coordinates, values rotated and
 /// Lloyd–Max quantized (see README).
 pub const MLXRT_KV_SCHEME_TURBOQUANT: i32 = 2;
+/// `mlxrt_engine_config.kv_scheme`: full-attention layers keep keys and
+/// values dense as f16 (half the bytes of f32; llama.cpp's default KV type),
+/// widened exactly to f32 for attention on the CPU. Sliding-window layers
+/// keep the activations' dtype. Not with `kv_paging` (UNSUPPORTED).
+pub const MLXRT_KV_SCHEME_F16: i32 = 3;
 
 /// Log levels (`mlxrt_engine_config.log_level` and the log callback's level).
 pub const MLXRT_LOG_OFF: i32 = 0;
@@ -364,13 +369,16 @@ pub extern "C" fn mlxrt_engine_create(
         cfg.max_rows = c.max_rows as usize;
         cfg.kv_budget = usize::try_from(c.kv_budget).unwrap_or(usize::MAX);
         cfg.step_token_budget = c.step_token_budget as usize;
-        let scheme = match c.kv_scheme {
-            MLXRT_KV_SCHEME_NONE => KvScheme::Dense,
-            MLXRT_KV_SCHEME_AFFINE => KvScheme::Affine { bits: c.kv_bits, group_size: c.kv_group_size },
-            MLXRT_KV_SCHEME_TURBOQUANT => KvScheme::TurboQuant { key_bits: c.kv_key_bits, value_bits: c.kv_value_bits },
+        let (scheme, float) = match c.kv_scheme {
+            MLXRT_KV_SCHEME_NONE => (KvScheme::Dense, KvFloat::Compute),
+            MLXRT_KV_SCHEME_AFFINE => (KvScheme::Affine { bits: c.kv_bits, group_size: c.kv_group_size }, KvFloat::Compute),
+            MLXRT_KV_SCHEME_TURBOQUANT => {
+                (KvScheme::TurboQuant { key_bits: c.kv_key_bits, value_bits: c.kv_value_bits }, KvFloat::Compute)
+            }
+            MLXRT_KV_SCHEME_F16 => (KvScheme::Dense, KvFloat::F16),
             other => return Err(Error::invalid(format!("config.kv_scheme {other} is not a MLXRT_KV_SCHEME_* value"))),
         };
-        cfg.kv = KvQuant { scheme, start: c.quantized_kv_start };
+        cfg.kv = KvQuant { scheme, start: c.quantized_kv_start, float };
         let n = match c.speculation_tokens {
             0 => DEFAULT_NGRAM_TOKENS,
             n @ 1..=64 => n as usize,

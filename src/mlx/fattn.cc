@@ -13,26 +13,27 @@ namespace mx = mlx::core;
 namespace mlxrt::fattn {
 
 // Defined by fattn_impl.h, once per variant qsdpa_kernels.cc compiles.
+// `f16`: the variant reading keys and values stored as f16.
 namespace portable {
-const Kernels* kernels();
+const Kernels* kernels(bool f16);
 }
 #if defined(__x86_64__)
 namespace avx2 {
-const Kernels* kernels();
+const Kernels* kernels(bool f16);
 }
 namespace avx512 {
-const Kernels* kernels();
+const Kernels* kernels(bool f16);
 }
 #endif
 
 namespace {
 
-const Kernels* select_kernels(uint8_t code) {
+const Kernels* select_kernels(uint8_t code, bool f16) {
   switch (qsdpa::select_isa(code)) {
-    case Isa::Portable: return portable::kernels();
+    case Isa::Portable: return portable::kernels(f16);
 #if defined(__x86_64__)
-    case Isa::Avx2: return avx2::kernels();
-    case Isa::Avx512: return avx512::kernels();
+    case Isa::Avx2: return avx2::kernels(f16);
+    case Isa::Avx512: return avx512::kernels(f16);
 #endif
     default: throw std::invalid_argument("this build has no kernels for the requested instruction set");
   }
@@ -50,9 +51,12 @@ void compute(const Inputs& in, float* out, float scale, MaskKind mask, int windo
   std::vector<float> qbuf;
   const float* qp = qsdpa::group_queries(in.q, H, scale, nullptr, qbuf);
   const qsdpa::Rows kr(in.k), vr(in.v);
-  // f32 rows as "planes" without scales: the float kernel reads `w` only.
-  auto plane = [](const qsdpa::Rows& r, int dim) {
-    return qsdpa::Plane{r.data, nullptr, nullptr, {r.bh[0] * 4, r.bh[1] * 4}, {0, 0}, {0, 0}, dim};
+  // Float rows (f32, or f16 for both) as "planes" without scales: the
+  // float kernel reads `w` only.
+  const bool f16 = in.k.dtype() == mx::float16;
+  const int64_t item = f16 ? 2 : 4;
+  auto plane = [item](const qsdpa::Rows& r, int dim) {
+    return qsdpa::Plane{r.data, nullptr, nullptr, {r.bh[0] * item, r.bh[1] * item}, {0, 0}, {0, 0}, dim};
   };
   qsdpa::Problem p{qp, plane(kr, D), plane(vr, Dv), B, H, rep * L, L, T, 0, 32, mask,
                    nullptr, {0, 0, 0, 0}};
@@ -64,10 +68,17 @@ void compute(const Inputs& in, float* out, float scale, MaskKind mask, int windo
     kt.assign(static_cast<size_t>(B) * H * D * p.kt_len, 0.0f);
     for (int b = 0; b < B; ++b)
       for (int h = 0; h < H; ++h) {
-        const float* src = reinterpret_cast<const float*>(p.k.w_at(b, h));
         float* dst = kt.data() + (static_cast<size_t>(b) * H + h) * D * p.kt_len;
-        for (int t = 0; t < T; ++t)
-          for (int d = 0; d < D; ++d) dst[d * p.kt_len + t] = src[static_cast<size_t>(t) * D + d];
+        if (f16) {
+          const auto* src = reinterpret_cast<const uint16_t*>(p.k.w_at(b, h));
+          for (int t = 0; t < T; ++t)
+            for (int d = 0; d < D; ++d)
+              dst[d * p.kt_len + t] = qsdpa::half_to_float(src[static_cast<size_t>(t) * D + d]);
+        } else {
+          const auto* src = reinterpret_cast<const float*>(p.k.w_at(b, h));
+          for (int t = 0; t < T; ++t)
+            for (int d = 0; d < D; ++d) dst[d * p.kt_len + t] = src[static_cast<size_t>(t) * D + d];
+        }
       }
     p.keys_t = kt.data();
   }
@@ -75,7 +86,7 @@ void compute(const Inputs& in, float* out, float scale, MaskKind mask, int windo
   qsdpa::run(p, k, rep, out);
 }
 
-bool is_f32(const array& a) { return a.ndim() == 4 && a.dtype() == mx::float32; }
+bool is_4d(const array& a, mx::Dtype t) { return a.ndim() == 4 && a.dtype() == t; }
 
 }  // namespace
 
@@ -109,10 +120,13 @@ std::vector<mx::Shape> FloatSdpa::output_shapes(const std::vector<array>& inputs
 std::unique_ptr<array> float_sdpa(const array& q, const array& k, const array& v, float scale,
                                   uint8_t mask_kind, const array& mask, int32_t window,
                                   uint8_t isa) {
-  const Kernels* kern = select_kernels(isa);
+  // f32 queries; keys and values both f32 or both f16 (a cache stored as f16).
+  const bool f16 = k.dtype() == mx::float16;
+  const Kernels* kern = select_kernels(isa, f16);
   if (mask_kind > 2) throw std::invalid_argument("unknown mask kind " + std::to_string(mask_kind));
   if (mx::default_device() != mx::Device::cpu) return nullptr;
-  if (!is_f32(q) || !is_f32(k) || !is_f32(v)) return nullptr;
+  const auto kv_type = f16 ? mx::float16 : mx::float32;
+  if (!is_4d(q, mx::float32) || !is_4d(k, kv_type) || !is_4d(v, kv_type)) return nullptr;
   const int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
   const int H = k.shape(1), T = k.shape(2), Dv = v.shape(3);
   if (B < 1 || L < 1 || T < 1 || H < 1 || Hq % H != 0 || window < 0) return nullptr;

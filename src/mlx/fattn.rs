@@ -24,8 +24,9 @@ use super::qsdpa::mask_code;
 /// sees at most its last `window` keys, itself included (a sliding-window
 /// layer's mask over keys in temporal order).
 ///
-/// On the CPU device, for f32 inputs with head sizes a whole number of
-/// vectors and masks with one head, this is mlxrt's fused kernel; otherwise
+/// On the CPU device, for f32 queries, f32 or f16 keys and values (both the
+/// same), head sizes a whole number of vectors and masks with one head, this
+/// is mlxrt's fused kernel (f16 widened exactly on load); otherwise
 /// it is [`sdpa_stock`]. Invalid input gives `Err`.
 pub fn fused_sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask, window: Option<i32>) -> Result<Array> {
     fused_sdpa_isa(q, k, v, scale, mask, window, QmmIsa::Auto)
@@ -56,8 +57,11 @@ pub fn fused_sdpa_isa(
 }
 
 /// MLX's own attention with the same arguments (the window as a bool mask):
-/// the path off the CPU, for other dtypes, and under `Kernels::Stock`.
+/// the path off the CPU, for other dtypes, and under `Kernels::Stock`. Keys
+/// and values of another dtype than `q` (a cache stored as f16) are cast to
+/// `q`'s first.
 pub fn sdpa_stock(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask, window: Option<i32>) -> Result<Array> {
+    let (k, v) = (&k.astype(q.dtype())?, &v.astype(q.dtype())?);
     match (mask, window) {
         (Mask::Causal, Some(w)) => {
             let (l, t) = (q.dim(2), k.dim(2));

@@ -4,7 +4,8 @@
 // the mask (`apply_mask`) and the vectorized softmax row (`exp_row`).
 //
 // One chunk (rows m of one (b, kv head), keys [t0, t1)) as the quantized
-// kernel does it, with keys and values read as f32 rows:
+// kernel does it, with keys and values read as rows of `E` (float, or
+// uint16_t holding f16 bits: a cache stored as f16, widened on load):
 //  1. scores: with transposed keys (prefill), an MR x 2W register tile per
 //     2W keys; else (decode: few rows, keys read once) per key MR dot
 //     products q_m . k_t in registers, summed horizontally (q already
@@ -23,18 +24,20 @@ namespace {
 // stream per (row, head); the hardware prefetchers do not keep ahead of it
 // (the loads stalled two thirds of the kernel's cycles at batch 32).
 constexpr int kPrefetchKeys = 8;
-QS_FN inline void prefetch_row(const float* r, int D) {
-  for (int i = 0; i < D; i += 16) __builtin_prefetch(r + i);
+template <typename E>
+QS_FN inline void prefetch_row(const E* r, int D) {
+  const char* c = reinterpret_cast<const char*>(r);
+  for (size_t i = 0; i < D * sizeof(E); i += 64) __builtin_prefetch(c + i);
 }
 
 // s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart).
-template <int MR>
+template <int MR, typename E>
 QS_FN void float_scores(const Problem& p, const float* q, int b, int h, int t0, int t1,
                         float* S) {
   const int D = p.k.dim;
-  const float* k = reinterpret_cast<const float*>(p.k.w_at(b, h));
+  const E* k = reinterpret_cast<const E*>(p.k.w_at(b, h));
   for (int t = t0; t < t1; ++t) {
-    const float* kr = k + static_cast<size_t>(t) * D;
+    const E* kr = k + static_cast<size_t>(t) * D;
     prefetch_row(kr + kPrefetchKeys * D, D);
     T acc[MR];
     QS_UNROLL
@@ -82,8 +85,8 @@ QS_FN void float_scores_t(const Problem& p, const float* q, int b, int h, int t0
 }
 
 // acc[m][d0, d0 + NV * W) = sum_t P[m][t - t0] * V_t[d0, ...) for MR rows.
-template <int MR, int NV>
-QS_FN void float_values_slice(const float* v, int D, int d0, int t0, int t1, const float* P,
+template <int MR, int NV, typename E>
+QS_FN void float_values_slice(const E* v, int D, int d0, int t0, int t1, const float* P,
                               float* acc) {
   T a[MR][NV];
   QS_UNROLL
@@ -91,7 +94,7 @@ QS_FN void float_values_slice(const float* v, int D, int d0, int t0, int t1, con
     QS_UNROLL
     for (int j = 0; j < NV; ++j) a[m][j] = V::zero();
   for (int t = t0; t < t1; ++t) {
-    const float* vr = v + static_cast<size_t>(t) * D + d0;
+    const E* vr = v + static_cast<size_t>(t) * D + d0;
     // The first slice fetches whole rows ahead; later slices find them in cache.
     if (d0 == 0) prefetch_row(vr + kPrefetchKeys * D, D);
     T vv[NV];
@@ -110,55 +113,59 @@ QS_FN void float_values_slice(const float* v, int D, int d0, int t0, int t1, con
     for (int j = 0; j < NV; ++j) V::store(acc + m * D + d0 + j * W, a[m][j]);
 }
 
-template <int MR>
+template <int MR, typename E>
 QS_FN void float_values(const Problem& p, int b, int h, int t0, int t1, const float* P,
                         float* acc) {
   const int D = p.v.dim;
-  const float* v = reinterpret_cast<const float*>(p.v.w_at(b, h));
+  const E* v = reinterpret_cast<const E*>(p.v.w_at(b, h));
   int d0 = 0;
   for (; d0 + 2 * W <= D; d0 += 2 * W) float_values_slice<MR, 2>(v, D, d0, t0, t1, P, acc);
   if (d0 < D) float_values_slice<MR, 1>(v, D, d0, t0, t1, P, acc);
 }
 
-template <int MR>
+template <int MR, typename E>
 QS_FN void float_chunk_rows(const Problem& p, int b, int h, int m0, int t0, int t1, float* S,
                             float* acc, float* mx, float* sum) {
   const float* q = p.q + (static_cast<size_t>(b * p.H + h) * p.M + m0) * p.k.dim;
   if (p.keys_t) {
     float_scores_t<MR>(p, q, b, h, t0, t1, S);
   } else {
-    float_scores<MR>(p, q, b, h, t0, t1, S);
+    float_scores<MR, E>(p, q, b, h, t0, t1, S);
   }
   for (int m = 0; m < MR; ++m) {
     float* s = S + m * kChunk;
     apply_mask(p, b, h, m0 + m, t0, t1 - t0, s);
     mx[m] = exp_row(s, t1 - t0, sum[m]);
   }
-  float_values<MR>(p, b, h, t0, t1, S, acc);
+  float_values<MR, E>(p, b, h, t0, t1, S, acc);
 }
 
 // Runtime row count -> compile-time tile height.
-template <int MR = V::MR>
+template <typename E, int MR = V::MR>
 QS_FN void float_rows(const Problem& p, int b, int h, int m0, int rows, int t0, int t1,
                       float* S, float* acc, float* mx, float* sum) {
   if constexpr (MR > 1) {
-    if (rows < MR) return float_rows<MR - 1>(p, b, h, m0, rows, t0, t1, S, acc, mx, sum);
+    if (rows < MR) return float_rows<E, MR - 1>(p, b, h, m0, rows, t0, t1, S, acc, mx, sum);
   }
-  float_chunk_rows<MR>(p, b, h, m0, t0, t1, S, acc, mx, sum);
+  float_chunk_rows<MR, E>(p, b, h, m0, t0, t1, S, acc, mx, sum);
 }
 
+template <typename E>
 QS_FN void float_chunk(const Problem& p, int b, int h, int m0, int rows, int t0, int t1,
                        float* scratch, float* acc, float* mx, float* sum) {
-  float_rows(p, b, h, m0, rows, t0, t1, scratch, acc, mx, sum);
+  float_rows<E>(p, b, h, m0, rows, t0, t1, scratch, acc, mx, sum);
 }
 
-const Kernels kFloatKernels{QS_ISA, W, V::MR, &float_chunk};
+const Kernels kFloatKernels{QS_ISA, W, V::MR, &float_chunk<float>};
+const Kernels kHalfKernels{QS_ISA, W, V::MR, &float_chunk<uint16_t>};
 
 }  // namespace
 }  // namespace mlxrt::qsdpa::QS_NS
 
 namespace mlxrt::fattn::QS_NS {
-const qsdpa::Kernels* kernels() { return &qsdpa::QS_NS::kFloatKernels; }
+const qsdpa::Kernels* kernels(bool f16) {
+  return f16 ? &qsdpa::QS_NS::kHalfKernels : &qsdpa::QS_NS::kFloatKernels;
+}
 }  // namespace mlxrt::fattn::QS_NS
 
 #undef QS_UNROLL

@@ -169,6 +169,49 @@ fn reads_a_cache_sliced_from_a_larger_buffer_and_transposed_queries() {
 }
 
 #[test]
+fn reads_keys_and_values_stored_as_f16() {
+    // A cache stored as f16 (`KvFloat::F16`): f32 queries over f16 keys and
+    // values, widened exactly on load, so MLX over the widened arrays is the
+    // reference at the same tolerance. Decode (keys read as rows), prefill
+    // (keys transposed), a window, a padded batch, a sliced buffer.
+    let h = |a: &Array| a.astype(Dtype::F16).unwrap();
+    let f = |a: &Array| a.astype(Dtype::F32).unwrap();
+    let mut worst = 0f32;
+    for isa in isas() {
+        for (l, t, mask) in [
+            (1, 300, MaskCase::None),
+            (1, 4100, MaskCase::Causal),
+            (3, 77, MaskCase::Padded(5)),
+            (65, 65, MaskCase::Causal),
+            (300, 700, MaskCase::Window(256)),
+        ] {
+            let (b, hkv, rep, d) = (2, 2, 3, 64);
+            let seed = (l * 7 + t) as u64;
+            let q = randn(&[b, hkv * rep, l, d], seed);
+            let k = h(&randn(&[b, hkv, t + 16, d], seed + 1).mul_scalar(1.5).unwrap()).slice_axis(2, 0, t).unwrap();
+            let v = h(&randn(&[b, hkv, t + 16, d], seed + 2)).slice_axis(2, 0, t).unwrap();
+            let arr = mask_array(mask, b, l, t);
+            let (m, w) = args(mask, &arr);
+            let fused = fused_sdpa_isa(&q, &k, &v, 0.125, m, w, isa).unwrap();
+            assert_eq!(fattn_isa_of(&fused), Some(isa), "fused path not taken");
+            assert_eq!(fused.dtype(), Dtype::F32);
+            let (m, w) = args(mask, &arr);
+            let want = sdpa_stock(&q, &f(&k), &f(&v), 0.125, m, w).unwrap();
+            // MLX's own path takes the f16 cache too (widened first): the same numbers.
+            let (m, w) = args(mask, &arr);
+            let stock = sdpa_stock(&q, &k, &v, 0.125, m, w).unwrap();
+            assert_eq!(stock.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
+            let (m, w) = args(mask, &arr);
+            let bound = sdpa_stock(&q, &f(&k), &f(&v).abs().unwrap(), 0.125, m, w).unwrap();
+            let err = worst_error(&fused, &want, &bound);
+            assert!(err <= TOL, "{isa:?} L={l} T={t} {mask:?}: {err:e}");
+            worst = worst.max(err);
+        }
+    }
+    eprintln!("worst error over f16 caches: {worst:e}");
+}
+
+#[test]
 fn unsupported_cases_use_mlx_and_errors_are_errors() {
     let q = randn(&[1, 2, 3, 64], 61);
     let k = randn(&[1, 1, 9, 64], 62);

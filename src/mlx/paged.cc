@@ -13,16 +13,17 @@
 namespace mx = mlx::core;
 
 namespace mlxrt::fattn {
-// The float attention kernels (fattn_impl.h), one per variant.
+// The float attention kernels (fattn_impl.h), one per variant (`f16`: for
+// keys and values stored as f16; paged pools are f32).
 namespace portable {
-const qsdpa::Kernels* kernels();
+const qsdpa::Kernels* kernels(bool f16);
 }
 #if defined(__x86_64__)
 namespace avx2 {
-const qsdpa::Kernels* kernels();
+const qsdpa::Kernels* kernels(bool f16);
 }
 namespace avx512 {
-const qsdpa::Kernels* kernels();
+const qsdpa::Kernels* kernels(bool f16);
 }
 #endif
 }  // namespace mlxrt::fattn
@@ -33,10 +34,10 @@ namespace {
 
 const Kernels* select_kernels(uint8_t code) {
   switch (qsdpa::select_isa(code)) {
-    case Isa::Portable: return fattn::portable::kernels();
+    case Isa::Portable: return fattn::portable::kernels(false);
 #if defined(__x86_64__)
-    case Isa::Avx2: return fattn::avx2::kernels();
-    case Isa::Avx512: return fattn::avx512::kernels();
+    case Isa::Avx2: return fattn::avx2::kernels(false);
+    case Isa::Avx512: return fattn::avx512::kernels(false);
 #endif
     default: throw std::invalid_argument("this build has no kernels for the requested instruction set");
   }

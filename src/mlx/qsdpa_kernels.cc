@@ -46,6 +46,9 @@ struct V {
     __builtin_memcpy(&v, p, sizeof(v));
     return v;
   }
+  static inline T load(const uint16_t* p) {
+    return T{half_to_float(p[0]), half_to_float(p[1]), half_to_float(p[2]), half_to_float(p[3])};
+  }
   static inline void store(float* p, T v) { __builtin_memcpy(p, &v, sizeof(v)); }
   static inline T set1(float s) { return T{s, s, s, s}; }
   static inline T fma(T a, T b, T c) { return a * b + c; }
@@ -92,7 +95,7 @@ struct V {
 // ---------------------------------------------------------------------------
 // AVX2 + FMA
 
-#define QS_FN __attribute__((target("avx2,fma")))
+#define QS_FN __attribute__((target("avx2,fma,f16c")))
 #define QS_NS avx2
 #define QS_ISA Isa::Avx2
 
@@ -109,6 +112,9 @@ struct V {
 
   QS_FN static inline T zero() { return _mm256_setzero_ps(); }
   QS_FN static inline T load(const float* p) { return _mm256_loadu_ps(p); }
+  QS_FN static inline T load(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
   QS_FN static inline void store(float* p, T v) { _mm256_storeu_ps(p, v); }
   QS_FN static inline T set1(float s) { return _mm256_set1_ps(s); }
   QS_FN static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
@@ -169,7 +175,7 @@ struct V {
 // ---------------------------------------------------------------------------
 // AVX-512
 
-#define QS_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")))
+#define QS_FN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define QS_NS avx512
 #define QS_ISA Isa::Avx512
 
@@ -186,6 +192,9 @@ struct V {
 
   QS_FN static inline T zero() { return _mm512_setzero_ps(); }
   QS_FN static inline T load(const float* p) { return _mm512_loadu_ps(p); }
+  QS_FN static inline T load(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
   QS_FN static inline void store(float* p, T v) { _mm512_storeu_ps(p, v); }
   QS_FN static inline T set1(float s) { return _mm512_set1_ps(s); }
   QS_FN static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }

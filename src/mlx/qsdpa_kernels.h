@@ -82,6 +82,31 @@ struct Kernels {
                 float* scratch, float* acc, float* mx, float* sum);
 };
 
+// An IEEE binary16 value (a KV cache stored as f16) as f32, exactly:
+// subnormals, infinities and NaNs included.
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {
+    // Subnormal: normalize the mantissa.
+    exp = 113;
+    while (!(man & 0x400)) {
+      man <<= 1;
+      --exp;
+    }
+    bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
 // Per-thread scratch a kernel needs.
 constexpr size_t kScratchFloats = 16 * kChunk;
 

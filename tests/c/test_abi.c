@@ -972,6 +972,44 @@ static void test_callbacks(const char *model) {
   mlxrt_engine_destroy(e);
 }
 
+/* MLXRT_KV_SCHEME_F16: an f16 KV cache streams the same chat and says so in
+ * its info; it cannot be paged, and kv_scheme values past the last are
+ * refused. */
+static void test_f16_kv(const char *model) {
+  mlxrt_engine_config c;
+  mlxrt_engine_config_init(&c);
+  c.model_path = model;
+  c.kv_scheme = MLXRT_KV_SCHEME_F16;
+  c.kv_paging = 1;
+  mlxrt_engine *e = NULL;
+  mlxrt_error *err = NULL;
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_UNSUPPORTED, "f16 KV with kv_paging");
+  c.kv_paging = 0;
+  c.kv_scheme = MLXRT_KV_SCHEME_F16 + 1;
+  expect_error(mlxrt_engine_create(&c, &e, &err), &err, MLXRT_STATUS_INVALID_ARGUMENT, "kv_scheme past F16");
+  c.kv_scheme = MLXRT_KV_SCHEME_F16;
+  CHECK(mlxrt_engine_create(&c, &e, &err) == MLXRT_STATUS_OK, "create (f16 KV): %s", mlxrt_error_message(err));
+  if (!e) return;
+  mlxrt_engine_info info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  CHECK(mlxrt_engine_get_info(e, &info, NULL) == MLXRT_STATUS_OK && strcmp(info.kv_scheme, "f16") == 0,
+        "kv_scheme %s", info.kv_scheme);
+  mlxrt_request_params p;
+  mlxrt_request_params_init(&p);
+  p.messages_json = CHAT;
+  p.max_tokens = 32;
+  struct rec r;
+  rec_init(&r);
+  mlxrt_request *req = NULL;
+  CHECK(submit(e, &p, &r, &req, &err) == MLXRT_STATUS_OK, "submit (f16 KV): %s", mlxrt_error_message(err));
+  rec_wait(&r);
+  CHECK(r.last_kind == MLXRT_EVENT_KIND_DONE && strstr(r.text, "Paris") != NULL, "f16 KV answer %s", r.text);
+  mlxrt_request_free(req);
+  mlxrt_engine_destroy(e);
+  fprintf(stderr, "  ok f16 KV: %s\n", r.text);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: %s MODEL_PATH SCRATCH_DIR [quick]\n", argv[0]);
@@ -1008,6 +1046,7 @@ int main(int argc, char **argv) {
   test_destroy_in_flight(model, !quick);
   if (!quick) test_prompt_cache(model, argv[2]);
   test_callbacks(model);
+  test_f16_kv(model);
 
   if (failures) {
     fprintf(stderr, "%d check(s) failed\n", failures);
