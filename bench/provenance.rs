@@ -54,10 +54,10 @@ pub fn json(kernels: Kernels) -> Value {
         },
         "swiglu": if own { "mlxrt" } else { "MLX silu * mul" },
         "device": if gpu { "gpu" } else { "cpu" },
-        // The engine casts quantization scales/biases to f32 at load on the
-        // CPU device and has no option to keep them (src/model/load.rs,
-        // LoadOptions::cpu_f32_scales, always true from the scheduler).
-        "scale_dtype": if gpu { "as stored" } else { "f32" },
+        // On the CPU device the engine casts quantization scales/biases to
+        // f32 at load for layers MLX's kernels run; mlxrt's quantized matmul
+        // reads them as stored (src/model/weights.rs, Weights::scale_dtype).
+        "scale_dtype": if gpu || own { "as stored" } else { "f32" },
         "qmm_threads": if own { Some(mlxrt::mlx::qmm_threads()) } else { None },
         "blas": blas.library,
         "openblas_threads": blas.openblas_threads,

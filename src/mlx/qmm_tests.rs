@@ -109,6 +109,31 @@ fn matches_stock_on_large_blocked_and_threaded_shapes() {
 }
 
 #[test]
+fn f16_scales_give_the_bits_of_the_same_scales_in_f32() {
+    // Models keep GGUF's f16 scales for this kernel (src/model/weights.rs):
+    // it widens them exactly, so the results are those of the f32 scales the
+    // engine used to cast them to, bit for bit, on every path (direct tiles,
+    // panels, k-blocking) and variant, int8 activations included.
+    for isa in isas() {
+        for bits in [4, 8] {
+            for (m, n, k, group) in [(1, 130, 576, 32), (8, 77, 576, 64), (40, 130, 2304, 32), (300, 64, 640, 128)] {
+                let q = quantized(n, k, group, bits, Dtype::F16, (m * 7 + n + k) as u64);
+                let (s32, b32) = (q.scales.astype(Dtype::F32).unwrap(), q.biases.astype(Dtype::F32).unwrap());
+                let x = randn(&[m, k], (m + k) as u64);
+                let half = fast_quantized_matmul_isa(&x, &q.w, &q.scales, &q.biases, group, bits, isa).unwrap();
+                let full = fast_quantized_matmul_isa(&x, &q.w, &s32, &b32, group, bits, isa).unwrap();
+                assert_eq!(fast_qmm_isa_of(&half), Some(isa));
+                let bits_of = |a: &Array| a.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits_of(&half), bits_of(&full), "{isa:?} bits={bits} M={m} N={n} K={k} group={group}");
+                let h8 = run_q8(&x, &q, group, bits, isa);
+                let q32 = Quantized { w: q.w.share(), scales: s32, biases: b32, dense: q.dense.share() };
+                assert_eq!(bits_of(&h8), bits_of(&run_q8(&x, &q32, group, bits, isa)), "int8 {isa:?} bits={bits} M={m}");
+            }
+        }
+    }
+}
+
+#[test]
 fn batch_dims_strided_x_and_half_inputs() {
     let (group, bits, k, n) = (32, 4, 96, 37);
     let q = quantized(n, k, group, bits, Dtype::F32, 11);

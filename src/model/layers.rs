@@ -246,7 +246,10 @@ impl LinearGroup {
 
 pub enum Embedding {
     Dense { w: Array },
-    Quantized { w: Array, scales: Array, biases: Array, spec: QuantSpec, kernels: Kernels },
+    /// `rows`: the dtype looked-up rows' scales and biases are cast to
+    /// before dequantizing (f32 on the CPU when the table keeps f16 scales
+    /// for mlxrt's matmul), None = as stored.
+    Quantized { w: Array, scales: Array, biases: Array, spec: QuantSpec, kernels: Kernels, rows: Option<Dtype> },
 }
 
 impl Embedding {
@@ -254,13 +257,16 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match self {
             Embedding::Dense { w } => Ok(w.take(ids, 0)?),
-            Embedding::Quantized { w, scales, biases, spec, .. } => Ok(dequantize(
-                &w.take(ids, 0)?,
-                &scales.take(ids, 0)?,
-                &biases.take(ids, 0)?,
-                spec.group_size,
-                spec.bits,
-            )?),
+            Embedding::Quantized { w, scales, biases, spec, rows, .. } => {
+                let part = |a: &Array| -> Result<Array> {
+                    let a = a.take(ids, 0)?;
+                    Ok(match rows {
+                        Some(d) => a.astype(*d)?,
+                        None => a,
+                    })
+                };
+                Ok(dequantize(&w.take(ids, 0)?, &part(scales)?, &part(biases)?, spec.group_size, spec.bits)?)
+            }
         }
     }
 
@@ -268,7 +274,7 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
             Embedding::Dense { w } => Ok(x.matmul(&w.transpose(&[1, 0])?)?),
-            Embedding::Quantized { w, scales, biases, spec, kernels } => qmm(x, w, scales, biases, *spec, *kernels),
+            Embedding::Quantized { w, scales, biases, spec, kernels, .. } => qmm(x, w, scales, biases, *spec, *kernels),
         }
     }
 

@@ -30,7 +30,9 @@ pub type Progress = std::sync::Arc<dyn Fn(f32, &str) -> bool + Send + Sync>;
 #[derive(Clone)]
 pub struct LoadOptions {
     /// Cast quantization scales/biases to f32 when running on the CPU device
-    /// (lossless, and faster for both MLX's and mlxrt's CPU kernels).
+    /// (lossless, and much faster for MLX's CPU kernels), for the layers
+    /// MLX's kernels run: all of them under `Kernels::Stock`, MoE experts
+    /// otherwise (mlxrt's quantized matmul reads f16 scales as stored).
     pub cpu_f32_scales: bool,
     pub kernels: Kernels,
     pub progress: Option<Progress>,

@@ -25,8 +25,12 @@ impl QuantConfig {
 pub struct Weights {
     tensors: HashMap<String, Array>,
     quant: QuantConfig,
-    /// Quantization scales/biases are cast to this dtype at load (f32 on the
-    /// CPU device, where f16 scales take a much slower kernel path).
+    /// Quantization scales/biases of layers MLX's own kernels run are cast
+    /// to this dtype at load (f32 on the CPU device, where MLX's kernels take
+    /// a much slower path for f16 scales). mlxrt's quantized matmul widens
+    /// f16 scales exactly itself, so under `Kernels::Auto`/`Int8` linear
+    /// layers and embeddings keep them as stored (GGUF's Q4: 98 MB of
+    /// parameters for SmolLM2-135M instead of 115, the same results).
     scale_dtype: Option<Dtype>,
     kernels: Kernels,
 }
@@ -86,10 +90,12 @@ impl Weights {
         }
     }
 
-    fn take_scales(&mut self, name: &str, shape: &[i32]) -> Result<Array> {
+    /// Scales or biases `name`, cast to `scale_dtype` unless `own_kernel`
+    /// (a layer mlxrt's quantized matmul runs, which reads them as stored).
+    fn take_scales(&mut self, name: &str, shape: &[i32], own_kernel: bool) -> Result<Array> {
         let a = self.take_shaped(name, shape)?;
         match self.scale_dtype {
-            Some(dt) if a.dtype() != dt => Ok(a.astype(dt)?),
+            Some(dt) if a.dtype() != dt && !(own_kernel && self.kernels != Kernels::Stock) => Ok(a.astype(dt)?),
             _ => Ok(a),
         }
     }
@@ -117,7 +123,9 @@ impl Weights {
             return Ok(Embedding::Dense { w });
         }
         let (w, scales, biases, spec) = self.quantized(prefix, dim, vocab)?;
-        Ok(Embedding::Quantized { w, scales, biases, spec, kernels: self.kernels })
+        // Looked-up rows are dequantized by MLX: in `scale_dtype`, as before.
+        let rows = self.scale_dtype.filter(|d| *d != scales.dtype());
+        Ok(Embedding::Quantized { w, scales, biases, spec, kernels: self.kernels, rows })
     }
 
     /// Experts' linear layers stacked `[experts, out_dim, in_dim]` (MoE).
@@ -132,8 +140,9 @@ impl Weights {
             return Err(Error::model(format!("`{prefix}.weight` is {:?}, expected packed uint32", w.dtype())));
         }
         let groups = in_dim / spec.group_size;
-        let scales = self.take_scales(&format!("{prefix}.scales"), &[experts, out_dim, groups])?;
-        let biases = self.take_scales(&format!("{prefix}.biases"), &[experts, out_dim, groups])?;
+        // MLX's gather_qmm runs these.
+        let scales = self.take_scales(&format!("{prefix}.scales"), &[experts, out_dim, groups], false)?;
+        let biases = self.take_scales(&format!("{prefix}.biases"), &[experts, out_dim, groups], false)?;
         Ok(SwitchLinear::Quantized { w, scales, biases, spec })
     }
 
@@ -159,8 +168,8 @@ impl Weights {
             return Err(Error::model(format!("`{prefix}.weight` is {:?}, expected packed uint32", w.dtype())));
         }
         let groups = in_dim / spec.group_size;
-        let scales = self.take_scales(&format!("{prefix}.scales"), &[out_dim, groups])?;
-        let biases = self.take_scales(&format!("{prefix}.biases"), &[out_dim, groups])?;
+        let scales = self.take_scales(&format!("{prefix}.scales"), &[out_dim, groups], true)?;
+        let biases = self.take_scales(&format!("{prefix}.biases"), &[out_dim, groups], true)?;
         Ok((w, scales, biases, spec))
     }
 
