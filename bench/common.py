@@ -144,8 +144,8 @@ def provenance(by_side):
     a, b = by_side["mlxrt"]["scale_dtype"], by_side["reference"]["scale_dtype"]
     if a != "as stored" and a != b:
         raise RuntimeError(
-            f"scale dtypes differ: mlxrt {a}, reference {b}. The engine casts quantization "
-            "scales to f32 on the CPU and has no option to keep them; run the reference with "
+            f"scale dtypes differ: mlxrt {a}, reference {b}. Under stock kernels the engine "
+            "casts quantization scales to f32 on the CPU; run the reference with "
             "--f32-scales (the default).")
     return {"mlxrt": by_side["mlxrt"], "reference": by_side["reference"]}
 

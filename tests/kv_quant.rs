@@ -354,6 +354,20 @@ fn f16_kv_halves_the_cache_and_keeps_smollm2_greedy_tokens() {
     let stock = go(&engine(KvFloat::F16, Kernels::Stock));
     assert_eq!(stock.iter().map(|s| &s.0).collect::<Vec<_>>(), a.iter().map(|s| &s.0).collect::<Vec<_>>());
 
+    // The prompt cache keeps f16 planes and restores them as such.
+    let mut cfg = EngineConfig::new(model_path());
+    cfg.kv = KvQuant { float: KvFloat::F16, ..KvQuant::default() };
+    let cached = Engine::new(cfg).unwrap();
+    let again = || {
+        let mut o = chat(&long);
+        o.max_tokens = 48;
+        o.stop_at_eos = false;
+        tokens_and_cached(&cached, o)
+    };
+    let ((first, cold), (second, warm)) = (again(), again());
+    assert_eq!((&first, cold), (&a[2].0, 0));
+    assert!(warm > 0 && second == first, "restored f16 KV: {warm} cached tokens, same tokens: {}", second == first);
+
     // Dense only, and not paged.
     let mut cfg = EngineConfig::new(model_path());
     cfg.kv = KvQuant { scheme: affine(8), float: KvFloat::F16, start: 0 };
