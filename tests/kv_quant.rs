@@ -298,7 +298,6 @@ fn engine_reports_the_scheme_and_refuses_bad_settings() {
     }
 }
 
-
 #[test]
 fn f16_kv_halves_the_cache_and_keeps_smollm2_greedy_tokens() {
     // `KvFloat::F16` (MLXRT_KV_SCHEME_F16): attention widens each stored key
