@@ -20,7 +20,7 @@ use mlxrt::model::Kernels;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 
 const PROMPTS: [&str; 5] = [
@@ -526,9 +526,62 @@ fn quant_config(paging: bool, scheme: KvScheme, start: i32, kernels: Kernels, ma
     c
 }
 
+/// Holds the scheduler thread in its first span (the first request's
+/// cohort set-up) until the test has queued the other requests, so that
+/// every engine admits them at the same iterations. A row's arithmetic
+/// depends on the batch it runs in (the matmul kernels' tiles and MLX's
+/// stock kernels round differently for other shapes), so two engines'
+/// batched tokens compare only for the same admissions, which otherwise
+/// depend on when each submission reaches the scheduler.
+#[derive(Clone, Default)]
+struct Gate(Arc<(Mutex<GateState>, Condvar)>);
+
+#[derive(Default)]
+struct GateState {
+    closed: bool,
+    parked: bool,
+}
+
+impl Gate {
+    /// An engine whose trace callback waits at this gate while it is closed.
+    fn install(&self, c: &mut EngineConfig) {
+        let gate = self.clone();
+        c.trace = Some(Arc::new(move |_: &mlxrt::engine::Span| {
+            let (lock, cv) = &*gate.0;
+            let mut s = lock.lock().unwrap();
+            if s.closed {
+                s.parked = true;
+                cv.notify_all();
+                while s.closed {
+                    s = cv.wait(s).unwrap();
+                }
+            }
+        }));
+    }
+
+    /// Submits every request, the scheduler held from the first one's first
+    /// span until the rest are queued.
+    fn submit_together(&self, e: &Engine, requests: Vec<RequestOptions>) -> Vec<mpsc::Receiver<Event>> {
+        let (lock, cv) = &*self.0;
+        *lock.lock().unwrap() = GateState { closed: true, parked: false };
+        let mut requests = requests.into_iter();
+        let mut rxs = vec![submit(e, requests.next().expect("a request"))];
+        let s = lock.lock().unwrap();
+        let (s, waited) = cv.wait_timeout_while(s, Duration::from_secs(300), |s| !s.parked).unwrap();
+        assert!(!waited.timed_out(), "the scheduler never reached the gate");
+        drop(s);
+        rxs.extend(requests.map(|o| submit(e, o)));
+        lock.lock().unwrap().closed = false;
+        cv.notify_all();
+        rxs
+    }
+}
+
 /// The prompts with per-request starts: the engine's, one inside the
-/// prefill, one reached while decoding, one never reached.
-fn quant_requests(steps: usize) -> Vec<mlxrt::engine::RequestOptions> {
+/// prefill, one reached while decoding, one never reached. Each request
+/// names its prefill chunk: then a chunk beside decoding rows is that, not
+/// what the pacer measured it could take (which varies run to run).
+fn quant_requests(steps: usize) -> Vec<RequestOptions> {
     PROMPTS
         .iter()
         .zip([None, Some(20), Some(60), Some(1000), Some(5)])
@@ -536,6 +589,7 @@ fn quant_requests(steps: usize) -> Vec<mlxrt::engine::RequestOptions> {
             let mut o = chat(p);
             o.max_tokens = steps as u32;
             o.stop_at_eos = false;
+            o.prefill_chunk = Some(16);
             o.quantized_kv_start = start;
             o
         })
@@ -553,16 +607,23 @@ fn quantized_kv_pages_as_without_paging() {
     let cases = QUANT_SCHEMES.iter().map(|&s| (s, Kernels::Auto)).chain([(QUANT_SCHEMES[1], Kernels::Stock)]);
     for (scheme, kernels) in cases {
         let label = format!("{scheme:?} {kernels:?}");
-        let flat = Engine::new(quant_config(false, scheme, 0, kernels, 8)).unwrap();
+        let engine = |paging: bool, gate: &Gate| {
+            let mut c = quant_config(paging, scheme, 0, kernels, 8);
+            gate.install(&mut c);
+            Engine::new(c).unwrap()
+        };
+        let gate = Gate::default();
+        let flat = engine(false, &gate);
         let alone: Vec<Vec<u32>> = quant_requests(steps).into_iter().map(|o| tokens_of(&run(&flat, o))).collect();
-        let rxs: Vec<_> = quant_requests(steps).into_iter().map(|o| submit(&flat, o)).collect();
+        let rxs = gate.submit_together(&flat, quant_requests(steps));
         let flat_together: Vec<Vec<u32>> = rxs.iter().map(|rx| tokens_of(&collect(rx))).collect();
         drop(flat);
-        let e = Engine::new(quant_config(true, scheme, 0, kernels, 8)).unwrap();
+        let gate = Gate::default();
+        let e = engine(true, &gate);
         for (i, o) in quant_requests(steps).into_iter().enumerate() {
             assert_eq!(tokens_of(&run(&e, o)), alone[i], "{label}: request {i} alone, paged");
         }
-        let rxs: Vec<_> = quant_requests(steps).into_iter().map(|o| submit(&e, o)).collect();
+        let rxs = gate.submit_together(&e, quant_requests(steps));
         for (i, rx) in rxs.iter().enumerate() {
             assert_eq!(tokens_of(&collect(rx)), flat_together[i], "{label}: request {i} batched, paged");
         }
