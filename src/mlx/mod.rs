@@ -102,6 +102,21 @@ pub mod memory {
     pub fn set_cache_limit(bytes: usize) -> usize {
         ffi::set_cache_limit(bytes).unwrap_or(0)
     }
+
+    /// Hands the C heap's free pages back to the system (glibc keeps what
+    /// a load freed in its arenas); a no-op where the C library is not glibc.
+    pub fn trim_heap() {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            extern "C" {
+                fn malloc_trim(pad: usize) -> i32;
+            }
+            // SAFETY: malloc_trim only releases free memory; any thread may call it.
+            unsafe {
+                malloc_trim(0);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
