@@ -433,18 +433,31 @@ static void test_submit_errors(mlxrt_engine *e) {
         r.freed, r.deltas, r.terminals);
 }
 
-static void test_streaming(mlxrt_engine *e) {
+/* The chat, answered in 32 tokens at most. */
+static void chat_params(mlxrt_request_params *p) {
+  mlxrt_request_params_init(p);
+  p->messages_json = CHAT;
+  p->max_tokens = 32;
+}
+
+/* Streams the chat's answer into `r` and waits for its end; returns the
+ * request (NULL when the submit failed). */
+static mlxrt_request *chat_to_end(mlxrt_engine *e, struct rec *r, const char *what) {
   mlxrt_request_params p;
-  mlxrt_request_params_init(&p);
-  p.messages_json = CHAT;
-  p.max_tokens = 32;
-  struct rec r;
-  rec_init(&r);
+  chat_params(&p);
+  rec_init(r);
   mlxrt_request *req = NULL;
   mlxrt_error *err = NULL;
-  CHECK(submit(e, &p, &r, &req, &err) == MLXRT_STATUS_OK, "submit: %s", mlxrt_error_message(err));
+  CHECK(submit(e, &p, r, &req, &err) == MLXRT_STATUS_OK, "submit (%s): %s", what, mlxrt_error_message(err));
+  mlxrt_error_free(err);
+  if (req) rec_wait(r);
+  return req;
+}
+
+static void test_streaming(mlxrt_engine *e) {
+  struct rec r;
+  mlxrt_request *req = chat_to_end(e, &r, "streaming");
   CHECK(req != NULL && mlxrt_request_id(req) != 0, "request handle");
-  rec_wait(&r);
   CHECK(r.deltas >= 2, "deltas %d", r.deltas);
   CHECK(strstr(r.text, "Paris") != NULL, "answer %s", r.text);
   CHECK(r.terminals == 1 && r.freed == 1 && r.events_after_terminal == 0, "terminal %d free %d after %d",
@@ -469,6 +482,8 @@ static void test_streaming(mlxrt_engine *e) {
   CHECK(mlxrt_engine_get_stats(e, (mlxrt_engine_stats *)&old, NULL) == MLXRT_STATUS_OK && old.canary == 12345,
         "short stats struct overwritten");
   /* a handle freed while its request runs: the request goes on to its end */
+  mlxrt_request_params p;
+  chat_params(&p);
   struct rec early;
   rec_init(&early);
   mlxrt_request *h = NULL;
@@ -995,15 +1010,8 @@ static void test_f16_kv(const char *model) {
   info.struct_size = sizeof info;
   CHECK(mlxrt_engine_get_info(e, &info, NULL) == MLXRT_STATUS_OK && strcmp(info.kv_scheme, "f16") == 0,
         "kv_scheme %s", info.kv_scheme);
-  mlxrt_request_params p;
-  mlxrt_request_params_init(&p);
-  p.messages_json = CHAT;
-  p.max_tokens = 32;
   struct rec r;
-  rec_init(&r);
-  mlxrt_request *req = NULL;
-  CHECK(submit(e, &p, &r, &req, &err) == MLXRT_STATUS_OK, "submit (f16 KV): %s", mlxrt_error_message(err));
-  rec_wait(&r);
+  mlxrt_request *req = chat_to_end(e, &r, "f16 KV");
   CHECK(r.last_kind == MLXRT_EVENT_KIND_DONE && strstr(r.text, "Paris") != NULL, "f16 KV answer %s", r.text);
   mlxrt_request_free(req);
   mlxrt_engine_destroy(e);
