@@ -64,7 +64,7 @@ impl Planes {
         if end > self.capacity() {
             // Growing copies the planes and frees the old ones: a prompt's
             // chunks grow into one reserved allocation instead.
-            let n = round_up(l).max(round_up(self.1) - prev);
+            let n = if self.1 >= end { self.1 - prev } else { round_up(l) };
             let mut grown = Vec::with_capacity(new.len());
             for (i, x) in new.iter().enumerate() {
                 let zeros = zeros_like_positions(x, n)?;
@@ -342,11 +342,15 @@ impl KvCache {
         }
     }
 
-    /// Lets the planes grow to at least `positions` at once when they next
-    /// grow (a prefill's chunks then write into one allocation).
-    pub fn reserve(&mut self, positions: i32) {
+    /// Lets the planes grow to at least `positions`, rounded up to whole
+    /// steps but not past `end` (the last position the rows can reach), at
+    /// once when they next grow: a prefill's chunks then write into one
+    /// allocation, and a request that ends before the step's end never
+    /// holds the rest of it.
+    pub fn reserve(&mut self, positions: i32, end: i32) {
+        let target = round_up(positions).min(end.max(positions));
         for p in self.dense.iter_mut().chain(self.quant.as_mut().map(|q| &mut q.planes)) {
-            p.1 = positions;
+            p.1 = target;
         }
     }
 
@@ -714,7 +718,7 @@ mod tests {
     #[test]
     fn a_reserve_sizes_the_first_growth() {
         let mut c = KvCache::new(1);
-        c.reserve(600);
+        c.reserve(600, i32::MAX);
         c.update_and_fetch(&kv(0.0, 100), &kv(0.0, 100)).unwrap();
         let reserved = c.nbytes();
         assert_eq!(reserved, 2 * 768 * 2 * 4, "600 positions round up to 768");
@@ -723,6 +727,15 @@ mod tests {
         assert!(k.to_vec_f32().unwrap().iter().step_by(2).enumerate().all(|(i, &x)| x == i as f32));
         c.update_and_fetch(&kv(600.0, 200), &kv(0.0, 200)).unwrap();
         assert_eq!(c.nbytes(), 2 * (600 + 256) * 2 * 4, "then growth goes on in steps");
+        // Rows that end at position 650 are not given the rest of the step;
+        // an end before the positions reserves them all.
+        for (end, want) in [(650, 650), (500, 600)] {
+            let mut c = KvCache::new(1);
+            c.reserve(600, end);
+            let (k, _) = c.update_and_fetch(&kv(0.0, 600), &kv(0.0, 600)).unwrap();
+            assert_eq!(c.nbytes(), 2 * want * 2 * 4, "end {end}");
+            assert!(k.to_vec_f32().unwrap().iter().step_by(2).enumerate().all(|(i, &x)| x == i as f32));
+        }
     }
 
     #[test]

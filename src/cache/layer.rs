@@ -130,9 +130,9 @@ impl LayerCache {
     }
 
     /// Sizes a KV cache's next growth for `positions` (see `KvCache::reserve`).
-    pub fn reserve(&mut self, positions: i32) {
+    pub fn reserve(&mut self, positions: i32, end: i32) {
         if let LayerCache::Kv(c) = self {
-            c.reserve(positions);
+            c.reserve(positions, end);
         }
     }
 

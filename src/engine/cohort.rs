@@ -70,6 +70,11 @@ impl CohortStep {
     }
 }
 
+/// The most positions a row's generation can write.
+fn new_tokens(row: &Row) -> i32 {
+    i32::try_from(row.max_tokens).unwrap_or(i32::MAX)
+}
+
 impl Cohort {
     /// A cohort of new rows whose full-attention layers store KV as
     /// `kv` says (each row from its own `quantized_kv_start`), with room
@@ -78,6 +83,8 @@ impl Cohort {
     pub fn new(model: &dyn LanguageModel, kv: KvQuant, pools: Option<&PagedPools>, entrants: Vec<Entrant>) -> Result<Cohort> {
         let (rows, marks): (Vec<Row>, Vec<_>) = entrants.into_iter().unzip();
         let total = rows.iter().map(|r| r.prompt.len() as i32).max().unwrap_or(0);
+        // Rows are right-aligned on the prompt's end, so none goes past this.
+        let end = total.saturating_add(rows.iter().map(new_tokens).max().unwrap_or(0));
         let pads: Vec<i32> = rows.iter().map(|r| total - r.prompt.len() as i32).collect();
         let starts: Vec<i32> = rows.iter().map(|r| r.kv_start).collect();
         let mut cache = new_cache(model, kv, rows.len())?;
@@ -91,7 +98,7 @@ impl Cohort {
         for c in &mut cache {
             c.set_padding(&pads);
             c.set_starts(&starts);
-            c.reserve(total + 1);
+            c.reserve(total + 1, end);
         }
         Ok(Cohort { set: RowSet::new(rows, cache), marks, media: None })
     }
@@ -186,7 +193,7 @@ impl Cohort {
         }
         let rest = (row.prompt.len() - row.cached) as i32;
         let done = self.done().max(row.cached as i32);
-        cache.iter_mut().for_each(|c| c.reserve(done + rest + 1));
+        cache.iter_mut().for_each(|c| c.reserve(done + rest + 1, (done + rest).saturating_add(new_tokens(&row))));
         self.set.extend(RowSet::new(vec![row], cache))?;
         self.marks.push(mark);
         Ok(())
