@@ -607,19 +607,18 @@ fn quantized_kv_pages_as_without_paging() {
     let cases = QUANT_SCHEMES.iter().map(|&s| (s, Kernels::Auto)).chain([(QUANT_SCHEMES[1], Kernels::Stock)]);
     for (scheme, kernels) in cases {
         let label = format!("{scheme:?} {kernels:?}");
-        let engine = |paging: bool, gate: &Gate| {
+        let gate = Gate::default();
+        let engine = |paging: bool| {
             let mut c = quant_config(paging, scheme, 0, kernels, 8);
             gate.install(&mut c);
             Engine::new(c).unwrap()
         };
-        let gate = Gate::default();
-        let flat = engine(false, &gate);
+        let flat = engine(false);
         let alone: Vec<Vec<u32>> = quant_requests(steps).into_iter().map(|o| tokens_of(&run(&flat, o))).collect();
         let rxs = gate.submit_together(&flat, quant_requests(steps));
         let flat_together: Vec<Vec<u32>> = rxs.iter().map(|rx| tokens_of(&collect(rx))).collect();
         drop(flat);
-        let gate = Gate::default();
-        let e = engine(true, &gate);
+        let e = engine(true);
         for (i, o) in quant_requests(steps).into_iter().enumerate() {
             assert_eq!(tokens_of(&run(&e, o)), alone[i], "{label}: request {i} alone, paged");
         }
