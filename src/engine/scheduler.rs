@@ -206,7 +206,7 @@ fn main(
         }
     };
     // The load's temporary buffers (GGUF conversion) would stay resident in
-    // MLX's buffer cache and the C heap: ~35 MB for SmolLM2-135M.
+    // MLX's buffer cache and the C heap.
     mlx::memory::clear_cache();
     mlx::memory::trim_heap();
     let text = Arc::new(loaded.text);
