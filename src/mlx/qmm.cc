@@ -29,8 +29,9 @@ namespace mx = mlx::core;
 namespace mlxrt::qmm {
 
 size_t scratch_floats(int K) {
-  (void)K;  // panels are blocked to kBlockK columns whatever K is
-  return static_cast<size_t>(kPanelRows) * kBlockK;
+  (void)K;  // panels are blocked to kGemmK whatever K is
+  // A GEMM panel and the rows it is transposed from.
+  return static_cast<size_t>(2 * kMaxLanes) * (kGemmK + kGemmRowStride);
 }
 
 namespace {
@@ -245,6 +246,9 @@ const Kernels* select_kernels(uint8_t code) {
 // ---------------------------------------------------------------------------
 // Running one problem
 
+// x packed with more values than this is packed on the pool.
+constexpr int64_t kParallelCopy = 1 << 15;
+
 // Below this many multiply-adds a matmul runs on the calling thread alone:
 // handing chunks to another core costs more than it saves.
 constexpr double kParallelMacs = 1 << 17;
@@ -274,7 +278,8 @@ float* thread_scratch() {
 
 void run_problem(const Kernels& k, const Problem& p, bool q8) {
   Pool& pool = Pool::get();
-  const int tiles = (p.N + k.tile_n - 1) / k.tile_n;
+  const int tile_n = !q8 && p.M > k.direct_rows ? k.gemm_cols : k.tile_n;
+  const int tiles = (p.N + tile_n - 1) / tile_n;
   const double macs = static_cast<double>(p.M) * p.N * p.K;
   // A few chunks per thread balance uneven progress (other load, SMT).
   int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
@@ -292,15 +297,16 @@ void run_problem(const Kernels& k, const Problem& p, bool q8) {
   const int per = (tiles + chunks - 1) / chunks;
   chunks = (tiles + per - 1) / per;
   auto body = [&](int c) {
-    const int n0 = c * per * k.tile_n;
-    range(n0, std::min(p.N, n0 + per * k.tile_n));
+    const int n0 = c * per * tile_n;
+    range(n0, std::min(p.N, n0 + per * tile_n));
   };
   pool.parallel_for(chunks, body);
 }
 
-// x as seen by the kernel: dense M x K rows, for 4-bit weights permuted in
-// each block of 2*lanes values to [even k..., odd k...] (the order in which
-// a vector unpacks low and high nibbles of `lanes` bytes).
+// x as seen by the kernel (see Problem::x): M rows of K, for 4-bit weights
+// permuted in each block of 2*lanes values to [even k..., odd k...] (the
+// order in which a vector unpacks low and high nibbles of `lanes` bytes);
+// row-major, or in tiles of `tile_rows` rows stored k-major.
 struct XView {
   const float* data;
   mx::Shape shape;
@@ -318,28 +324,43 @@ const float* row_ptr(const XView& x, int64_t m) {
 }
 
 // Always a copy, aligned to a cache line (K is a multiple of 32, so every
-// row is aligned too); copying M x K floats is cheap next to the M x N x K
-// product.
-const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, AlignedFloats& buf) {
-  float* out = buf.get(static_cast<size_t>(M) * K);
-  if (bits != 4 && x.dense) {
+// row and tile is aligned too); copying M x K floats is cheap next to the
+// M x N x K product. `tile_rows` 0: row-major.
+const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, int tile_rows,
+                       AlignedFloats& buf) {
+  const int R = tile_rows ? tile_rows : 1;
+  const int tiles = (M + R - 1) / R;
+  float* out = buf.get(static_cast<size_t>(tiles) * R * K);
+  if (bits != 4 && x.dense && !tile_rows) {
     std::memcpy(out, x.data, sizeof(float) * M * K);
     return out;
   }
   const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
-  for (int m = 0; m < M; ++m) {
-    const float* src = x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
-    float* dst = out + static_cast<size_t>(m) * K;
-    if (bits != 4) {
-      for (int k = 0; k < K; ++k) dst[k] = src[k * sk];
-      continue;
+  // order[i]: the offset in a source row of the kernel's value i.
+  thread_local std::vector<int64_t> order;
+  order.resize(K);
+  for (int b = 0; b < K; b += 2 * lanes) {
+    for (int i = 0; i < 2 * lanes; ++i) {
+      const int k = bits == 4 ? (i < lanes ? 2 * i : 2 * (i - lanes) + 1) : i;
+      order[b + i] = (b + k) * sk;
     }
-    for (int b = 0; b < K; b += 2 * lanes) {
-      for (int i = 0; i < lanes; ++i) {
-        dst[b + i] = src[(b + 2 * i) * sk];
-        dst[b + lanes + i] = src[(b + 2 * i + 1) * sk];
-      }
+  }
+  const int64_t* ord = order.data();
+  // One tile of R rows, written in order: [i][r] (R = 1: a row-major row).
+  auto tile = [&](int t) {
+    const float* src[kMaxGemmRows];
+    for (int r = 0; r < R; ++r) {
+      const int m = t * R + r;
+      src[r] = m >= M ? nullptr : x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
     }
+    float* dst = out + static_cast<size_t>(t) * K * R;
+    for (int i = 0; i < K; ++i, dst += R)
+      for (int r = 0; r < R; ++r) dst[r] = src[r] ? src[r][ord[i]] : 0.0f;  // 0: padding
+  };
+  if (static_cast<int64_t>(M) * K >= kParallelCopy && tiles > 1) {
+    Pool::get().parallel_for(tiles, tile);
+  } else {
+    for (int t = 0; t < tiles; ++t) tile(t);
   }
   return out;
 }
@@ -476,7 +497,8 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
       run_problem(*k, p, true);
       return;
     }
-    const float* xp = prepare_x(xv, M, K, bits, k->lanes, xbuf);
+    const int tile_rows = M > k->direct_rows ? k->gemm_rows : 0;
+    const float* xp = prepare_x(xv, M, K, bits, k->lanes, tile_rows, xbuf);
     Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st, nullptr, nullptr, nullptr, nullptr, 0};
     run_problem(*k, p, false);
   });

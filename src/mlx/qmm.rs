@@ -79,7 +79,7 @@ pub fn fast_quantized_matmul_isa(
 /// Results differ from the f32 kernel by the rounding of x (~1e-3 of
 /// `sum |x| |w|`); see docs/cpu-kernels.md. Where the f32 kernel measured
 /// faster it runs instead: 4-bit weights with more than
-/// [`INT8_MAX_ROWS_4BIT`] rows of x (its dequantized panels), 8-bit weights
+/// [`INT8_MAX_ROWS_4BIT`] rows of x (its GEMM path), 8-bit weights
 /// with fewer than [`INT8_MIN_ROWS_8BIT`] (a single row of x streaming a
 /// large 8-bit matrix, e.g. the LM head at decode).
 pub fn fast_quantized_matmul_int8(

@@ -26,10 +26,12 @@ struct V {
   static constexpr int W = 8;
   // 16 registers: 2 x 4 accumulators leave room for weights, x and scales.
   static constexpr int MR_DIRECT = 2;
-  // Panels from 3 rows on: with W = 8 lanes, re-dequantizing weights for
-  // every 2-row group costs more than a panel (measured on Zen 4).
+  // The GEMM path from 3 rows on: with W = 8 lanes, re-dequantizing weights for
+  // every 2-row group cost more than a panel (measured on Zen 4 against
+  // the dot-product panels that preceded the GEMM path).
   static constexpr int DIRECT_ROWS = 2;
-  static constexpr int MR_PANEL = 2;
+  // 6 x 2 accumulators + 2 weight vectors + 1 broadcast of x.
+  static constexpr int MR_GEMM = 6;
 
   QMM_FN static inline T zero() { return _mm256_setzero_ps(); }
   QMM_FN static inline T load(const float* p) { return _mm256_loadu_ps(p); }
@@ -37,6 +39,25 @@ struct V {
   QMM_FN static inline T set1(float s) { return _mm256_set1_ps(s); }
   QMM_FN static inline T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
   QMM_FN static inline T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  QMM_FN static inline T add(T a, T b) { return _mm256_add_ps(a, b); }
+  // 4 x 4 transposes inside each 128-bit half, then the halves swapped.
+  QMM_FN static inline void transpose(T (&v)[8]) {
+    T a[8], b[8];
+    for (int i = 0; i < 8; i += 2) {
+      a[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+      a[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      b[i] = _mm256_shuffle_ps(a[i], a[i + 2], 0x44);
+      b[i + 1] = _mm256_shuffle_ps(a[i], a[i + 2], 0xee);
+      b[i + 2] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+      b[i + 3] = _mm256_shuffle_ps(a[i + 1], a[i + 3], 0xee);
+    }
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_permute2f128_ps(b[j], b[4 + j], 0x20);
+      v[4 + j] = _mm256_permute2f128_ps(b[j], b[4 + j], 0x31);
+    }
+  }
   // The first n (< W) floats at p, the other lanes 0 (nothing read past n).
   QMM_FN static inline T load_n(const float* p, int n) {
     const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

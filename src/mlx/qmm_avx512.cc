@@ -29,8 +29,8 @@ struct V {
   // for M = 5..12 and about as fast at 16 (8-bit still faster); slower
   // from ~24.
   static constexpr int DIRECT_ROWS = 16;
-  // 6 x 4 accumulators + 4 weight vectors + 1 x vector.
-  static constexpr int MR_PANEL = 6;
+  // 14 x 2 accumulators + 2 weight vectors + 1 broadcast of x.
+  static constexpr int MR_GEMM = 14;
 
   QMM_FN static inline T zero() { return _mm512_setzero_ps(); }
   QMM_FN static inline T load(const float* p) { return _mm512_loadu_ps(p); }
@@ -38,6 +38,32 @@ struct V {
   QMM_FN static inline T set1(float s) { return _mm512_set1_ps(s); }
   QMM_FN static inline T fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
   QMM_FN static inline T mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  QMM_FN static inline T add(T a, T b) { return _mm512_add_ps(a, b); }
+  // 4 x 4 transposes inside each 128-bit lane, then the lanes moved.
+  QMM_FN static inline void transpose(T (&v)[16]) {
+    T a[16], b[16];
+    for (int i = 0; i < 16; i += 2) {
+      a[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+      a[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+      b[i] = _mm512_shuffle_ps(a[i], a[i + 2], 0x44);
+      b[i + 1] = _mm512_shuffle_ps(a[i], a[i + 2], 0xee);
+      b[i + 2] = _mm512_shuffle_ps(a[i + 1], a[i + 3], 0x44);
+      b[i + 3] = _mm512_shuffle_ps(a[i + 1], a[i + 3], 0xee);
+    }
+    // b[4i + j], lane L: column 4L + j of rows 4i..4i+3.
+    for (int j = 0; j < 4; ++j) {
+      const T p0 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0x44);
+      const T p1 = _mm512_shuffle_f32x4(b[j], b[4 + j], 0xee);
+      const T q0 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], 0x44);
+      const T q1 = _mm512_shuffle_f32x4(b[8 + j], b[12 + j], 0xee);
+      v[j] = _mm512_shuffle_f32x4(p0, q0, 0x88);
+      v[4 + j] = _mm512_shuffle_f32x4(p0, q0, 0xdd);
+      v[8 + j] = _mm512_shuffle_f32x4(p1, q1, 0x88);
+      v[12 + j] = _mm512_shuffle_f32x4(p1, q1, 0xdd);
+    }
+  }
   // The first n (< W) floats at p, the other lanes 0 (nothing read past n).
   QMM_FN static inline T load_n(const float* p, int n) {
     return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1), p);

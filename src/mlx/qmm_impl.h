@@ -7,9 +7,10 @@
 //   QMM_Q8_FN  attributes of the int8-activation kernel (may add VNNI)
 // and, inside mlxrt::qmm::QMM_NS, a struct `V` with:
 //   T                         the vector type, W f32 lanes
-//   MR_DIRECT, MR_PANEL       rows of x per register tile (see below)
+//   MR_DIRECT, MR_GEMM        rows of x per register tile (see below)
 //   DIRECT_ROWS               up to this M the direct path is used
-//   zero, load, store, set1, fma(a, b, c) = a * b + c, hsum
+//   zero, load, store, set1, add, fma(a, b, c) = a * b + c, hsum
+//   transpose(v)              v[W] as a W x W matrix, transposed in place
 //   Tab4, table4(s, b)        per-(row, group) state for 4-bit dequantization
 //   dequant4(p, tab, lo, hi)  W bytes of 4-bit data -> s * q + b for the low
 //                             nibbles (even k) and the high nibbles (odd k)
@@ -18,22 +19,24 @@
 //                             (may write up to 16 floats past dst + n)
 //   Q8_BLOCKS, Q8_MR, q8_*    the int8-activation path (see run_q8 below)
 //
-// Shape of the computation. Each output is a dot product along k. A register
-// tile holds MR rows of x times NR = kPanelRows rows of w as MR*NR vector
-// accumulators that run along k; they are summed horizontally once per
-// k-block. That keeps the nibble unpacking in the layout MLX stores (no
-// transposes); the k order inside a block is free because the caller
-// permutes x the same way.
-//  - Few rows of x (M <= DIRECT_ROWS: decode, batched decode): weights
-//    are dequantized in registers and used at once by tiles of at most
-//    MR_DIRECT rows. With more rows than one tile holds, the rows are split
+// Shape of the computation. The k order inside a block of 2W values is free
+// because the caller permutes x the way nibbles unpack.
+//  - Few rows of x (M <= DIRECT_ROWS: decode, batched decode): a register
+//    tile holds MR rows of x times NR = kPanelRows rows of w as MR*NR vector
+//    accumulators that run along k, summed horizontally once per k-block;
+//    weights are dequantized in registers, in the layout MLX stores, and
+//    used at once. With more rows than one tile holds, the rows are split
 //    into near-equal groups that run one after the other on the same weight
 //    tile, whose packed weights then come from L1; the loop streams w from
 //    memory once. (Re-dequantizing per group costs less than a panel's
 //    stores and loads at these M.)
-//  - More rows (prefill): NR weight rows are dequantized into an f32 panel
-//    once per block of kBlockM rows of x and reused by all of them, so the
-//    dequantization cost is amortized and the loop is FMA-bound.
+//  - More rows (prefill): a GEMM in the BLAS shape. Per k-block of at most
+//    kGemmK, NC = 2W weight rows are dequantized and transposed into a panel
+//    [k][NC] (in L2), and every tile of MR_GEMM rows of x runs against it as
+//    outer products: per k, one broadcast of x per row times two weight
+//    vectors, MR_GEMM x 2 accumulators, nothing summed across lanes. Each x
+//    value feeds 2W multiply-adds and each weight MR_GEMM, so the loop is
+//    FMA-bound rather than bound by loads of x from L2.
 // Either way the dequantized weight is fma(q, scale, bias) in f32, the value
 // MLX's own kernel uses, and products are accumulated in f32.
 // Everything here has internal linkage and no standard-library code (see
@@ -195,14 +198,15 @@ QMM_FN void tile_direct(const Problem& p, const TileRows<QF, ST>& rows, int m0, 
   store_tile<MR>(p, m0, n0, accumulate, acc);
 }
 
-// Dequantizes NR rows of w, k in [k0, k1), into `panel` (row stride kBlockK).
+// Dequantizes NR rows of w from n0, k in [k0, k1), into `out` (row stride
+// kGemmRowStride).
 template <class QF, ScaleType ST>
-QMM_FN void fill_panel(const Problem& p, int n0, int k0, int k1, float* panel) {
+QMM_FN void fill_rows(const Problem& p, int n0, int k0, int k1, float* out) {
   const TileRows<QF, ST> rows(p, n0, k0, k1);
   const int ng = (k1 - k0) / QF::GROUP;
   for (int j = 0; j < NR; ++j) {
     for (int g = 0; g < ng; ++g) {
-      float* dst = panel + j * kBlockK + g * QF::GROUP;
+      float* dst = out + j * kGemmRowStride + g * QF::GROUP;
       const uint8_t* wg = rows.w[j] + g * kGroupBytes<QF>;
       const GroupTab<QF> tab(rows.s[j][g], rows.b[j][g]);
       QMM_UNROLL
@@ -216,29 +220,72 @@ QMM_FN void fill_panel(const Problem& p, int n0, int k0, int k1, float* panel) {
   }
 }
 
-// MR rows of x against a dequantized panel, k in [k0, k1).
-template <int MR>
-QMM_FN void tile_panel(const Problem& p, const float* panel, int m0, int n0, int k0, int k1,
-                       bool accumulate) {
-  const float* x = p.x + static_cast<size_t>(m0) * p.K;
-  const size_t ldx = static_cast<size_t>(p.K);
-  T acc[MR][NR];
-  QMM_UNROLL
-  for (int m = 0; m < MR; ++m)
+// The GEMM path's tile width: two vectors of output columns.
+constexpr int NC = 2 * W;
+constexpr int MG = V::MR_GEMM;
+static_assert(MG <= kMaxGemmRows && W <= kMaxLanes, "see qmm_kernels.h");
+
+// The GEMM path's k-block: near-equal blocks of whole groups, at most
+// kGemmK (K = 576 -> 3 x 192, not 256 + 256 + 64).
+template <class QF>
+QMM_FN inline int gemm_block_k(int K) {
+  const int blocks = (K + kGemmK - 1) / kGemmK;
+  const int per = (K + blocks - 1) / blocks;
+  return (per + QF::GROUP - 1) / QF::GROUP * QF::GROUP;
+}
+
+// The NC weight rows from n0, k in [k0, k1), dequantized into `rows` and
+// transposed into `panel` [k][NC] (k in the permuted order x has).
+template <class QF, ScaleType ST>
+QMM_FN void fill_gemm_panel(const Problem& p, int n0, int k0, int k1, float* rows,
+                            float* panel) {
+  for (int j = 0; j < NC; j += NR)
+    fill_rows<QF, ST>(p, n0 + j, k0, k1, rows + j * kGemmRowStride);
+  for (int k = 0; k < k1 - k0; k += W) {
     QMM_UNROLL
-    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
-  for (int k = k0; k < k1; k += W) {
-    T wv[NR];
-    QMM_UNROLL
-    for (int j = 0; j < NR; ++j) wv[j] = V::load(panel + j * kBlockK + (k - k0));
-    QMM_UNROLL
-    for (int m = 0; m < MR; ++m) {
-      const T xv = V::load(x + m * ldx + k);
+    for (int h = 0; h < 2; ++h) {
+      T v[W];
       QMM_UNROLL
-      for (int j = 0; j < NR; ++j) acc[m][j] = V::fma(xv, wv[j], acc[m][j]);
+      for (int c = 0; c < W; ++c) v[c] = V::load(rows + (h * W + c) * kGemmRowStride + k);
+      V::transpose(v);
+      QMM_UNROLL
+      for (int c = 0; c < W; ++c) V::store(panel + (k + c) * NC + h * W, v[c]);
     }
   }
-  store_tile<MR>(p, m0, n0, accumulate, acc);
+}
+
+// R rows of x from m0 (their tile `xt`, already at k0: xt[k * MG + r])
+// against `panel`, for kc values of k; writes (or adds to) `cols` <= NC
+// output columns from n.
+template <int R>
+QMM_FN void tile_gemm(const Problem& p, const float* panel, const float* xt, int kc, int m0,
+                      int n, int cols, bool accumulate) {
+  T acc[R][2];
+  QMM_UNROLL
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
+  for (int k = 0; k < kc; ++k) {
+    const T w0 = V::load(panel + k * NC), w1 = V::load(panel + k * NC + W);
+    QMM_UNROLL
+    for (int r = 0; r < R; ++r) {
+      const T xb = V::set1(xt[k * MG + r]);
+      acc[r][0] = V::fma(xb, w0, acc[r][0]);
+      acc[r][1] = V::fma(xb, w1, acc[r][1]);
+    }
+  }
+  QMM_UNROLL
+  for (int r = 0; r < R; ++r) {
+    float* o = p.out + static_cast<size_t>(m0 + r) * p.N + n;
+    if (cols == NC) {
+      QMM_UNROLL
+      for (int h = 0; h < 2; ++h)
+        V::store(o + h * W, accumulate ? V::add(V::load(o + h * W), acc[r][h]) : acc[r][h]);
+    } else {  // the last columns of a range: never past it (another thread's)
+      alignas(64) float t[NC];
+      V::store(t, acc[r][0]);
+      V::store(t + W, acc[r][1]);
+      for (int j = 0; j < cols; ++j) o[j] = accumulate ? o[j] + t[j] : t[j];
+    }
+  }
 }
 
 // Runtime row count -> compile-time register tile height (largest <= rows).
@@ -251,69 +298,87 @@ QMM_FN void direct_rows(const Problem& p, const TileRows<QF, ST>& rows, int coun
   tile_direct<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
 }
 
-template <int MR = V::MR_PANEL>
-QMM_FN void panel_rows(const Problem& p, const float* panel, int rows, int m, int n, int k0,
-                       int k1, bool accumulate) {
-  if constexpr (MR > 1) {
-    if (rows < MR) return panel_rows<MR - 1>(p, panel, rows, m, n, k0, k1, accumulate);
+template <int R = MG>
+QMM_FN void gemm_rows(const Problem& p, const float* panel, const float* xt, int kc, int rows,
+                      int m, int n, int cols, bool accumulate) {
+  if constexpr (R > 1) {
+    if (rows < R) return gemm_rows<R - 1>(p, panel, xt, kc, rows, m, n, cols, accumulate);
   }
-  tile_panel<MR>(p, panel, m, n, k0, k1, accumulate);
+  tile_gemm<R>(p, panel, xt, kc, m, n, cols, accumulate);
 }
 
 template <class QF, ScaleType ST>
-QMM_FN void run_typed(const Problem& p, int n0, int n1, float* panel) {
+QMM_FN void run_direct(const Problem& p, int n0, int n1) {
   for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
     const int k1 = min_i(p.K, k0 + kBlockK);
-    const bool accumulate = k0 > 0;
-    if (p.M <= V::DIRECT_ROWS) {
-      // Near-equal row groups (8 rows -> 4 + 4, not 6 + 2).
-      const int groups = (p.M + V::MR_DIRECT - 1) / V::MR_DIRECT;
-      const int base = p.M / groups, extra = p.M % groups;
-      for (int n = n0; n < n1; n += NR) {
-        const TileRows<QF, ST> rows(p, n, k0, k1);
-        for (int gi = 0, m = 0; gi < groups; ++gi) {
-          const int count = base + (gi < extra ? 1 : 0);
-          direct_rows<QF, ST>(p, rows, count, m, n, k0, k1, accumulate);
-          m += count;
-        }
-      }
-      continue;
-    }
-    for (int mc = 0; mc < p.M; mc += kBlockM) {
-      const int mc_end = min_i(p.M, mc + kBlockM);
-      for (int n = n0; n < n1; n += NR) {
-        fill_panel<QF, ST>(p, n, k0, k1, panel);
-        for (int m = mc; m < mc_end; m += V::MR_PANEL)
-          panel_rows(p, panel, mc_end - m, m, n, k0, k1, accumulate);
+    // Near-equal row groups (8 rows -> 4 + 4, not 6 + 2).
+    const int groups = (p.M + V::MR_DIRECT - 1) / V::MR_DIRECT;
+    const int base = p.M / groups, extra = p.M % groups;
+    for (int n = n0; n < n1; n += NR) {
+      const TileRows<QF, ST> rows(p, n, k0, k1);
+      for (int gi = 0, m = 0; gi < groups; ++gi) {
+        const int count = base + (gi < extra ? 1 : 0);
+        direct_rows<QF, ST>(p, rows, count, m, n, k0, k1, k0 > 0);
+        m += count;
       }
     }
+  }
+}
+
+// x arrives in tiles of MG rows (see Problem::x); `scratch` holds the panel
+// and the rows it is transposed from.
+template <class QF, ScaleType ST>
+QMM_FN void run_gemm(const Problem& p, int n0, int n1, float* scratch) {
+  float* rows = scratch;
+  float* panel = scratch + NC * kGemmRowStride;
+  const int kb = gemm_block_k<QF>(p.K);
+  const size_t tile_floats = static_cast<size_t>(p.K) * MG;
+  for (int k0 = 0; k0 < p.K; k0 += kb) {
+    const int k1 = min_i(p.K, k0 + kb);
+    for (int n = n0; n < n1; n += NC) {
+      fill_gemm_panel<QF, ST>(p, n, k0, k1, rows, panel);
+      const int cols = min_i(NC, n1 - n);
+      for (int m = 0; m < p.M; m += MG) {
+        const float* xt = p.x + (m / MG) * tile_floats + static_cast<size_t>(k0) * MG;
+        gemm_rows(p, panel, xt, k1 - k0, p.M - m, m, n, cols, k0 > 0);
+      }
+    }
+  }
+}
+
+template <class QF, ScaleType ST>
+QMM_FN void run_typed(const Problem& p, int n0, int n1, float* scratch) {
+  if (p.M <= V::DIRECT_ROWS) {
+    run_direct<QF, ST>(p, n0, n1);
+  } else {
+    run_gemm<QF, ST>(p, n0, n1, scratch);
   }
 }
 
 template <int BITS, int GROUP>
-QMM_FN void run_format(const Problem& p, int n0, int n1, float* panel) {
+QMM_FN void run_format(const Problem& p, int n0, int n1, float* scratch) {
   using QF = Q<BITS, GROUP>;
   switch (p.stype) {
-    case ScaleType::F32: return run_typed<QF, ScaleType::F32>(p, n0, n1, panel);
-    case ScaleType::F16: return run_typed<QF, ScaleType::F16>(p, n0, n1, panel);
-    case ScaleType::BF16: return run_typed<QF, ScaleType::BF16>(p, n0, n1, panel);
+    case ScaleType::F32: return run_typed<QF, ScaleType::F32>(p, n0, n1, scratch);
+    case ScaleType::F16: return run_typed<QF, ScaleType::F16>(p, n0, n1, scratch);
+    case ScaleType::BF16: return run_typed<QF, ScaleType::BF16>(p, n0, n1, scratch);
   }
 }
 
 template <int BITS>
-QMM_FN void run_bits(const Problem& p, int n0, int n1, float* panel) {
+QMM_FN void run_bits(const Problem& p, int n0, int n1, float* scratch) {
   switch (p.group) {
-    case 32: return run_format<BITS, 32>(p, n0, n1, panel);
-    case 64: return run_format<BITS, 64>(p, n0, n1, panel);
-    default: return run_format<BITS, 128>(p, n0, n1, panel);
+    case 32: return run_format<BITS, 32>(p, n0, n1, scratch);
+    case 64: return run_format<BITS, 64>(p, n0, n1, scratch);
+    default: return run_format<BITS, 128>(p, n0, n1, scratch);
   }
 }
 
-QMM_FN void run(const Problem& p, int n0, int n1, float* panel) {
+QMM_FN void run(const Problem& p, int n0, int n1, float* scratch) {
   if (p.bits == 4) {
-    run_bits<4>(p, n0, n1, panel);
+    run_bits<4>(p, n0, n1, scratch);
   } else {
-    run_bits<8>(p, n0, n1, panel);
+    run_bits<8>(p, n0, n1, scratch);
   }
 }
 
@@ -460,7 +525,7 @@ QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
   }
 }
 
-const Kernels kKernels{QMM_ISA, V::W, &run, NR, &run_q8};
+const Kernels kKernels{QMM_ISA, V::W, &run, NR, V::DIRECT_ROWS, MG, NC, &run_q8};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

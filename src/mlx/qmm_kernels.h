@@ -23,9 +23,12 @@ enum class Isa : uint8_t { Auto = 0, Portable = 1, Avx2 = 2, Avx512 = 3 };
 // dequant(w)[n, k] = scale[n, k / group] * q[n, k] + bias[n, k / group] and
 // q packed little-end-first into uint32 words (MLX's affine layout).
 struct Problem {
-  // x in f32, row-major M x K. For 4-bit weights it is *permuted* inside each
-  // block of 2*lanes values (see `permute_x_4bit`), matching the order in
-  // which the kernel unpacks nibbles.
+  // x in f32. For 4-bit weights it is *permuted* inside each block of
+  // 2*lanes values ([lanes even k, lanes odd k]), matching the order in
+  // which the kernel unpacks nibbles. Up to `Kernels::direct_rows` rows it is
+  // row-major M x K; past that it is packed in tiles of `Kernels::gemm_rows`
+  // rows, each tile K x gemm_rows k-major (x[k][row], rows past M zero), so
+  // the GEMM tile broadcasts from one sequential stream.
   const float* x;
   const uint8_t* w;       // N rows of K * bits / 8 bytes
   const void* scales;     // N x K/group
@@ -54,11 +57,14 @@ constexpr int kQ8Pad = 64;
 struct Kernels {
   Isa isa;
   int lanes;  // f32 lanes of one vector; a 4-bit block is 2*lanes values
-  // Computes output columns [n0, n1) of `p` (n0 a multiple of `tile_n`).
-  // `scratch` holds at least `scratch_floats(p.K)` floats, private to the
-  // calling thread.
+  // Computes output columns [n0, n1) of `p` (n0 a multiple of `tile_n`, or
+  // of `gemm_cols` past `direct_rows` rows). `scratch` holds at least
+  // `scratch_floats(p.K)` floats, private to the calling thread.
   void (*run)(const Problem& p, int n0, int n1, float* scratch);
-  int tile_n;  // weight rows per register tile
+  int tile_n;       // weight rows per register tile of the direct path
+  int direct_rows;  // up to this M, the direct path (x row-major)
+  int gemm_rows;    // rows of x per GEMM tile (the packing of x past that)
+  int gemm_cols;    // output columns per GEMM tile
   // The same with int8 activations (the q8 fields of `p`): per block of 32,
   // s_w * d_x * sum(q * xq) in exact integers, plus b_w * sum(d_x * xq).
   // Null when this variant has none (AVX-512 without VNNI uses AVX2's).
@@ -68,13 +74,25 @@ struct Kernels {
 // Floats of per-thread scratch that `run` needs for a given K.
 size_t scratch_floats(int K);
 
-// The k-block over which panels and accumulators are blocked; a multiple of
-// every supported group size.
+// The k-block over which the direct path's accumulators are blocked; a
+// multiple of every supported group size.
 constexpr int kBlockK = 2048;
-// Rows of x processed against one dequantized panel before moving on, so that
-// the x block stays in L2.
+// The GEMM path's k-blocks are at most this long (a multiple of every group
+// size): most of the model's K in one block, so output tiles are stored
+// once (with 256, reloading them per block was a hot spot); a panel of
+// kGemmK x gemm_cols weights (128 KB) stays in L2.
+constexpr int kGemmK = 1024;
+// Row stride of the dequantized rows a panel is transposed from: one cache
+// line past kGemmK, so the rows do not all map to the same L1 sets.
+constexpr int kGemmRowStride = kGemmK + 16;
+// Most f32 lanes of any variant (AVX-512), for sizing scratch.
+constexpr int kMaxLanes = 16;
+// Most rows of x in any variant's GEMM tile.
+constexpr int kMaxGemmRows = 16;
+// Rows of x the int8 path runs against one weight tile before moving on, so
+// that the x block stays in L2.
 constexpr int kBlockM = 64;
-// Weight rows dequantized into one panel.
+// Weight rows per register tile of the direct path.
 constexpr int kPanelRows = 4;
 
 // Per-instruction-set entry points; a variant that was not compiled for this

@@ -40,10 +40,12 @@ struct V {
   using T = v4f;
   static constexpr int W = 4;
   static constexpr int MR_DIRECT = 2;
-  // Panels from 3 rows on: with W = 4 lanes, re-dequantizing weights for
-  // every 2-row group costs more than a panel (measured on Zen 4).
+  // The GEMM path from 3 rows on: with W = 4 lanes, re-dequantizing weights for
+  // every 2-row group cost more than a panel (measured on Zen 4 against
+  // the dot-product panels that preceded the GEMM path).
   static constexpr int DIRECT_ROWS = 2;
-  static constexpr int MR_PANEL = 2;
+  // 6 x 2 accumulators + 2 weight vectors + 1 broadcast of x (16 registers).
+  static constexpr int MR_GEMM = 6;
 
   static inline T zero() { return T{0, 0, 0, 0}; }
   static inline T load(const float* p) {
@@ -55,6 +57,13 @@ struct V {
   static inline T set1(float s) { return T{s, s, s, s}; }
   static inline T fma(T a, T b, T c) { return a * b + c; }
   static inline T mul(T a, T b) { return a * b; }
+  static inline T add(T a, T b) { return a + b; }
+  static inline void transpose(T (&v)[4]) {
+    T t[4];
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 4; ++c) t[c][r] = v[r][c];
+    for (int c = 0; c < 4; ++c) v[c] = t[c];
+  }
   static inline T load_n(const float* p, int n) {
     T v = zero();
     for (int i = 0; i < n; ++i) v[i] = p[i];

@@ -6,7 +6,8 @@
 //! worst cases here are 2.5e-7 to 3e-7). Both
 //! kernels compute the same products in f32 but round the dequantized weight
 //! differently (one fused multiply-add vs a multiply then an add) and sum in
-//! different orders (16 or 8 lanes plus a tree here, 8 lanes there), so each
+//! different orders (here 16 or 8 lanes plus a tree, or on the GEMM path one
+//! sequence per output; 8 lanes there), so each
 //! output may differ by a few ulps of its absolute-value sum; a wrong nibble,
 //! group, scale or row moves an output by ~1e-2 of that sum or more.
 
@@ -68,7 +69,7 @@ fn matches_stock_across_shapes_bits_groups_and_isas() {
                         let k = group * (2 + i as i32);
                         let q = quantized(n, k, group, bits, st, (bits * 1000 + group + n) as u64);
                         // Direct tiles (one, or near-equal row groups up to
-                        // 16 rows on AVX-512) and panels.
+                        // 16 rows on AVX-512) and the GEMM path.
                         for m in [1, 2, 3, 5, 6, 7, 8, 12, 16, 17, 33] {
                             let x = randn(&[m, k], (m * 31 + j as i32) as u64);
                             let err = compare(&x, &q, group, bits, isa);
@@ -90,9 +91,11 @@ fn matches_stock_across_shapes_bits_groups_and_isas() {
 
 #[test]
 fn matches_stock_on_large_blocked_and_threaded_shapes() {
-    // M = 128 exercises panels (several m-blocks), M = 11 row groups of
-    // direct tiles, K = 2304 > kBlockK the k-blocking, and the sizes the
-    // thread pool.
+    // M = 128 exercises the GEMM path (row tiles, the last one partial; a
+    // partial column tile at N = 130; K = 2304 > kGemmK its k-blocks), M = 11
+    // row groups of direct tiles (the GEMM path on AVX2 and portable), K =
+    // 2304 > kBlockK the direct path's k-blocking, and the sizes the thread
+    // pool.
     for isa in isas() {
         for bits in [4, 8] {
             for (m, n, k, group) in
@@ -113,7 +116,7 @@ fn f16_scales_give_the_bits_of_the_same_scales_in_f32() {
     // Models keep GGUF's f16 scales for this kernel (src/model/weights.rs):
     // it widens them exactly, so the results are those of the f32 scales the
     // engine used to cast them to, bit for bit, on every path (direct tiles,
-    // panels, k-blocking) and variant, int8 activations included.
+    // the GEMM path, k-blocking) and variant, int8 activations included.
     for isa in isas() {
         for bits in [4, 8] {
             for (m, n, k, group) in [(1, 130, 576, 32), (8, 77, 576, 64), (40, 130, 2304, 32), (300, 64, 640, 128)] {
