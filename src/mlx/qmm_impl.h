@@ -226,7 +226,7 @@ constexpr int MG = V::MR_GEMM;
 static_assert(MG <= kMaxGemmRows && W <= kMaxLanes, "see qmm_kernels.h");
 
 // The GEMM path's k-block: near-equal blocks of whole groups, at most
-// kGemmK (K = 576 -> 3 x 192, not 256 + 256 + 64).
+// kGemmK (K = 1536 -> 2 x 768, not 1024 + 512).
 template <class QF>
 QMM_FN inline int gemm_block_k(int K) {
   const int blocks = (K + kGemmK - 1) / kGemmK;
