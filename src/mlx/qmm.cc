@@ -29,9 +29,9 @@ namespace mx = mlx::core;
 namespace mlxrt::qmm {
 
 size_t scratch_floats(int K) {
-  (void)K;  // panels are blocked to kGemmK whatever K is
+  (void)K;  // panels are blocked to kBlockK whatever K is
   // A GEMM panel and the rows it is transposed from.
-  return static_cast<size_t>(2 * kMaxLanes) * (kGemmK + kGemmRowStride);
+  return static_cast<size_t>(2 * kMaxLanes) * (kBlockK + kGemmRowStride);
 }
 
 namespace {
@@ -344,6 +344,17 @@ const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, int ti
       const int k = bits == 4 ? (i < lanes ? 2 * i : 2 * (i - lanes) + 1) : i;
       order[b + i] = (b + k) * sk;
     }
+  }
+  if (tile_rows) {
+    // GEMM tiles: class-major inside each k-block (see Problem::x).
+    thread_local std::vector<int64_t> by_class;
+    by_class.resize(K);
+    for (int k0 = 0; k0 < K; k0 += kBlockK) {
+      const int per = (std::min(K, k0 + kBlockK) - k0) / lanes;
+      for (int l = 0; l < lanes; ++l)
+        for (int t = 0; t < per; ++t) by_class[k0 + l * per + t] = order[k0 + t * lanes + l];
+    }
+    order.swap(by_class);
   }
   const int64_t* ord = order.data();
   // One tile of R rows, written in order: [i][r] (R = 1: a row-major row).

@@ -30,7 +30,8 @@ struct V {
   // every 2-row group cost more than a panel (measured on Zen 4 against
   // the dot-product panels that preceded the GEMM path).
   static constexpr int DIRECT_ROWS = 2;
-  // 6 x 2 accumulators + 2 weight vectors + 1 broadcast of x.
+  // Two halves of 3 rows: 3 x 2 accumulators for each of two lane classes
+  // + 2 weight vectors + 1 broadcast of x.
   static constexpr int MR_GEMM = 6;
 
   QMM_FN static inline T zero() { return _mm256_setzero_ps(); }

@@ -29,7 +29,8 @@ struct V {
   // for M = 5..12 and about as fast at 16 (8-bit still faster); slower
   // from ~24.
   static constexpr int DIRECT_ROWS = 16;
-  // 14 x 2 accumulators + 2 weight vectors + 1 broadcast of x.
+  // Run as two halves of 7 rows: 7 x 2 accumulators per lane class, two
+  // classes at once, + 2 weight vectors + 1 broadcast of x.
   static constexpr int MR_GEMM = 14;
 
   QMM_FN static inline T zero() { return _mm512_setzero_ps(); }

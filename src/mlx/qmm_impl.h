@@ -30,13 +30,24 @@
 //    tile, whose packed weights then come from L1; the loop streams w from
 //    memory once. (Re-dequantizing per group costs less than a panel's
 //    stores and loads at these M.)
-//  - More rows (prefill): a GEMM in the BLAS shape. Per k-block of at most
-//    kGemmK, NC = 2W weight rows are dequantized and transposed into a panel
-//    [k][NC] (in L2), and every tile of MR_GEMM rows of x runs against it as
-//    outer products: per k, one broadcast of x per row times two weight
-//    vectors, MR_GEMM x 2 accumulators, nothing summed across lanes. Each x
-//    value feeds 2W multiply-adds and each weight MR_GEMM, so the loop is
+//  - More rows (prefill): a GEMM in the BLAS shape. Per k-block, NC = 2W
+//    weight rows are dequantized and transposed into a panel [k][NC] (in
+//    L2), and every tile of MR_GEMM rows of x runs against it as outer
+//    products: per k, one broadcast of x per row times two weight vectors,
+//    MR_GEMM x 2 accumulators, nothing summed across lanes. Each x value
+//    feeds 2W multiply-adds and each weight MR_GEMM, so the loop is
 //    FMA-bound rather than bound by loads of x from L2.
+// Both paths give every output the same bits (batch invariance: a row's
+// result does not depend on the rows computed with it, so a request decodes
+// the same tokens alone and in a batch). The direct path's lane l sums the
+// k of its block with k % W == l in k order, and V::hsum adds the W lane
+// sums as a tree that halves the lanes (l + l+W/2, then + W/4, ...). The
+// GEMM path stores each k-block "class-major" (panel and x tiles: the k
+// with k % W == l together, in k order) and runs W passes, one per lane
+// class, each a sequence of multiply-adds into fresh accumulators; the
+// passes go in bit-reversed class order, so that folding their results like
+// a binary counter (a stack of log2 W tiles) is exactly hsum's tree. Both
+// use the same k-blocks (kBlockK).
 // Either way the dequantized weight is fma(q, scale, bias) in f32, the value
 // MLX's own kernel uses, and products are accumulated in f32.
 // Everything here has internal linkage and no standard-library code (see
@@ -224,52 +235,97 @@ QMM_FN void fill_rows(const Problem& p, int n0, int k0, int k1, float* out) {
 constexpr int NC = 2 * W;
 constexpr int MG = V::MR_GEMM;
 static_assert(MG <= kMaxGemmRows && W <= kMaxLanes, "see qmm_kernels.h");
-
-// The GEMM path's k-block: near-equal blocks of whole groups, at most
-// kGemmK (K = 1536 -> 2 x 768, not 1024 + 512).
-template <class QF>
-QMM_FN inline int gemm_block_k(int K) {
-  const int blocks = (K + kGemmK - 1) / kGemmK;
-  const int per = (K + blocks - 1) / blocks;
-  return (per + QF::GROUP - 1) / QF::GROUP * QF::GROUP;
-}
+static_assert(MG % 2 == 0, "a GEMM tile runs as two halves");
 
 // The NC weight rows from n0, k in [k0, k1), dequantized into `rows` and
-// transposed into `panel` [k][NC] (k in the permuted order x has).
+// transposed into `panel` [k][NC], k class-major: the k with k % W == l
+// (k in the permuted order x has) at rows [l * per, (l + 1) * per), per =
+// (k1 - k0) / W.
 template <class QF, ScaleType ST>
 QMM_FN void fill_gemm_panel(const Problem& p, int n0, int k0, int k1, float* rows,
                             float* panel) {
   for (int j = 0; j < NC; j += NR)
     fill_rows<QF, ST>(p, n0 + j, k0, k1, rows + j * kGemmRowStride);
+  const int per = (k1 - k0) / W;
   for (int k = 0; k < k1 - k0; k += W) {
     QMM_UNROLL
     for (int h = 0; h < 2; ++h) {
       T v[W];
       QMM_UNROLL
       for (int c = 0; c < W; ++c) v[c] = V::load(rows + (h * W + c) * kGemmRowStride + k);
-      V::transpose(v);
+      V::transpose(v);  // v[c]: k + c across the rows, lane class c
       QMM_UNROLL
-      for (int c = 0; c < W; ++c) V::store(panel + (k + c) * NC + h * W, v[c]);
+      for (int c = 0; c < W; ++c) V::store(panel + (c * per + k / W) * NC + h * W, v[c]);
     }
   }
 }
 
-// R rows of x from m0 (their tile `xt`, already at k0: xt[k * MG + r])
-// against `panel`, for kc values of k; writes (or adds to) `cols` <= NC
-// output columns from n.
+// Bit-reversed i in [0, W): the lane class of the GEMM path's pass i.
+constexpr int bit_reverse(int i) {
+  int r = 0;
+  for (int b = 1; b < W; b <<= 1, i >>= 1) r = (r << 1) | (i & 1);
+  return r;
+}
+constexpr int log2_lanes() {
+  int n = 0;
+  while ((1 << n) < W) ++n;
+  return n;
+}
+static_assert((1 << log2_lanes()) == W, "lanes must be a power of two");
+
+// R <= MG / 2 rows of x from m0 (`xt`: their first row in a tile at the
+// k-block, xt[k * MG + r], k class-major like `panel`) against `panel`, for
+// kc values of k; writes (or adds to) `cols` <= NC output columns from n.
+// Pass i runs the lane classes l = bit_reverse(2i) and l + W/2 side by
+// side, so hsum's first level (lane l + lane l + W/2) is added in registers
+// and only the later levels go through the stack.
 template <int R>
 QMM_FN void tile_gemm(const Problem& p, const float* panel, const float* xt, int kc, int m0,
                       int n, int cols, bool accumulate) {
-  T acc[R][2];
-  QMM_UNROLL
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::zero();
-  for (int k = 0; k < kc; ++k) {
-    const T w0 = V::load(panel + k * NC), w1 = V::load(panel + k * NC + W);
+  const int per = kc / W;
+  T acc[R][2], acc2[R][2];
+  alignas(64) T stack[log2_lanes() - 1][R][2];  // pending subtrees of the fold
+  for (int i = 0; i < W / 2; ++i) {
+    const int la = bit_reverse(2 * i), lb = la + W / 2;
+    const float* pa = panel + static_cast<size_t>(la) * per * NC;
+    const float* pb = panel + static_cast<size_t>(lb) * per * NC;
+    const float* xa = xt + static_cast<size_t>(la) * per * MG;
+    const float* xb = xt + static_cast<size_t>(lb) * per * MG;
     QMM_UNROLL
-    for (int r = 0; r < R; ++r) {
-      const T xb = V::set1(xt[k * MG + r]);
-      acc[r][0] = V::fma(xb, w0, acc[r][0]);
-      acc[r][1] = V::fma(xb, w1, acc[r][1]);
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = acc2[r][0] = acc2[r][1] = V::zero();
+    for (int k = 0; k < per; ++k) {
+      {
+        const T w0 = V::load(pa + k * NC), w1 = V::load(pa + k * NC + W);
+        QMM_UNROLL
+        for (int r = 0; r < R; ++r) {
+          const T x = V::set1(xa[k * MG + r]);
+          acc[r][0] = V::fma(x, w0, acc[r][0]);
+          acc[r][1] = V::fma(x, w1, acc[r][1]);
+        }
+      }
+      const T w0 = V::load(pb + k * NC), w1 = V::load(pb + k * NC + W);
+      QMM_UNROLL
+      for (int r = 0; r < R; ++r) {
+        const T x = V::set1(xb[k * MG + r]);
+        acc2[r][0] = V::fma(x, w0, acc2[r][0]);
+        acc2[r][1] = V::fma(x, w1, acc2[r][1]);
+      }
+    }
+    QMM_UNROLL
+    for (int r = 0; r < R; ++r)
+      QMM_UNROLL
+      for (int h = 0; h < 2; ++h) acc[r][h] = V::add(acc[r][h], acc2[r][h]);
+    // Binary counter: each trailing 1 bit of i completes a subtree.
+    int level = 0;
+    for (int c = i; c & 1; c >>= 1, ++level) {
+      QMM_UNROLL
+      for (int r = 0; r < R; ++r)
+        QMM_UNROLL
+        for (int h = 0; h < 2; ++h) acc[r][h] = V::add(stack[level][r][h], acc[r][h]);
+    }
+    if (i + 1 < W / 2) {
+      QMM_UNROLL
+      for (int r = 0; r < R; ++r) stack[level][r][0] = acc[r][0], stack[level][r][1] = acc[r][1];
     }
   }
   QMM_UNROLL
@@ -298,13 +354,21 @@ QMM_FN void direct_rows(const Problem& p, const TileRows<QF, ST>& rows, int coun
   tile_direct<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
 }
 
-template <int R = MG>
-QMM_FN void gemm_rows(const Problem& p, const float* panel, const float* xt, int kc, int rows,
+template <int R = MG / 2>
+QMM_FN void gemm_half(const Problem& p, const float* panel, const float* xt, int kc, int rows,
                       int m, int n, int cols, bool accumulate) {
   if constexpr (R > 1) {
-    if (rows < R) return gemm_rows<R - 1>(p, panel, xt, kc, rows, m, n, cols, accumulate);
+    if (rows < R) return gemm_half<R - 1>(p, panel, xt, kc, rows, m, n, cols, accumulate);
   }
   tile_gemm<R>(p, panel, xt, kc, m, n, cols, accumulate);
+}
+
+// A tile of MG rows (`rows` of them real) runs as two halves.
+QMM_FN void gemm_rows(const Problem& p, const float* panel, const float* xt, int kc, int rows,
+                      int m, int n, int cols, bool accumulate) {
+  constexpr int H = MG / 2;
+  gemm_half(p, panel, xt, kc, min_i(rows, H), m, n, cols, accumulate);
+  if (rows > H) gemm_half(p, panel, xt + H, kc, min_i(rows, MG) - H, m + H, n, cols, accumulate);
 }
 
 template <class QF, ScaleType ST>
@@ -325,16 +389,15 @@ QMM_FN void run_direct(const Problem& p, int n0, int n1) {
   }
 }
 
-// x arrives in tiles of MG rows (see Problem::x); `scratch` holds the panel
-// and the rows it is transposed from.
+// x arrives in tiles of MG rows, class-major per k-block (see Problem::x);
+// `scratch` holds the panel and the rows it is transposed from.
 template <class QF, ScaleType ST>
 QMM_FN void run_gemm(const Problem& p, int n0, int n1, float* scratch) {
   float* rows = scratch;
   float* panel = scratch + NC * kGemmRowStride;
-  const int kb = gemm_block_k<QF>(p.K);
   const size_t tile_floats = static_cast<size_t>(p.K) * MG;
-  for (int k0 = 0; k0 < p.K; k0 += kb) {
-    const int k1 = min_i(p.K, k0 + kb);
+  for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
+    const int k1 = min_i(p.K, k0 + kBlockK);
     for (int n = n0; n < n1; n += NC) {
       fill_gemm_panel<QF, ST>(p, n, k0, k1, rows, panel);
       const int cols = min_i(NC, n1 - n);

@@ -28,7 +28,9 @@ struct Problem {
   // which the kernel unpacks nibbles. Up to `Kernels::direct_rows` rows it is
   // row-major M x K; past that it is packed in tiles of `Kernels::gemm_rows`
   // rows, each tile K x gemm_rows k-major (x[k][row], rows past M zero), so
-  // the GEMM tile broadcasts from one sequential stream.
+  // the GEMM tile broadcasts from one sequential stream, and inside each
+  // k-block of kBlockK (or the rest) class-major: the (permuted) k with
+  // k % lanes == l stored together, classes in order, k in order within.
   const float* x;
   const uint8_t* w;       // N rows of K * bits / 8 bytes
   const void* scales;     // N x K/group
@@ -74,17 +76,14 @@ struct Kernels {
 // Floats of per-thread scratch that `run` needs for a given K.
 size_t scratch_floats(int K);
 
-// The k-block over which the direct path's accumulators are blocked; a
-// multiple of every supported group size.
+// The k-block over which both paths' accumulators are blocked (the same
+// blocks, for batch invariance; see qmm_impl.h); a multiple of every
+// supported group size. A GEMM panel of kBlockK x gemm_cols weights is
+// 256 KB, in L2.
 constexpr int kBlockK = 2048;
-// The GEMM path's k-blocks are at most this long (a multiple of every group
-// size): most of the model's K in one block, so output tiles are stored
-// once (with 256, reloading them per block was a hot spot); a panel of
-// kGemmK x gemm_cols weights (128 KB) stays in L2.
-constexpr int kGemmK = 1024;
 // Row stride of the dequantized rows a panel is transposed from: one cache
-// line past kGemmK, so the rows do not all map to the same L1 sets.
-constexpr int kGemmRowStride = kGemmK + 16;
+// line past kBlockK, so the rows do not all map to the same L1 sets.
+constexpr int kGemmRowStride = kBlockK + 16;
 // Most f32 lanes of any variant (AVX-512), for sizing scratch.
 constexpr int kMaxLanes = 16;
 // Most rows of x in any variant's GEMM tile.

@@ -44,7 +44,8 @@ struct V {
   // every 2-row group cost more than a panel (measured on Zen 4 against
   // the dot-product panels that preceded the GEMM path).
   static constexpr int DIRECT_ROWS = 2;
-  // 6 x 2 accumulators + 2 weight vectors + 1 broadcast of x (16 registers).
+  // Two halves of 3 rows: 3 x 2 accumulators for each of two lane classes
+  // + 2 weight vectors + 1 broadcast of x (16 registers).
   static constexpr int MR_GEMM = 6;
 
   static inline T zero() { return T{0, 0, 0, 0}; }
@@ -69,7 +70,8 @@ struct V {
     for (int i = 0; i < n; ++i) v[i] = p[i];
     return v;
   }
-  static inline float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+  // Halving tree, as the x86 variants (the GEMM path folds its passes so).
+  static inline float hsum(T v) { return (v[0] + v[2]) + (v[1] + v[3]); }
   struct Tab4 {
     T s, b;
   };

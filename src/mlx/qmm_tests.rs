@@ -6,9 +6,8 @@
 //! worst cases here are 2.5e-7 to 3e-7). Both
 //! kernels compute the same products in f32 but round the dequantized weight
 //! differently (one fused multiply-add vs a multiply then an add) and sum in
-//! different orders (here 16 or 8 lanes plus a tree, or on the GEMM path one
-//! sequence per output; 8 lanes there), so each
-//! output may differ by a few ulps of its absolute-value sum; a wrong nibble,
+//! different orders (here 16, 8 or 4 lane sums plus a tree on either path,
+//! 8 lanes in MLX's), so each output may differ by a few ulps of its absolute-value sum; a wrong nibble,
 //! group, scale or row moves an output by ~1e-2 of that sum or more.
 
 use super::test_data::randn;
@@ -92,10 +91,9 @@ fn matches_stock_across_shapes_bits_groups_and_isas() {
 #[test]
 fn matches_stock_on_large_blocked_and_threaded_shapes() {
     // M = 128 exercises the GEMM path (row tiles, the last one partial; a
-    // partial column tile at N = 130; K = 2304 > kGemmK its k-blocks), M = 11
-    // row groups of direct tiles (the GEMM path on AVX2 and portable), K =
-    // 2304 > kBlockK the direct path's k-blocking, and the sizes the thread
-    // pool.
+    // partial column tile at N = 130), M = 11 row groups of direct tiles (the
+    // GEMM path on AVX2 and portable), K = 2304 > kBlockK both paths'
+    // k-blocking, and the sizes the thread pool.
     for isa in isas() {
         for bits in [4, 8] {
             for (m, n, k, group) in
@@ -134,6 +132,51 @@ fn f16_scales_give_the_bits_of_the_same_scales_in_f32() {
             }
         }
     }
+}
+
+#[test]
+fn a_row_gets_the_same_bits_in_any_batch() {
+    // Batch invariance: each output row is the same bits whether its row of
+    // x is computed alone (direct path), with a few others (direct on
+    // AVX-512, GEMM on AVX2 and portable) or inside a large M (GEMM tiles,
+    // the last one partial), on every variant, format and k-blocking (K =
+    // 2304: blocks of 2048 + 256; K = 2080: 2048 + 32), with several threads.
+    // The engine relies on it: a request decodes the same tokens alone and
+    // batched (tests/batching.rs, kv_quant.rs, kv_turbo.rs).
+    let bits_of = |a: &Array| a.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let mut cases = 0;
+    for isa in isas() {
+        for bits in [4, 8] {
+            for (n, k, group, st) in [
+                (130, 576, 32, Dtype::F16),
+                (77, 1536, 64, Dtype::F32),
+                (40, 2304, 128, Dtype::BF16),
+                (33, 2080, 32, Dtype::F32),
+            ] {
+                let q = quantized(n, k, group, bits, st, (n * 3 + k + bits) as u64);
+                let mm = |x: &Array| {
+                    let y = fast_quantized_matmul_isa(x, &q.w, &q.scales, &q.biases, group, bits, isa).unwrap();
+                    assert_eq!(fast_qmm_isa_of(&y), Some(isa));
+                    bits_of(&y)
+                };
+                let m = 37;
+                let x = randn(&[m, k], (k + n) as u64);
+                let all = mm(&x);
+                let row_bits = |r: i32| all[(r * n) as usize..((r + 1) * n) as usize].to_vec();
+                for r in [0, 5, 13, 14, 36] {
+                    let alone = mm(&x.slice_axis(0, r, r + 1).unwrap());
+                    assert_eq!(alone, row_bits(r), "{isa:?} bits={bits} K={k} group={group}: row {r} alone vs in M={m}");
+                    cases += 1;
+                }
+                let few = mm(&x.slice_axis(0, 20, 25).unwrap());
+                for r in 0..5 {
+                    let got = few[(r * n) as usize..((r + 1) * n) as usize].to_vec();
+                    assert_eq!(got, row_bits(20 + r), "{isa:?} bits={bits} K={k}: row {} in M=5 vs M={m}", 20 + r);
+                }
+            }
+        }
+    }
+    assert!(cases >= 2 * 4 * 5);
 }
 
 #[test]
