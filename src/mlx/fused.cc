@@ -56,6 +56,60 @@ bool runs_here(const array& x) {
 
 void alloc_out(array& out) { out.set_data(mx::allocator::malloc(out.nbytes())); }
 
+// RMSNorm of one row of d values (element stride xs) into `op`, weights w
+// (stride ws).
+void rms_norm_row(const float* xp, int64_t xs, const float* wp, int64_t ws, float* op, int64_t d,
+                  float inv_d, float eps) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = xp[i * xs];
+    s += v * v;
+  }
+  const float scale = 1.0f / std::sqrt(s * inv_d + eps);
+  for (int64_t i = 0; i < d; ++i) op[i] = (xp[i * xs] * scale) * wp[i * ws];
+}
+
+// RoPE's cos/sin for every (start, t): `table` gets n_starts * t_len rows of
+// [cos of half frequencies, sin of them]; start b is offp[b * os], or
+// `offset` without offp.
+void rope_table(std::vector<float>& table, const int32_t* offp, int64_t os, int64_t n_starts,
+                int64_t t_len, int offset, float scale, const float* ip, int64_t is, int64_t half) {
+  table.resize(n_starts * t_len * 2 * half);
+  for (int64_t b = 0; b < n_starts; ++b) {
+    const int32_t start = offp ? offp[b * os] : offset;
+    for (int64_t t = 0; t < t_len; ++t) {
+      const float pos = (static_cast<float>(t) + static_cast<float>(start)) * scale;
+      float* cs = table.data() + (b * t_len + t) * 2 * half;
+      for (int64_t i = 0; i < half; ++i) {
+        const float theta = pos * ip[i * is];
+        cs[i] = mx::simd::cos(mx::simd::Simd<float, 1>(theta)).value;
+        cs[half + i] = mx::simd::sin(mx::simd::Simd<float, 1>(theta)).value;
+      }
+    }
+  }
+}
+
+// One row of d values (element stride xs) rotated over its first `dims`
+// features with a table row `cs`, into `op`; the rest copied.
+void rope_row(const float* xp, int64_t xs, const float* cs, float* op, int64_t d, int64_t dims,
+              bool trad) {
+  const int64_t half = dims / 2;
+  const int64_t second = trad ? 1 : half;
+  for (int64_t i = 0; i < half; ++i) {
+    const int64_t j = trad ? 2 * i : i;
+    const float x1 = xp[j * xs], x2 = xp[(j + second) * xs];
+    const float c = cs[i], s = cs[half + i];
+    float a = x1 * c, bb = x2 * s, e = x1 * s, f = x2 * c;
+    opaque(a);
+    opaque(bb);
+    opaque(e);
+    opaque(f);
+    op[j] = a - bb;
+    op[j + second] = e + f;
+  }
+  for (int64_t i = dims; i < d; ++i) op[i] = xp[i * xs];
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -77,17 +131,7 @@ void FastRmsNorm::eval_cpu(const std::vector<array>& inputs, array& out) {
   enc.dispatch([xv = view(x), ws = w.strides(0), wp = w.data<float>(), o = out.data<float>(), d,
                 rows, inv_d, eps = eps_]() {
     const int64_t xs = xv.shape.empty() ? 1 : xv.strides.back();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* xp = xv.row(r, d);
-      float* op = o + r * d;
-      float s = 0.0f;
-      for (int64_t i = 0; i < d; ++i) {
-        const float v = xp[i * xs];
-        s += v * v;
-      }
-      const float scale = 1.0f / std::sqrt(s * inv_d + eps);
-      for (int64_t i = 0; i < d; ++i) op[i] = (xp[i * xs] * scale) * wp[i * ws];
-    }
+    for (int64_t r = 0; r < rows; ++r) rms_norm_row(xv.row(r, d), xs, wp, ws, o + r * d, d, inv_d, eps);
   });
 }
 
@@ -102,6 +146,44 @@ bool FastRmsNorm::is_equivalent(const mx::Primitive& other) const {
 
 std::vector<mx::Shape> FastRmsNorm::output_shapes(const std::vector<array>& inputs) {
   return {inputs[0].shape()};
+}
+
+void FastAddRmsNorm::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {
+  const array &x = inputs[0], &y = inputs[1], &w = inputs[2];
+  if (x.dtype() != mx::float32 || y.dtype() != mx::float32 || w.dtype() != mx::float32)
+    throw std::invalid_argument("FastAddRmsNorm: inputs must be f32");
+  for (auto& o : outputs) alloc_out(o);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  for (auto& o : outputs) enc.set_output_array(o);
+  const int64_t d = x.shape(-1);
+  const int64_t rows = static_cast<int64_t>(x.size()) / d;
+  const float inv_d = static_cast<float>(1.0 / static_cast<double>(d));
+  enc.dispatch([xv = view(x), yv = view(y), ws = w.strides(0), wp = w.data<float>(),
+                sum = outputs[0].data<float>(), o = outputs[1].data<float>(), d, rows, inv_d,
+                eps = eps_]() {
+    const int64_t xs = xv.shape.empty() ? 1 : xv.strides.back();
+    const int64_t ys = yv.shape.empty() ? 1 : yv.strides.back();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float *xp = xv.row(r, d), *yp = yv.row(r, d);
+      float* sp = sum + r * d;
+      for (int64_t i = 0; i < d; ++i) sp[i] = xp[i * xs] + yp[i * ys];
+      rms_norm_row(sp, 1, wp, ws, o + r * d, d, inv_d, eps);
+    }
+  });
+}
+
+void FastAddRmsNorm::eval_gpu(const std::vector<array>&, std::vector<array>&) {
+  throw std::runtime_error("FastAddRmsNorm has no GPU implementation");
+}
+
+bool FastAddRmsNorm::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const FastAddRmsNorm*>(&other);
+  return o && o->eps_ == eps_;
+}
+
+std::vector<mx::Shape> FastAddRmsNorm::output_shapes(const std::vector<array>& inputs) {
+  return {inputs[0].shape(), inputs[0].shape()};
 }
 
 // ---------------------------------------------------------------------------
@@ -129,43 +211,13 @@ void FastRope::eval_cpu(const std::vector<array>& inputs, array& out) {
                 offp = offs ? offs->data<int32_t>() : nullptr, os = offs ? offs->strides(0) : 0,
                 n_starts = offs ? static_cast<int64_t>(offs->size()) : 1, d, t_len, rows, per_batch,
                 dims = dims_, trad = traditional_, scale = scale_, offset = offset_]() {
-    const int64_t half = dims / 2;
     const int64_t xs = xv.strides.back();
-    // cos/sin for every (start, t) pair.
     thread_local std::vector<float> table;
-    table.resize(n_starts * t_len * 2 * half);
-    for (int64_t b = 0; b < n_starts; ++b) {
-      const int32_t start = offp ? offp[b * os] : offset;
-      for (int64_t t = 0; t < t_len; ++t) {
-        const float pos = (static_cast<float>(t) + static_cast<float>(start)) * scale;
-        float* cs = table.data() + (b * t_len + t) * 2 * half;
-        for (int64_t i = 0; i < half; ++i) {
-          const float theta = pos * ip[i * is];
-          cs[i] = mx::simd::cos(mx::simd::Simd<float, 1>(theta)).value;
-          cs[half + i] = mx::simd::sin(mx::simd::Simd<float, 1>(theta)).value;
-        }
-      }
-    }
+    rope_table(table, offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t b = n_starts > 1 ? r / per_batch : 0;
-      const int64_t t = r % t_len;
-      const float* cs = table.data() + (b * t_len + t) * 2 * half;
-      const float* xp = xv.row(r, d);
-      float* op = o + r * d;
-      const int64_t second = trad ? 1 : half;
-      for (int64_t i = 0; i < half; ++i) {
-        const int64_t j = trad ? 2 * i : i;
-        const float x1 = xp[j * xs], x2 = xp[(j + second) * xs];
-        const float c = cs[i], s = cs[half + i];
-        float a = x1 * c, bb = x2 * s, e = x1 * s, f = x2 * c;
-        opaque(a);
-        opaque(bb);
-        opaque(e);
-        opaque(f);
-        op[j] = a - bb;
-        op[j + second] = e + f;
-      }
-      for (int64_t i = dims; i < d; ++i) op[i] = xp[i * xs];
+      const float* cs = table.data() + (b * t_len + r % t_len) * dims;
+      rope_row(xv.row(r, d), xs, cs, o + r * d, d, dims, trad);
     }
   });
 }
@@ -185,6 +237,92 @@ std::vector<mx::Shape> FastRope::output_shapes(const std::vector<array>& inputs)
 }
 
 // ---------------------------------------------------------------------------
+// Heads of a packed projection
+
+void FastHeads::eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) {
+  const array& x = inputs[0];
+  const array& inv = inputs[1];
+  if (x.dtype() != mx::float32 || inv.dtype() != mx::float32)
+    throw std::invalid_argument("FastHeads: x and inv_freqs must be f32");
+  for (auto& o : outputs) alloc_out(o);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  for (auto& o : outputs) enc.set_output_array(o);
+
+  struct Job {
+    const float* norm;  // per-head RMSNorm weights, or null
+    int64_t norm_stride;
+    float* out;
+  };
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const int n = parts_[i].norm;
+    jobs.push_back({n >= 0 ? inputs[n].data<float>() : nullptr, n >= 0 ? inputs[n].strides(0) : 0,
+                    outputs[i].data<float>()});
+  }
+  const array* offs = has_offsets_ ? &inputs[2] : nullptr;
+  enc.dispatch([xv = view(x), ip = inv.data<float>(), is = inv.strides(0), jobs = std::move(jobs),
+                parts = parts_, offp = offs ? offs->data<int32_t>() : nullptr,
+                os = offs ? offs->strides(0) : 0,
+                n_starts = offs ? static_cast<int64_t>(offs->size()) : 1, d = head_dim_,
+                dims = dims_, trad = traditional_, scale = scale_, offset = offset_, eps = eps_]() {
+    const int64_t batch = xv.shape[0], t_len = xv.shape[1], c = xv.shape[2];
+    const int64_t xs = xv.strides.back();
+    const float inv_d = static_cast<float>(1.0 / static_cast<double>(d));
+    thread_local std::vector<float> table, normed;
+    rope_table(table, offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
+    normed.resize(d);
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t t = 0; t < t_len; ++t) {
+        const float* row = xv.row(b * t_len + t, c);
+        const float* cs = table.data() + ((n_starts > 1 ? b : 0) * t_len + t) * dims;
+        for (size_t p = 0; p < parts.size(); ++p) {
+          const Part& part = parts[p];
+          for (int64_t h = 0; h < part.heads; ++h) {
+            const float* src = row + (part.col + h * d) * xs;
+            int64_t src_stride = xs;
+            if (jobs[p].norm) {
+              rms_norm_row(src, xs, jobs[p].norm, jobs[p].norm_stride, normed.data(), d, inv_d, eps);
+              src = normed.data();
+              src_stride = 1;
+            }
+            float* dst = jobs[p].out + ((b * part.heads + h) * t_len + t) * d;
+            if (part.rotate) {
+              rope_row(src, src_stride, cs, dst, d, dims, trad);
+            } else {
+              for (int64_t i = 0; i < d; ++i) dst[i] = src[i * src_stride];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+void FastHeads::eval_gpu(const std::vector<array>&, std::vector<array>&) {
+  throw std::runtime_error("FastHeads has no GPU implementation");
+}
+
+bool FastHeads::is_equivalent(const mx::Primitive& other) const {
+  auto* o = dynamic_cast<const FastHeads*>(&other);
+  if (!o || o->parts_.size() != parts_.size()) return false;
+  for (size_t i = 0; i < parts_.size(); ++i) {
+    const Part &a = parts_[i], &b = o->parts_[i];
+    if (a.col != b.col || a.heads != b.heads || a.rotate != b.rotate || a.norm != b.norm) return false;
+  }
+  return o->head_dim_ == head_dim_ && o->dims_ == dims_ && o->traditional_ == traditional_ &&
+         o->scale_ == scale_ && o->offset_ == offset_ && o->has_offsets_ == has_offsets_ &&
+         o->eps_ == eps_;
+}
+
+std::vector<mx::Shape> FastHeads::output_shapes(const std::vector<array>& inputs) {
+  const array& x = inputs[0];
+  std::vector<mx::Shape> shapes;
+  for (auto& p : parts_) shapes.push_back({x.shape(0), p.heads, x.shape(1), head_dim_});
+  return shapes;
+}
+
+// ---------------------------------------------------------------------------
 // Bridge functions
 
 std::unique_ptr<array> fused_rms_norm(const array& x, const array& w, float eps) {
@@ -193,6 +331,18 @@ std::unique_ptr<array> fused_rms_norm(const array& x, const array& w, float eps)
   auto prim = std::make_shared<FastRmsNorm>(mx::default_stream(mx::Device::cpu), eps);
   return std::make_unique<array>(x.shape(), mx::float32, std::move(prim),
                                  std::vector<array>{x, w});
+}
+
+std::unique_ptr<ArrVec> fused_add_rms_norm(const array& x, const array& y, const array& w,
+                                           float eps) {
+  if (!runs_here(x) || y.dtype() != mx::float32 || y.shape() != x.shape() ||
+      w.dtype() != mx::float32 || w.ndim() != 1 || w.shape(0) != x.shape(-1))
+    return nullptr;
+  auto prim = std::make_shared<FastAddRmsNorm>(mx::default_stream(mx::Device::cpu), eps);
+  auto out = std::make_unique<ArrVec>();
+  out->v = array::make_arrays({x.shape(), x.shape()}, {mx::float32, mx::float32}, std::move(prim),
+                              {x, y, w});
+  return out;
 }
 
 namespace {
@@ -224,6 +374,48 @@ std::unique_ptr<array> fused_rope_at(const array& x, int32_t dims, bool traditio
                                  std::vector<array>{x, inv_freqs, mx::astype(offsets, mx::int32)});
 }
 
+std::unique_ptr<ArrVec> fused_heads(const array& x, rust::Slice<const int32_t> cols,
+                                    rust::Slice<const int32_t> heads,
+                                    rust::Slice<const uint8_t> rotate, int32_t head_dim,
+                                    int32_t dims, bool traditional, float scale, int32_t offset,
+                                    const array* offsets, const array& inv_freqs,
+                                    const array* q_norm, const array* k_norm, float eps) {
+  const size_t n = cols.size();
+  if (n == 0 || heads.size() != n || rotate.size() != n) return nullptr;
+  if (!runs_here(x) || x.ndim() != 3 || head_dim <= 0 || dims <= 0 || dims % 2 != 0 ||
+      dims > head_dim || inv_freqs.dtype() != mx::float32 || inv_freqs.ndim() != 1 ||
+      inv_freqs.shape(0) != dims / 2)
+    return nullptr;
+  if (offsets && (offsets->ndim() != 1 || (offsets->size() != 1 && offsets->shape(0) != x.shape(0))))
+    return nullptr;
+  std::vector<array> inputs{x, inv_freqs};
+  if (offsets) inputs.push_back(mx::astype(*offsets, mx::int32));
+  // The norms apply to the first part (queries) and the second (keys).
+  int norm_at[2] = {-1, -1};
+  const array* norms[2] = {q_norm, k_norm};
+  for (int i = 0; i < 2; ++i) {
+    if (!norms[i]) continue;
+    const array& w = *norms[i];
+    if (w.dtype() != mx::float32 || w.ndim() != 1 || w.shape(0) != head_dim || n < 2) return nullptr;
+    norm_at[i] = static_cast<int>(inputs.size());
+    inputs.push_back(w);
+  }
+  std::vector<FastHeads::Part> parts;
+  for (size_t i = 0; i < n; ++i) {
+    if (heads[i] <= 0 || cols[i] < 0 || cols[i] + int64_t{heads[i]} * head_dim > x.shape(2))
+      return nullptr;
+    parts.push_back({cols[i], heads[i], rotate[i] != 0, i < 2 ? norm_at[i] : -1});
+  }
+  auto prim = std::make_shared<FastHeads>(mx::default_stream(mx::Device::cpu), std::move(parts),
+                                          head_dim, dims, traditional, scale, offset,
+                                          offsets != nullptr, eps);
+  std::vector<mx::Shape> shapes = prim->output_shapes(inputs);
+  auto out = std::make_unique<ArrVec>();
+  out->v = array::make_arrays(std::move(shapes), std::vector<mx::Dtype>(n, mx::float32),
+                              std::move(prim), std::move(inputs));
+  return out;
+}
+
 std::unique_ptr<array> rope_inv_freqs(int32_t dims, float base) {
   const int half = dims / 2;
   return std::make_unique<array>(
@@ -238,7 +430,8 @@ std::unique_ptr<array> rope_inv_freqs_of(const array& freqs) {
 bool is_fused_node(const array& a) {
   if (!a.has_primitive()) return false;
   auto& p = a.primitive();
-  return dynamic_cast<FastRmsNorm*>(&p) || dynamic_cast<FastRope*>(&p);
+  return dynamic_cast<FastRmsNorm*>(&p) || dynamic_cast<FastRope*>(&p) ||
+         dynamic_cast<FastHeads*>(&p) || dynamic_cast<FastAddRmsNorm*>(&p);
 }
 
 }  // namespace mlxrt::fused

@@ -10,6 +10,8 @@
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
+#include "mlxrt/src/mlx/shim.h"
+#include "rust/cxx.h"
 
 namespace mlxrt::fused {
 
@@ -25,6 +27,24 @@ class FastRmsNorm : public mlx::core::UnaryPrimitive {
   void eval_cpu(const std::vector<array>& inputs, array& out) override;
   void eval_gpu(const std::vector<array>& inputs, array& out) override;
   const char* name() const override { return "FastRmsNorm"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
+
+ private:
+  float eps_;
+};
+
+// The residual add before a norm: outputs {x + y, rms_norm(x + y, w)}, the
+// sum as MLX's f32 add gives it and the norm as FastRmsNorm (one node
+// instead of two). Inputs {x, y, w}: f32, x and y of one shape (any
+// strides), w [x.shape(-1)].
+class FastAddRmsNorm : public mlx::core::Primitive {
+ public:
+  FastAddRmsNorm(mlx::core::Stream s, float eps) : Primitive(s), eps_(eps) {}
+
+  void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
+  void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
+  const char* name() const override { return "FastAddRmsNorm"; }
   bool is_equivalent(const mlx::core::Primitive& other) const override;
   std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
 
@@ -55,12 +75,52 @@ class FastRope : public mlx::core::UnaryPrimitive {
   int offset_;
 };
 
+// The heads of a packed projection x [B, L, C] (f32, any strides: the
+// stacked q/k/v matmul's output): part i is the column range [col, col +
+// heads * D) as [B, heads, L, D], optionally RMS-normed per head (as
+// FastRmsNorm) and then rotated (as FastRope); one node instead of a slice,
+// a reshape and a transpose per part, and a RoPE per rotated part (a decode
+// step's graph had ~11 nodes per layer for this). Inputs {x, inv_freqs},
+// then offsets [B] (int32) if `has_offsets`, then the norm weights the parts
+// name by input index.
+class FastHeads : public mlx::core::Primitive {
+ public:
+  struct Part {
+    int col, heads;
+    bool rotate;
+    int norm;  // input index of the per-head norm weight [D], or -1
+  };
+  FastHeads(mlx::core::Stream s, std::vector<Part> parts, int head_dim, int dims, bool traditional,
+            float scale, int offset, bool has_offsets, float eps)
+      : Primitive(s), parts_(std::move(parts)), head_dim_(head_dim), dims_(dims),
+        traditional_(traditional), scale_(scale), offset_(offset), has_offsets_(has_offsets),
+        eps_(eps) {}
+
+  void eval_cpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
+  void eval_gpu(const std::vector<array>& inputs, std::vector<array>& outputs) override;
+  const char* name() const override { return "FastHeads"; }
+  bool is_equivalent(const mlx::core::Primitive& other) const override;
+  std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
+
+ private:
+  std::vector<Part> parts_;
+  int head_dim_, dims_;
+  bool traditional_;
+  float scale_;
+  int offset_;
+  bool has_offsets_;
+  float eps_;
+};
+
 // ---- bridged to Rust (fused_sys.rs) ----
 // Each returns null when the primitive does not apply (another default
 // device, or a dtype other than f32): the caller then uses MLX's op.
 
 // `fast::rms_norm(x, w, eps)`.
 std::unique_ptr<array> fused_rms_norm(const array& x, const array& w, float eps);
+// {x + y, `fast::rms_norm(x + y, w, eps)`}.
+std::unique_ptr<ArrVec> fused_add_rms_norm(const array& x, const array& y, const array& w,
+                                           float eps);
 // `fast::rope(x, dims, traditional, base, scale, offset)` (or with freqs),
 // given the inverse frequencies MLX would compute (`rope_inv_freqs`).
 std::unique_ptr<array> fused_rope(const array& x, int32_t dims, bool traditional, float scale,
@@ -68,6 +128,15 @@ std::unique_ptr<array> fused_rope(const array& x, int32_t dims, bool traditional
 // The same with one start position per batch row (`offsets` [B]).
 std::unique_ptr<array> fused_rope_at(const array& x, int32_t dims, bool traditional, float scale,
                                      const array& offsets, const array& inv_freqs);
+// FastHeads: parts (cols[i], heads[i], rotate[i] != 0) of x, RoPE at
+// `offset` or per row at `offsets` (null: none); `q_norm` / `k_norm` (null:
+// none) normalize the first / second part per head with `eps` first.
+std::unique_ptr<ArrVec> fused_heads(const array& x, rust::Slice<const int32_t> cols,
+                                    rust::Slice<const int32_t> heads,
+                                    rust::Slice<const uint8_t> rotate, int32_t head_dim,
+                                    int32_t dims, bool traditional, float scale, int32_t offset,
+                                    const array* offsets, const array& inv_freqs,
+                                    const array* q_norm, const array* k_norm, float eps);
 // The inverse frequencies of MLX's RoPE, by MLX's own ops (so with its exp):
 // exp(arange(0, -dims/2, -1) * (log(base) / (dims/2))).
 std::unique_ptr<array> rope_inv_freqs(int32_t dims, float base);

@@ -4,7 +4,7 @@
 //! same bits (see fused.cc; tested in fused_tests.rs); other devices and
 //! dtypes get MLX's `fast::rms_norm` / `fast::rope`.
 
-use super::array::{wrap, Array, Result};
+use super::array::{wrap, ArrVec, Array, Result};
 use super::fused_sys::ffi;
 use super::ops::fast;
 
@@ -19,6 +19,20 @@ pub fn fused_rms_norm(x: &Array, w: &Array, eps: f32) -> Result<Array> {
         Some(y) => Ok(y),
         None => fast::rms_norm(x, w, eps),
     }
+}
+
+/// `(x + y, fast::rms_norm(x + y, w, eps))`: a residual add and the norm
+/// after it, as one mlxrt node for f32 on the CPU (same bits as the two
+/// ops); MLX's ops elsewhere and for shapes that broadcast.
+pub fn fused_add_rms_norm(x: &Array, y: &Array, w: &Array, eps: f32) -> Result<(Array, Array)> {
+    let out = ffi::fused_add_rms_norm(x.raw(), y.raw(), w.raw(), eps)?;
+    if out.is_null() {
+        let sum = x.add(y)?;
+        let normed = fused_rms_norm(&sum, w, eps)?;
+        return Ok((sum, normed));
+    }
+    let mut v = ArrVec(out).into_arrays()?.into_iter();
+    Ok((v.next().expect("the sum"), v.next().expect("the norm")))
 }
 
 /// The inverse frequencies MLX's RoPE uses for `dims` rotated features and
@@ -51,7 +65,76 @@ pub fn fused_rope_at(
     optional(ffi::fused_rope_at(x.raw(), dims, traditional, scale, offsets.raw(), inv_freqs.raw()))
 }
 
-/// Whether `a` is the output of mlxrt's RMSNorm or RoPE primitive.
+/// One part of a packed projection for [`fused_heads`]: `heads` heads from
+/// column `col`, rotated by RoPE or not.
+#[derive(Debug, Clone, Copy)]
+pub struct HeadPart {
+    pub col: i32,
+    pub heads: i32,
+    pub rotate: bool,
+}
+
+/// The RoPE of [`fused_heads`]: over the first `dims` features, positions
+/// `start + t` times `scale`, given [`rope_inv_freqs`].
+pub struct HeadRope<'a> {
+    pub dims: i32,
+    pub traditional: bool,
+    pub scale: f32,
+    /// One start for every row (`Ok`), or one per batch row (`[B]`, `Err`).
+    pub start: std::result::Result<i32, &'a Array>,
+    pub inv_freqs: &'a Array,
+}
+
+/// The parts of a packed projection `x` (`[B, L, C]`, the stacked q/k/v
+/// matmul's output) as `[B, heads, L, head_dim]` arrays: what slicing each
+/// column range, reshaping it to heads, applying `norms` (per-head RMSNorm
+/// weights of the first and second part, with `eps`), moving the heads to
+/// axis 1 and rotating the parts marked so would give, bit for bit, as one
+/// node. `None` where mlxrt's primitive does not apply (not the CPU, not
+/// f32, a shape it does not take): compose the ops then.
+pub fn fused_heads(
+    x: &Array,
+    parts: &[HeadPart],
+    head_dim: i32,
+    rope: &HeadRope,
+    norms: [Option<&Array>; 2],
+    eps: f32,
+) -> Result<Option<Vec<Array>>> {
+    let cols: Vec<i32> = parts.iter().map(|p| p.col).collect();
+    let heads: Vec<i32> = parts.iter().map(|p| p.heads).collect();
+    let rotate: Vec<u8> = parts.iter().map(|p| p.rotate as u8).collect();
+    let ptr = |a: Option<&Array>| a.map_or(std::ptr::null(), |a| a.raw() as *const _);
+    let (offset, offsets) = match rope.start {
+        Ok(o) => (o, std::ptr::null()),
+        Err(a) => (0, a.raw() as *const _),
+    };
+    // SAFETY: every pointer is null or borrows an array alive for the call.
+    let out = unsafe {
+        ffi::fused_heads(
+            x.raw(),
+            &cols,
+            &heads,
+            &rotate,
+            head_dim,
+            rope.dims,
+            rope.traditional,
+            rope.scale,
+            offset,
+            offsets,
+            rope.inv_freqs.raw(),
+            ptr(norms[0]),
+            ptr(norms[1]),
+            eps,
+        )
+    }?;
+    if out.is_null() {
+        return Ok(None);
+    }
+    Ok(Some(ArrVec(out).into_arrays()?))
+}
+
+/// Whether `a` is the output of one of mlxrt's RMSNorm, RoPE, heads or
+/// add-and-norm primitives.
 pub fn is_fused_node(a: &Array) -> bool {
     ffi::is_fused_node(a.raw())
 }

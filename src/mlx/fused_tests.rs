@@ -100,3 +100,114 @@ fn rope_leaves_other_dtypes_to_mlx() {
     let inv = rope_inv_freqs(64, 10_000.0).unwrap();
     assert!(fused_rope(&x, 64, false, 1.0, 0, &inv).unwrap().is_none());
 }
+
+/// What `fused_heads` replaces, by MLX's ops: per part a slice of the packed
+/// `x` `[B, L, C]`, heads, the per-head norm, the heads to axis 1, RoPE.
+fn heads_by_ops(x: &Array, parts: &[HeadPart], d: i32, norms: [Option<&Array>; 2], rope: impl Fn(&Array) -> Array) -> Vec<Array> {
+    let (b, l) = (x.dim(0), x.dim(1));
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let y = x.slice_axis(-1, p.col, p.col + p.heads * d).unwrap().reshape(&[b, l, p.heads, d]).unwrap();
+            let y = match norms.get(i).copied().flatten() {
+                Some(w) => fast::rms_norm(&y, w, 1e-6).unwrap(),
+                None => y,
+            };
+            let y = y.transpose(&[0, 2, 1, 3]).unwrap();
+            if p.rotate {
+                rope(&y)
+            } else {
+                y
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
+    // q/k/v of a grouped-query layer (4 query heads, 2 KV heads), decode and
+    // prefill shapes, one start or one per row, half-split or traditional,
+    // partial rotation, per-head norms, and a strided x (a slice of a wider
+    // projection, as a mixed pass hands its groups).
+    let d = 64;
+    let parts = [
+        HeadPart { col: 0, heads: 4, rotate: true },
+        HeadPart { col: 4 * d, heads: 2, rotate: true },
+        HeadPart { col: 6 * d, heads: 2, rotate: false },
+    ];
+    let offsets = Array::from_i32(&[3, 0, 900], &[3]).unwrap();
+    let (qn, kn) = (randn(&[d], 41), randn(&[d], 42));
+    let mut cases = 0;
+    for (b, l) in [(1, 1), (3, 1), (3, 7)] {
+        for strided in [false, true] {
+            let x = if strided {
+                randn(&[b, l, 10 * d], (b * l) as u64).slice_axis(-1, d, 9 * d).unwrap()
+            } else {
+                randn(&[b, l, 8 * d], (b * l + 1) as u64)
+            };
+            for (traditional, dims) in [(false, d), (true, d), (false, 32)] {
+                let inv = rope_inv_freqs(dims, 10_000.0).unwrap();
+                for per_row in [false, true] {
+                    if per_row && b != 3 {
+                        continue;
+                    }
+                    for norms in [[None, None], [Some(&qn), Some(&kn)]] {
+                        let start = if per_row { Err(&offsets) } else { Ok(57) };
+                        let rope = HeadRope { dims, traditional, scale: 1.0, start, inv_freqs: &inv };
+                        let got = fused_heads(&x, &parts, d, &rope, norms, 1e-6).unwrap().expect("fast path");
+                        assert!(got.iter().all(is_fused_node));
+                        let want = heads_by_ops(&x, &parts, d, norms, |y| match per_row {
+                            true => fast::rope_at(y, dims, traditional, 10_000.0, 1.0, &offsets).unwrap(),
+                            false => fast::rope(y, dims, traditional, 10_000.0, 1.0, 57).unwrap(),
+                        });
+                        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                            let what = format!("part {i} b {b} l {l} strided {strided} trad {traditional} dims {dims} per_row {per_row} norms {}", norms[0].is_some());
+                            same_bits(g, w, &what);
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 60);
+}
+
+#[test]
+fn heads_leave_what_they_do_not_take_to_the_ops() {
+    let inv = rope_inv_freqs(64, 10_000.0).unwrap();
+    let rope = HeadRope { dims: 64, traditional: false, scale: 1.0, start: Ok(0), inv_freqs: &inv };
+    let part = [HeadPart { col: 0, heads: 2, rotate: true }];
+    let x16 = randn(&[1, 1, 128], 1).astype(Dtype::F16).unwrap();
+    assert!(fused_heads(&x16, &part, 64, &rope, [None, None], 1e-6).unwrap().is_none());
+    // A part past the end of the projection.
+    let x = randn(&[1, 1, 96], 2);
+    assert!(fused_heads(&x, &part, 64, &rope, [None, None], 1e-6).unwrap().is_none());
+}
+
+#[test]
+fn add_and_norm_match_the_two_ops_bit_for_bit() {
+    for (shape, seed) in [(vec![1, 1, 576], 1), (vec![3, 7, 576], 2), (vec![2, 64], 3)] {
+        let d = *shape.last().unwrap();
+        let x = scaled(randn(&shape, seed), 20.0);
+        let w = randn(&[d], seed + 10);
+        // y: contiguous, and a transposed view of the same shape.
+        let mut t = shape.clone();
+        t.swap(0, 1);
+        let ys = [randn(&shape, seed + 20), randn(&t, seed + 30).swapaxes(0, 1).unwrap()];
+        for y in &ys {
+            let (sum, normed) = fused_add_rms_norm(&x, y, &w, 1e-5).unwrap();
+            assert!(is_fused_node(&sum) && is_fused_node(&normed), "fast path not taken for {shape:?}");
+            let want = x.add(y).unwrap();
+            same_bits(&sum, &want, &format!("sum {shape:?}"));
+            same_bits(&normed, &fast::rms_norm(&want, &w, 1e-5).unwrap(), &format!("norm {shape:?}"));
+        }
+    }
+    // A broadcasting y: MLX's ops, same numbers.
+    let (x, y, w) = (randn(&[2, 3, 64], 5), randn(&[64], 6), randn(&[64], 7));
+    let (sum, normed) = fused_add_rms_norm(&x, &y, &w, 1e-5).unwrap();
+    assert!(!is_fused_node(&sum));
+    same_bits(&sum, &x.add(&y).unwrap(), "broadcast sum");
+    same_bits(&normed, &fast::rms_norm(&x.add(&y).unwrap(), &w, 1e-5).unwrap(), "broadcast norm");
+}

@@ -13,7 +13,7 @@ use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvView, LayerCache, Positions};
 use crate::error::{Error, Result};
 use crate::mlx::fast::Mask;
-use crate::mlx::{fused_sdpa, Array};
+use crate::mlx::{fused_sdpa, Array, HeadPart};
 use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
@@ -140,52 +140,72 @@ impl Attention {
     /// window for a sliding one) with their positions and masks. The
     /// projections run on the whole input at once.
     pub fn forward(&self, x: &Array, pass: &mut Pass, layer: usize) -> Result<Array> {
-        let (q, k, v, gate) = self.project(x)?;
-        let o = pass.each(vec![q, k, v], |_, qkv, cache, ctx| {
-            let mut qkv = qkv.into_iter();
-            let mut next = || qkv.next().expect("q, k and v");
-            self.attend(next(), next(), next(), &mut cache[layer], &ctx.pos, &ctx.masks)
+        let (parts, gate) = self.project(x)?;
+        let o = pass.each(parts, |_, parts, cache, ctx| {
+            let (b, l) = (parts[0].dim(0), parts[0].dim(1));
+            let [q, k, v] = self.heads(parts, &ctx.pos)?;
+            self.attend(q, k, v, &mut cache[layer], &ctx.masks, b, l)
         })?;
         self.output(o, gate)
     }
 
-    /// Queries, keys and values of `x` (`[b, l, dim]`) as `[b, l, heads,
-    /// head_dim]` (per-head norms applied), and the output gate if any.
-    fn project(&self, x: &Array) -> Result<(Array, Array, Array, Option<Array>)> {
-        let s = x.shape();
-        let (b, l) = (s[0], s[1]);
-        let mut qkv = self.qkv.forward(x)?.into_iter();
-        let mut next = || qkv.next().expect("three projections");
-        // Norms act per head, before `attend` moves the heads to axis 1.
-        let heads = |y: Array, h: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = y.reshape(&[b, l, h, self.head_dim])?;
-            Ok(match norm {
-                Some(n) => n.forward(&y)?,
-                None => y,
-            })
-        };
-        let (q, gate) = if self.output_gate {
-            let qg = next().reshape(&[b, l, self.heads, 2 * self.head_dim])?;
-            let hd = self.head_dim;
-            let gate = qg.slice_axis(-1, hd, 2 * hd)?.reshape(&[b, l, self.heads * hd])?;
-            (qg.slice_axis(-1, 0, hd)?, Some(gate))
-        } else {
-            (next(), None)
-        };
-        let q = heads(q, self.heads, &self.q_norm)?;
-        let k = heads(next(), self.kv_heads, &self.k_norm)?;
-        let v = heads(next(), self.kv_heads, &None)?;
-        Ok((q, k, v, gate))
+    /// The projections of `x` (`[b, l, dim]`) as `heads` takes them: the
+    /// stacked q/k/v output when the layer stacks them (one array), else
+    /// q, k and v; and the output gate if any.
+    fn project(&self, x: &Array) -> Result<(Vec<Array>, Option<Array>)> {
+        if !self.output_gate {
+            if let Some((qkv, _)) = self.qkv.forward_packed(x)? {
+                return Ok((vec![qkv], None));
+            }
+        }
+        let mut qkv = self.qkv.forward(x)?;
+        if !self.output_gate {
+            return Ok((qkv, None));
+        }
+        // `[q | gate]` per head.
+        let (b, l, hd) = (x.dim(0), x.dim(1), self.head_dim);
+        let qg = qkv[0].reshape(&[b, l, self.heads, 2 * hd])?;
+        let gate = qg.slice_axis(-1, hd, 2 * hd)?.reshape(&[b, l, self.heads * hd])?;
+        qkv[0] = qg.slice_axis(-1, 0, hd)?;
+        Ok((qkv, Some(gate)))
     }
 
-    /// Attention of `[b, l, heads, head_dim]` queries, keys and values
-    /// through `cache` (RoPE at `pos`); `[b, l, heads * head_dim]`.
-    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache, pos: &Positions, masks: &Masks) -> Result<Array> {
-        let (b, l) = (q.dim(0), q.dim(1));
-        let to_heads = |y: Array| y.transpose(&[0, 2, 1, 3]);
-        let q = self.rope.forward(&to_heads(q)?, pos)?;
-        let k = self.rope.forward(&to_heads(k)?, pos)?;
-        let v = to_heads(v)?;
+    /// Queries, keys and values `[b, heads, l, head_dim]`, per-head norms
+    /// applied and rotated at `pos`, from `project`'s arrays (`[b, l, …]`).
+    /// From a stacked projection this is one mlxrt node on the CPU
+    /// (`Rope::heads`, the same bits as the ops).
+    fn heads(&self, mut parts: Vec<Array>, pos: &Positions) -> Result<[Array; 3]> {
+        let (hd, nq, nkv) = (self.head_dim, self.heads, self.kv_heads);
+        if let [qkv] = parts.as_slice() {
+            let spec = [
+                HeadPart { col: 0, heads: nq, rotate: true },
+                HeadPart { col: nq * hd, heads: nkv, rotate: true },
+                HeadPart { col: (nq + nkv) * hd, heads: nkv, rotate: false },
+            ];
+            if let Some(h) = self.rope.heads(qkv, &spec, hd, pos, [self.q_norm.as_ref(), self.k_norm.as_ref()])? {
+                return Ok(h.try_into().expect("three parts"));
+            }
+            parts = spec.iter().map(|p| qkv.slice_axis(-1, p.col, p.col + p.heads * hd)).collect::<std::result::Result<_, _>>()?;
+        }
+        let (b, l) = (parts[0].dim(0), parts[0].dim(1));
+        // Norms act per head, before the heads move to axis 1.
+        let to_heads = |y: &Array, h: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = if y.ndim() == 3 { y.reshape(&[b, l, h, hd])? } else { y.share() };
+            let y = match norm {
+                Some(n) => n.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose(&[0, 2, 1, 3])?)
+        };
+        let q = self.rope.forward(&to_heads(&parts[0], nq, &self.q_norm)?, pos)?;
+        let k = self.rope.forward(&to_heads(&parts[1], nkv, &self.k_norm)?, pos)?;
+        Ok([q, k, to_heads(&parts[2], nkv, &None)?])
+    }
+
+    /// Attention of rotated `[b, heads, l, head_dim]` queries, keys and
+    /// values through `cache`; `[b, l, heads * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache, masks: &Masks, b: i32, l: i32) -> Result<Array> {
         let o = match (self.window, cache) {
             (Some(w), LayerCache::Ring(c)) if c.window() == w => {
                 let (keys, values) = c.update_and_fetch(&k, &v)?;

@@ -55,14 +55,28 @@ pub struct Decoder {
 
 impl Decoder {
     /// The blocks over input embeddings `h` (`[B, L, dim]`, or the packed
-    /// `[1, T, dim]` of a mixed pass); `after(i, h)` is applied to each
-    /// block's output.
-    fn run(&self, mut h: Array, mut pass: Pass, after: impl Fn(usize, Array) -> Result<Array>) -> Result<Option<Array>> {
+    /// `[1, T, dim]` of a mixed pass); `after(i, h)` is applied to the
+    /// output of each of the first `touched` blocks. Each residual add runs
+    /// with the norm that follows it (one node).
+    fn run(&self, mut h: Array, mut pass: Pass, after: impl Fn(usize, Array) -> Result<Array>, touched: usize) -> Result<Option<Array>> {
+        let Some(first) = self.blocks.first() else { return Err(Error::internal("a model without blocks")) };
+        let mut x = first.input_norm.forward(&h)?;
         for (i, blk) in self.blocks.iter().enumerate() {
-            let a = blk.attn.forward(&blk.input_norm.forward(&h)?, &mut pass, i)?;
-            h = h.add(&a)?;
-            let m = blk.ffn.forward(&blk.post_norm.forward(&h)?)?;
-            h = after(i, h.add(&m)?)?;
+            let a = blk.attn.forward(&x, &mut pass, i)?;
+            let (h1, y) = blk.post_norm.add_forward(&h, &a)?;
+            let m = blk.ffn.forward(&y)?;
+            match self.blocks.get(i + 1) {
+                Some(next) if i >= touched => (h, x) = next.input_norm.add_forward(&h1, &m)?,
+                next => {
+                    h = h1.add(&m)?;
+                    if i < touched {
+                        h = after(i, h)?;
+                    }
+                    if let Some(next) = next {
+                        x = next.input_norm.forward(&h)?;
+                    }
+                }
+            }
             pass.settle(&h)?;
         }
         pass.logits(h, |h| self.head.forward(&self.norm.forward(h)?, &self.embed))
@@ -84,7 +98,7 @@ impl LanguageModel for Decoder {
 
     fn forward(&self, tokens: &Array, cache: &mut [LayerCache], out: Output) -> Result<Option<Array>> {
         let pass = Pass::single(cache, tokens.dim(1), out, self.blocks.len())?;
-        self.run(self.embed.forward(tokens)?, pass, |_, h| Ok(h))
+        self.run(self.embed.forward(tokens)?, pass, |_, h| Ok(h), 0)
     }
 
     /// The tower's rows spliced at their positions; with multimodal RoPE
@@ -108,7 +122,7 @@ impl LanguageModel for Decoder {
         if let Some(pos) = sections {
             pass.set_positions(pos)?;
         }
-        let logits = self.run(h, pass, |i, h| if i < media.deepstack.len() { media.add_deepstack(i, &h) } else { Ok(h) })?;
+        let logits = self.run(h, pass, |i, h| media.add_deepstack(i, &h), media.deepstack.len())?;
         if let Some((_, delta)) = media.mrope {
             cache.iter_mut().for_each(|c| c.set_rope_delta(0, delta));
         }
@@ -120,7 +134,7 @@ impl LanguageModel for Decoder {
     }
 
     fn forward_mixed(&self, tokens: &Array, groups: &mut [Group]) -> Result<Option<Array>> {
-        self.run(self.embed.forward(tokens)?, Pass::mixed(tokens, groups, self.blocks.len())?, |_, h| Ok(h))
+        self.run(self.embed.forward(tokens)?, Pass::mixed(tokens, groups, self.blocks.len())?, |_, h| Ok(h), 0)
     }
 
     fn parameters(&self) -> Vec<&Array> {

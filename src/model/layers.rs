@@ -5,8 +5,8 @@
 use crate::cache::Positions;
 use crate::error::{Error, Result};
 use crate::mlx::{
-    dequantize, fast, fast_quantized_matmul, fast_quantized_matmul_int8, fast_swiglu, fast_swiglu_packed, fused_rms_norm, fused_rope, fused_rope_at,
-    quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, Array, Dtype,
+    dequantize, fast, fast_quantized_matmul, fast_quantized_matmul_int8, fast_swiglu, fast_swiglu_packed, fused_add_rms_norm, fused_heads, fused_rms_norm, fused_rope,
+    fused_rope_at, quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, Array, Dtype, HeadPart, HeadRope,
 };
 use serde_json::Value;
 
@@ -229,6 +229,15 @@ pub enum LinearGroup {
 }
 
 impl LinearGroup {
+    /// The stacked output, unsplit, with each part's size (None when the
+    /// layers run separately).
+    pub fn forward_packed(&self, x: &Array) -> Result<Option<(Array, &[i32])>> {
+        match self {
+            LinearGroup::Fused(f) => Ok(Some((f.lin.forward(x)?, &f.sizes))),
+            LinearGroup::Separate(_) => Ok(None),
+        }
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Vec<Array>> {
         match self {
             LinearGroup::Fused(f) => f.forward(x),
@@ -296,6 +305,11 @@ impl RmsNorm {
     /// under either `Kernels` setting), `fast::rms_norm` elsewhere.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         Ok(fused_rms_norm(x, &self.w, self.eps)?)
+    }
+
+    /// The residual sum `x + y` and its norm (one node on the CPU).
+    pub fn add_forward(&self, x: &Array, y: &Array) -> Result<(Array, Array)> {
+        Ok(fused_add_rms_norm(x, y, &self.w, self.eps)?)
     }
 
     /// Gemma's `(1 + w)` scaling: the offset is added once at load, in the
@@ -563,6 +577,25 @@ impl Rope {
             (None, Positions::PerRow(o)) => fast::rope_at(x, d, t, self.base, s, o)?,
             (_, Positions::Sections(_)) => unreachable!("handled above"),
         })
+    }
+
+    /// The parts of a packed projection `x` (`[B, L, C]`) as `[B, heads, L,
+    /// head_dim]`, normed per head by `norms` (of the first and second part)
+    /// and rotated where a part says so, for positions `pos`: one mlxrt node
+    /// (bit-identical to the ops), None where it does not apply.
+    pub fn heads(&self, x: &Array, parts: &[HeadPart], head_dim: i32, pos: &Positions, norms: [Option<&RmsNorm>; 2]) -> Result<Option<Vec<Array>>> {
+        let start = match pos {
+            Positions::Same(o) => Ok(*o),
+            Positions::PerRow(o) => Err(o),
+            Positions::Sections(_) => return Ok(None),
+        };
+        let eps = match norms {
+            [Some(a), Some(b)] if a.eps != b.eps => return Ok(None),
+            [Some(n), _] | [_, Some(n)] => n.eps,
+            [None, None] => 0.0,
+        };
+        let rope = HeadRope { dims: self.dims, traditional: self.traditional, scale: self.scale, start, inv_freqs: &self.inv_freqs };
+        Ok(fused_heads(x, parts, head_dim, &rope, norms.map(|n| n.map(|n| &n.w)), eps)?)
     }
 
     /// Multimodal RoPE at `[3, B, L]` positions, as mlx-vlm computes it:
