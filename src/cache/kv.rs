@@ -262,6 +262,18 @@ impl KvView {
     /// these keys and values: `[B, heads, L, Dv]`.
     /// `kernels` picks the implementation: mlxrt's fused CPU kernels
     /// (float: `mlx::fused_sdpa`; quantized: see `quant_attention`) or MLX's.
+    /// [`KvView::attend`] with the heads side by side: `[B, L, Hq * Dv]`,
+    /// the output projection's input (for dense KV under `Kernels::Auto`
+    /// the fused kernel writes it so; otherwise a transpose follows).
+    pub fn attend_merged(&self, queries: &Array, scale: f32, mask: &AttnMask, kernels: Kernels) -> Result<Array> {
+        match (self, kernels) {
+            (KvView::Dense { keys, values }, Kernels::Auto) => {
+                Ok(crate::mlx::fused_sdpa_merged(queries, keys, values, scale, mask.as_mask(), None)?)
+            }
+            _ => Ok(crate::mlx::merge_heads(&self.attend(queries, scale, mask, kernels)?)?),
+        }
+    }
+
     pub fn attend(&self, queries: &Array, scale: f32, mask: &AttnMask, kernels: Kernels) -> Result<Array> {
         use crate::mlx::{fused_sdpa, sdpa_stock};
         let dense = |k: &Array, v: &Array| -> Result<Array> {

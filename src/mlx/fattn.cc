@@ -45,7 +45,7 @@ struct Inputs {
 };
 
 void compute(const Inputs& in, float* out, float scale, MaskKind mask, int window,
-             const Kernels* k) {
+             const Kernels* k, bool merged) {
   const int B = in.q.shape(0), Hq = in.q.shape(1), L = in.q.shape(2), D = in.q.shape(3);
   const int H = in.k.shape(1), T = in.k.shape(2), rep = Hq / H, Dv = in.v.shape(3);
   std::vector<float> qbuf;
@@ -61,6 +61,7 @@ void compute(const Inputs& in, float* out, float scale, MaskKind mask, int windo
   qsdpa::Problem p{qp, plane(kr, D), plane(vr, Dv), B, H, rep * L, L, T, 0, 32, mask,
                    nullptr, {0, 0, 0, 0}};
   p.window = window;
+  p.heads_last = merged;
   // Prefill: the keys transposed once (see transpose_keys).
   std::vector<float> kt;
   if (qsdpa::transpose_keys(p, k->rows)) {
@@ -98,7 +99,8 @@ void FloatSdpa::eval_cpu(const std::vector<array>& inputs, array& out) {
   auto weak = [&](int i) { return array::unsafe_weak_copy(inputs[i]); };
   Inputs in{weak(0), weak(1), weak(2), inputs.size() > 3 ? weak(3) : weak(0)};
   enc.dispatch([in = std::move(in), o = out.data<float>(), scale = scale_, mask = mask_,
-                window = window_, k = kernels_]() { compute(in, o, scale, mask, window, k); });
+                window = window_, k = kernels_,
+                merged = merged_]() { compute(in, o, scale, mask, window, k, merged); });
 }
 
 void FloatSdpa::eval_gpu(const std::vector<array>&, array&) {
@@ -108,18 +110,18 @@ void FloatSdpa::eval_gpu(const std::vector<array>&, array&) {
 bool FloatSdpa::is_equivalent(const mx::Primitive& other) const {
   auto* o = dynamic_cast<const FloatSdpa*>(&other);
   return o && o->scale_ == scale_ && o->mask_ == mask_ && o->window_ == window_ &&
-         o->kernels_ == kernels_;
+         o->kernels_ == kernels_ && o->merged_ == merged_;
 }
 
 std::vector<mx::Shape> FloatSdpa::output_shapes(const std::vector<array>& inputs) {
-  mx::Shape shape = inputs[0].shape();
-  shape.back() = inputs[2].shape(3);
-  return {shape};
+  const array &q = inputs[0], &v = inputs[2];
+  if (merged_) return {{q.shape(0), q.shape(2), q.shape(1) * v.shape(3)}};
+  return {{q.shape(0), q.shape(1), q.shape(2), v.shape(3)}};
 }
 
 std::unique_ptr<array> float_sdpa(const array& q, const array& k, const array& v, float scale,
                                   uint8_t mask_kind, const array& mask, int32_t window,
-                                  uint8_t isa) {
+                                  uint8_t isa, bool merged) {
   // f32 queries; keys and values both f32 or both f16 (a cache stored as f16).
   const bool f16 = k.dtype() == mx::float16;
   const Kernels* kern = select_kernels(isa, f16);
@@ -147,8 +149,9 @@ std::unique_ptr<array> float_sdpa(const array& q, const array& k, const array& v
     if (kind == MaskKind::None) return nullptr;
   }
   auto prim = std::make_shared<FloatSdpa>(mx::default_stream(mx::Device::cpu), scale, kind,
-                                          window, kern);
-  return std::make_unique<array>(mx::Shape{B, Hq, L, Dv}, mx::float32, std::move(prim),
+                                          window, kern, merged);
+  auto shape = merged ? mx::Shape{B, L, Hq * Dv} : mx::Shape{B, Hq, L, Dv};
+  return std::make_unique<array>(std::move(shape), mx::float32, std::move(prim),
                                  std::move(inputs));
 }
 

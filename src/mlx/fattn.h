@@ -24,11 +24,14 @@ using qsdpa::MaskKind;
 
 // Inputs: q [B, Hq, L, D], k [B, H, T, D], v [B, H, T, Dv] f32; for Bool /
 // Additive masks a mask broadcast to [B, 1 or H, L, T] (bool, or f32 added to
-// the scores). Output [B, Hq, L, Dv] f32. CPU only.
+// the scores). Output [B, Hq, L, Dv] f32, or with `merged` [B, L, Hq * Dv]
+// (the heads side by side, as the output projection reads them). CPU only.
 class FloatSdpa : public mlx::core::UnaryPrimitive {
  public:
-  FloatSdpa(mlx::core::Stream s, float scale, MaskKind mask, int window, const Kernels* k)
-      : UnaryPrimitive(s), scale_(scale), mask_(mask), window_(window), kernels_(k) {}
+  FloatSdpa(mlx::core::Stream s, float scale, MaskKind mask, int window, const Kernels* k,
+            bool merged)
+      : UnaryPrimitive(s), scale_(scale), mask_(mask), window_(window), kernels_(k),
+        merged_(merged) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override;
   void eval_gpu(const std::vector<array>& inputs, array& out) override;
@@ -43,6 +46,7 @@ class FloatSdpa : public mlx::core::UnaryPrimitive {
   MaskKind mask_;
   int window_;
   const Kernels* kernels_;
+  bool merged_;
 };
 
 // ---- bridged to Rust (fattn_sys.rs) ----
@@ -53,10 +57,10 @@ class FloatSdpa : public mlx::core::UnaryPrimitive {
 // none, 1 causal (query i of L sees keys up to T - L + i, and with
 // `window` > 0 only the last `window` of them), 2 the array `mask` (bool:
 // false masks; any other dtype is added); `mask` is not read otherwise.
-// `isa` as for the quantized matmul.
+// `isa` as for the quantized matmul. `merged`: the output as [B, L, Hq * Dv].
 std::unique_ptr<array> float_sdpa(const array& q, const array& k, const array& v, float scale,
                                   uint8_t mask_kind, const array& mask, int32_t window,
-                                  uint8_t isa);
+                                  uint8_t isa, bool merged);
 // The `Isa` code of the kernel that computes `a`, or 0 if `a` is not the
 // output of a FloatSdpa.
 uint8_t fattn_node_isa(const array& a);

@@ -43,17 +43,39 @@ pub fn fused_sdpa_isa(
     window: Option<i32>,
     isa: QmmIsa,
 ) -> Result<Array> {
-    let (kind, m) = mask_code(&mask, q);
-    let w = match (&mask, window) {
+    match float_sdpa(q, k, v, scale, &mask, window, isa, false)? {
+        Some(o) => Ok(o),
+        None => sdpa_stock(q, k, v, scale, mask, window),
+    }
+}
+
+/// [`fused_sdpa`] with the heads side by side: `[B, L, Hq * Dv]`, the input
+/// of the output projection (the fused kernel writes it so, with no
+/// transpose node after it).
+pub fn fused_sdpa_merged(q: &Array, k: &Array, v: &Array, scale: f32, mask: Mask, window: Option<i32>) -> Result<Array> {
+    if let Some(o) = float_sdpa(q, k, v, scale, &mask, window, QmmIsa::Auto, true)? {
+        return Ok(o);
+    }
+    merge_heads(&sdpa_stock(q, k, v, scale, mask, window)?)
+}
+
+/// `[B, H, L, D]` attention output as `[B, L, H * D]`.
+pub fn merge_heads(o: &Array) -> Result<Array> {
+    let s = o.shape();
+    o.transpose(&[0, 2, 1, 3])?.reshape(&[s[0], s[2], s[1] * s[3]])
+}
+
+/// The fused kernel's node, None where it does not apply.
+#[allow(clippy::too_many_arguments)]
+fn float_sdpa(q: &Array, k: &Array, v: &Array, scale: f32, mask: &Mask, window: Option<i32>, isa: QmmIsa, merged: bool) -> Result<Option<Array>> {
+    let (kind, m) = mask_code(mask, q);
+    let w = match (mask, window) {
         (Mask::Causal, Some(w)) if w > 0 => w,
         (_, None) => 0,
         (_, Some(w)) => return Err(MlxError(format!("fused_sdpa: window {w} needs a causal mask"))),
     };
-    let out = ffi::float_sdpa(q.raw(), k.raw(), v.raw(), scale, kind, m.raw(), w, isa as u8)?;
-    if out.is_null() {
-        return sdpa_stock(q, k, v, scale, mask, window);
-    }
-    Ok(Array(out))
+    let out = ffi::float_sdpa(q.raw(), k.raw(), v.raw(), scale, kind, m.raw(), w, isa as u8, merged)?;
+    Ok((!out.is_null()).then(|| Array(out)))
 }
 
 /// MLX's own attention with the same arguments (the window as a bool mask):

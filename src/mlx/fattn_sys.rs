@@ -19,6 +19,7 @@ pub(crate) mod ffi {
             mask: &array,
             window: i32,
             isa: u8,
+            merged: bool,
         ) -> Result<UniquePtr<array>>;
         fn fattn_node_isa(a: &array) -> u8;
     }

@@ -275,3 +275,29 @@ fn the_tolerance_catches_a_wrong_window_edge_and_a_wrong_value() {
     let bad = fused_sdpa(&q, &k, &bad_v, 0.125, Mask::Causal, Some(8)).unwrap();
     assert!(worst_error(&bad, &want, &bound) > 100.0 * TOL);
 }
+
+#[test]
+fn merged_output_is_the_transposed_heads_bit_for_bit() {
+    // `fused_sdpa_merged` writes [B, L, Hq * Dv] straight from the kernel:
+    // the same bits as the [B, Hq, L, Dv] output with its heads moved after
+    // the positions (decode, prefill with transposed keys, windows, masks).
+    let bits = |a: &Array| a.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for (b, hkv, rep, l, t) in [(1, 3, 3, 1, 40), (2, 3, 3, 1, 300), (2, 2, 2, 70, 70), (1, 3, 3, 9, 120)] {
+        for mask in [MaskCase::None, MaskCase::Causal, MaskCase::Window(16), MaskCase::Padded(3)] {
+            if matches!(mask, MaskCase::Padded(_)) && b < 2 {
+                continue;
+            }
+            let q = randn(&[b, hkv * rep, l, 64], (b + l) as u64);
+            let k = randn(&[b, hkv, t, 64], (t + 1) as u64);
+            let v = randn(&[b, hkv, t, 64], (t + 2) as u64);
+            let arr = mask_array(mask, b, l, t);
+            let (m, w) = args(mask, &arr);
+            let heads = fused_sdpa(&q, &k, &v, 0.125, m, w).unwrap();
+            let (m, w) = args(mask, &arr);
+            let merged = fused_sdpa_merged(&q, &k, &v, 0.125, m, w).unwrap();
+            assert!(fattn_isa_of(&merged).is_some(), "fused path not taken");
+            assert_eq!(merged.shape(), vec![b, l, hkv * rep * 64]);
+            assert_eq!(bits(&merged), bits(&merge_heads(&heads).unwrap()), "b {b} l {l} t {t} {mask:?}");
+        }
+    }
+}

@@ -41,7 +41,7 @@ mod tqsdpa_sys;
 mod tqsdpa_tests;
 
 pub use array::{async_eval, eval, Array, Dtype, MlxError, Result};
-pub use fattn::{fattn_isa_of, fused_sdpa, fused_sdpa_isa, sdpa_stock};
+pub use fattn::{fattn_isa_of, fused_sdpa, fused_sdpa_isa, fused_sdpa_merged, merge_heads, sdpa_stock};
 pub use fused::{fused_add_rms_norm, fused_heads, fused_rms_norm, fused_rope, fused_rope_at, is_fused_node, rope_inv_freqs, rope_inv_freqs_of, HeadPart, HeadRope};
 pub use paged::{
     data_address, paged_isa_of, paged_quantized_isa_of, paged_quantized_sdpa_isa, paged_quantized_sdpa_stock, paged_sdpa,

@@ -90,8 +90,10 @@ void write_rows(const Split& p, int b, int h, int m0, int rows, const float* acc
   const int dv = p.dv;
   for (int r = 0; r < rows; ++r) {
     const int m = m0 + r;
-    const size_t hq = static_cast<size_t>(b) * p.H * p.rep + h * p.rep + m / p.L;
-    float* o = p.out + (hq * p.L + m % p.L) * dv;
+    const size_t hq = static_cast<size_t>(h) * p.rep + m / p.L, heads = p.H * p.rep;
+    const size_t b_row = static_cast<size_t>(b) * p.L + m % p.L;
+    float* o = p.out + (p.heads_last ? b_row * heads + hq
+                                     : (b * heads + hq) * p.L + m % p.L) * dv;
     const float* a = acc + static_cast<size_t>(r) * dv;
     for (int d = 0; d < dv; ++d) o[d] = a[p.order ? p.order[d] : d] / sum[r];
   }
@@ -348,6 +350,7 @@ void run(const Problem& p, const Kernels* k, int rep, float* out) {
           },
           &ctx, order.data(), rep, out};
   s.window = p.window;
+  s.heads_last = p.heads_last;
   flash_attention(s);
 }
 

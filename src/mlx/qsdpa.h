@@ -68,7 +68,9 @@ float* group_queries(const array& q, int H, float scale, const int* pos, std::ve
 // lens[b]), chunk by
 // chunk over the quantized matmul's pool (flash decoding: per-task partial
 // softmax sums, merged at the end). Row m of kv head h is query head
-// h * rep + m / L at position m % L; the output is [B, H * rep, L, dv].
+// h * rep + m / L at position m % L; the output is [B, H * rep, L, dv], or
+// with `heads_last` [B, L, H * rep, dv] (the layout the output projection
+// reads, so no transpose follows).
 struct Split {
   int B, H, M, L, T, dv;
   int rows;           // query rows per chunk call at most
@@ -86,6 +88,7 @@ struct Split {
   // Keys of batch row b: lens[b] (<= T) instead of T, for the causal bounds
   // and the end (null: every row has T). Paged KV: rows of many lengths.
   const int32_t* lens = nullptr;
+  bool heads_last = false;
 };
 void flash_attention(const Split& s);
 

@@ -56,6 +56,8 @@ struct Problem {
   // (kt_len >= T + 2 * lanes, zero past T).
   const float* keys_t = nullptr;
   int64_t kt_len = 0;
+  // The output as [B, L, H * rep, v.dim] instead of [B, H * rep, L, v.dim].
+  bool heads_last = false;
 
   // Last visible key of row m under the causal mask (may be < 0).
   int causal_last(int m) const { return T - L + m % L; }

@@ -13,7 +13,7 @@ use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvView, LayerCache, Positions};
 use crate::error::{Error, Result};
 use crate::mlx::fast::Mask;
-use crate::mlx::{fused_sdpa, Array, HeadPart};
+use crate::mlx::{fused_sdpa_merged, Array, HeadPart};
 use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
@@ -142,9 +142,8 @@ impl Attention {
     pub fn forward(&self, x: &Array, pass: &mut Pass, layer: usize) -> Result<Array> {
         let (parts, gate) = self.project(x)?;
         let o = pass.each(parts, |_, parts, cache, ctx| {
-            let (b, l) = (parts[0].dim(0), parts[0].dim(1));
             let [q, k, v] = self.heads(parts, &ctx.pos)?;
-            self.attend(q, k, v, &mut cache[layer], &ctx.masks, b, l)
+            self.attend(q, k, v, &mut cache[layer], &ctx.masks)
         })?;
         self.output(o, gate)
     }
@@ -204,26 +203,24 @@ impl Attention {
 
     /// Attention of rotated `[b, heads, l, head_dim]` queries, keys and
     /// values through `cache`; `[b, l, heads * head_dim]`.
-    #[allow(clippy::too_many_arguments)]
-    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache, masks: &Masks, b: i32, l: i32) -> Result<Array> {
-        let o = match (self.window, cache) {
+    fn attend(&self, q: Array, k: Array, v: Array, cache: &mut LayerCache, masks: &Masks) -> Result<Array> {
+        Ok(match (self.window, cache) {
             (Some(w), LayerCache::Ring(c)) if c.window() == w => {
                 let (keys, values) = c.update_and_fetch(&k, &v)?;
                 match (self.kernels, masks.causal_window) {
                     (Kernels::Auto, Some(cw)) if cw == w => {
-                        fused_sdpa(&q, &keys, &values, self.scale, Mask::Causal, Some(w))?
+                        fused_sdpa_merged(&q, &keys, &values, self.scale, Mask::Causal, Some(w))?
                     }
-                    _ => KvView::Dense { keys, values }.attend(&q, self.scale, masks.window()?, self.kernels)?,
+                    _ => KvView::Dense { keys, values }.attend_merged(&q, self.scale, masks.window()?, self.kernels)?,
                 }
             }
             // Causal over each row's own length (and window), whatever the masks.
             (w, LayerCache::Paged(c)) if c.layer().window == w => {
-                c.update_with(&k, &v, self.kernels)?.attend(&q, self.scale, &AttnMask::Causal, self.kernels)?
+                c.update_with(&k, &v, self.kernels)?.attend_merged(&q, self.scale, &AttnMask::Causal, self.kernels)?
             }
-            (None, c) => c.kv_mut()?.update_with(&k, &v, self.kernels)?.attend(&q, self.scale, masks.full()?, self.kernels)?,
+            (None, c) => c.kv_mut()?.update_with(&k, &v, self.kernels)?.attend_merged(&q, self.scale, masks.full()?, self.kernels)?,
             (Some(w), _) => return Err(Error::internal(format!("a layer with a window of {w} got no ring of that size"))),
-        };
-        Ok(o.transpose(&[0, 2, 1, 3])?.reshape(&[b, l, self.heads * self.head_dim])?)
+        })
     }
 
     /// The output projection of the attention result (gated if the layer is).
