@@ -53,12 +53,13 @@ inline void cpu_relax() {
 #endif
 }
 
-int env_int(const char* name, int fallback) {
+// An integer setting in [lo, 4096) from the environment, else `fallback`.
+int env_int(const char* name, int fallback, int lo = 1) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
   long n = std::strtol(v, &end, 10);
-  return (end && *end == 0 && n > 0 && n < 4096) ? static_cast<int>(n) : fallback;
+  return (end && *end == 0 && n >= lo && n < 4096) ? static_cast<int>(n) : fallback;
 }
 
 int cpu_count() {
@@ -234,6 +235,13 @@ const Kernels* q8_kernels(const Kernels* k) {
   return k;
 }
 
+// Up to this many rows of x the direct path runs: the variant's default, or
+// MLXRT_QMM_DIRECT_ROWS (tuning: both paths give the same bits).
+int direct_limit(const Kernels& k) {
+  static const int rows = env_int("MLXRT_QMM_DIRECT_ROWS", -1, 0);
+  return rows >= 0 ? rows : k.direct_rows;
+}
+
 const Kernels* select_kernels(uint8_t code) {
   if (code > static_cast<uint8_t>(Isa::Avx512))
     throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
@@ -278,7 +286,7 @@ float* thread_scratch() {
 
 void run_problem(const Kernels& k, const Problem& p, bool q8) {
   Pool& pool = Pool::get();
-  const int tile_n = !q8 && p.M > k.direct_rows ? k.gemm_cols : k.tile_n;
+  const int tile_n = !q8 && p.gemm ? k.gemm_cols : k.tile_n;
   const int tiles = (p.N + tile_n - 1) / tile_n;
   const double macs = static_cast<double>(p.M) * p.N * p.K;
   // A few chunks per thread balance uneven progress (other load, SMT).
@@ -508,9 +516,9 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
       run_problem(*k, p, true);
       return;
     }
-    const int tile_rows = M > k->direct_rows ? k->gemm_rows : 0;
-    const float* xp = prepare_x(xv, M, K, bits, k->lanes, tile_rows, xbuf);
-    Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st, nullptr, nullptr, nullptr, nullptr, 0};
+    const bool gemm = M > direct_limit(*k);
+    const float* xp = prepare_x(xv, M, K, bits, k->lanes, gemm ? k->gemm_rows : 0, xbuf);
+    Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st, nullptr, nullptr, nullptr, nullptr, 0, gemm};
     run_problem(*k, p, false);
   });
 }

@@ -25,10 +25,10 @@ struct V {
   static constexpr int W = 16;
   // 6 x 4 accumulators + 2 weight vectors + a table in 32 registers.
   static constexpr int MR_DIRECT = 6;
-  // Measured on Zen 4: groups of direct tiles are 5-30% faster than panels
-  // for M = 5..12 and about as fast at 16 (8-bit still faster); slower
-  // from ~24.
-  static constexpr int DIRECT_ROWS = 16;
+  // Batched decode at M = 32 runs ~11% faster direct than through the
+  // batch-invariant GEMM path (Zen 5, Q4_0 and Q4_1, alternated; 64 rows no
+  // better than 32). MLXRT_QMM_DIRECT_ROWS overrides it for tuning.
+  static constexpr int DIRECT_ROWS = 32;
   // Run as two halves of 7 rows: 7 x 2 accumulators per lane class, two
   // classes at once, + 2 weight vectors + 1 broadcast of x.
   static constexpr int MR_GEMM = 14;

@@ -411,10 +411,10 @@ QMM_FN void run_gemm(const Problem& p, int n0, int n1, float* scratch) {
 
 template <class QF, ScaleType ST>
 QMM_FN void run_typed(const Problem& p, int n0, int n1, float* scratch) {
-  if (p.M <= V::DIRECT_ROWS) {
-    run_direct<QF, ST>(p, n0, n1);
-  } else {
+  if (p.gemm) {
     run_gemm<QF, ST>(p, n0, n1, scratch);
+  } else {
+    run_direct<QF, ST>(p, n0, n1);
   }
 }
 

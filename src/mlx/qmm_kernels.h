@@ -47,6 +47,9 @@ struct Problem {
   const int32_t* xqsum;   // M x K/32: sum of xq per block
   const float* xs;        // M x xs_stride: sum of d * xq per weight group
   int xs_stride;          // K / group rounded up to a multiple of 16
+  // The GEMM path (x packed in tiles) rather than the direct one (x
+  // row-major); both give the same bits, the choice is speed only.
+  bool gemm = false;
 };
 
 // Blocks of x that share one int8 scale.
@@ -64,7 +67,7 @@ struct Kernels {
   // `scratch_floats(p.K)` floats, private to the calling thread.
   void (*run)(const Problem& p, int n0, int n1, float* scratch);
   int tile_n;       // weight rows per register tile of the direct path
-  int direct_rows;  // up to this M, the direct path (x row-major)
+  int direct_rows;  // up to this M, the direct path by default (x row-major)
   int gemm_rows;    // rows of x per GEMM tile (the packing of x past that)
   int gemm_cols;    // output columns per GEMM tile
   // The same with int8 activations (the q8 fields of `p`): per block of 32,
