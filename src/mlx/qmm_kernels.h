@@ -25,8 +25,8 @@ enum class Isa : uint8_t { Auto = 0, Portable = 1, Avx2 = 2, Avx512 = 3 };
 struct Problem {
   // x in f32. For 4-bit weights it is *permuted* inside each block of
   // 2*lanes values ([lanes even k, lanes odd k]), matching the order in
-  // which the kernel unpacks nibbles. Up to `Kernels::direct_rows` rows it is
-  // row-major M x K; past that it is packed in tiles of `Kernels::gemm_rows`
+  // which the kernel unpacks nibbles. On the direct path (`gemm` false) it is
+  // row-major M x K; on the GEMM path it is packed in tiles of `Kernels::gemm_rows`
   // rows, each tile K x gemm_rows k-major (x[k][row], rows past M zero), so
   // the GEMM tile broadcasts from one sequential stream, and inside each
   // k-block of kBlockK (or the rest) class-major: the (permuted) k with
@@ -63,7 +63,7 @@ struct Kernels {
   Isa isa;
   int lanes;  // f32 lanes of one vector; a 4-bit block is 2*lanes values
   // Computes output columns [n0, n1) of `p` (n0 a multiple of `tile_n`, or
-  // of `gemm_cols` past `direct_rows` rows). `scratch` holds at least
+  // of `gemm_cols` on the GEMM path). `scratch` holds at least
   // `scratch_floats(p.K)` floats, private to the calling thread.
   void (*run)(const Problem& p, int n0, int n1, float* scratch);
   int tile_n;       // weight rows per register tile of the direct path
