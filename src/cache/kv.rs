@@ -258,10 +258,6 @@ impl KvView {
         }
     }
 
-    /// Scaled dot-product attention of `queries` (`[B, heads, L, D]`) over
-    /// these keys and values: `[B, heads, L, Dv]`.
-    /// `kernels` picks the implementation: mlxrt's fused CPU kernels
-    /// (float: `mlx::fused_sdpa`; quantized: see `quant_attention`) or MLX's.
     /// [`KvView::attend`] with the heads side by side: `[B, L, Hq * Dv]`,
     /// the output projection's input (for dense KV under `Kernels::Auto`
     /// the fused kernel writes it so; otherwise a transpose follows).
@@ -274,6 +270,10 @@ impl KvView {
         }
     }
 
+    /// Scaled dot-product attention of `queries` (`[B, heads, L, D]`) over
+    /// these keys and values: `[B, heads, L, Dv]`.
+    /// `kernels` picks the implementation: mlxrt's fused CPU kernels
+    /// (float: `mlx::fused_sdpa`; quantized: see `quant_attention`) or MLX's.
     pub fn attend(&self, queries: &Array, scale: f32, mask: &AttnMask, kernels: Kernels) -> Result<Array> {
         use crate::mlx::{fused_sdpa, sdpa_stock};
         let dense = |k: &Array, v: &Array| -> Result<Array> {

@@ -153,7 +153,7 @@ impl Attention {
     /// q, k and v; and the output gate if any.
     fn project(&self, x: &Array) -> Result<(Vec<Array>, Option<Array>)> {
         if !self.output_gate {
-            if let Some((qkv, _)) = self.qkv.forward_packed(x)? {
+            if let Some(qkv) = self.qkv.forward_packed(x)? {
                 return Ok((vec![qkv], None));
             }
         }

@@ -229,11 +229,10 @@ pub enum LinearGroup {
 }
 
 impl LinearGroup {
-    /// The stacked output, unsplit, with each part's size (None when the
-    /// layers run separately).
-    pub fn forward_packed(&self, x: &Array) -> Result<Option<(Array, &[i32])>> {
+    /// The stacked output, unsplit (None when the layers run separately).
+    pub fn forward_packed(&self, x: &Array) -> Result<Option<Array>> {
         match self {
-            LinearGroup::Fused(f) => Ok(Some((f.lin.forward(x)?, &f.sizes))),
+            LinearGroup::Fused(f) => Ok(Some(f.lin.forward(x)?)),
             LinearGroup::Separate(_) => Ok(None),
         }
     }
