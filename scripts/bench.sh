@@ -4,6 +4,9 @@
 #   scripts/bench.sh single_stream [--rounds N]   -> single_stream.json
 #   scripts/bench.sh batching [options]           -> batching.json
 #   scripts/bench.sh cpu_kernels [--reps N]       -> cpu_kernels.json
+#   scripts/bench.sh qmm_kernel [--rounds N] [--isa avx512|avx2|portable]
+#                                                 -> qmm_kernel.json (the
+#     quantized-matmul kernel alone: narrow vs wide decode tiles, from DRAM)
 #   scripts/bench.sh prompt_cache [options]       -> prompt_cache.json
 #   scripts/bench.sh families [options]           -> families.json
 #   scripts/bench.sh kv_memory [options]          -> kv_memory.json
@@ -96,6 +99,24 @@ case "$which" in
   cpu_kernels)
     cargo bench --bench cpu_kernels -- "$@"
     ;;
+  qmm_kernel)
+    # The kernel files alone, built with the system C++ compiler (they
+    # include "mlxrt/src/mlx/...": an include directory whose `mlxrt` is
+    # this tree).
+    out="$ROOT/target/qmm_kernel"
+    mkdir -p "$out/inc"
+    ln -sfn "$ROOT" "$out/inc/mlxrt"
+    objs=() pids=()
+    for f in bench/qmm_kernel.cc src/mlx/qmm_avx512.cc src/mlx/qmm_avx2.cc src/mlx/qmm_portable.cc; do
+      objs+=("$out/$(basename "$f" .cc).o")
+      "${CXX:-g++}" -std=c++20 -O2 -Wno-unused-parameter -I "$out/inc" -c "$f" -o "${objs[-1]}" &
+      pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p"; done
+    "${CXX:-g++}" -o "$out/qmm_kernel" "${objs[@]}" -lpthread
+    "$out/qmm_kernel" "$@" > bench/results/qmm_kernel.json
+    cat bench/results/qmm_kernel.json
+    ;;
   prompt_cache)
     cargo build --release --quiet --example mlxrt_prompt_cache
     "$VENV/bin/python" bench/prompt_cache.py --model "$MLXRT_MODEL" \
@@ -142,5 +163,5 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_speculative
     MLXRT_DRAFT_MODEL="$DRAFT" target/release/examples/mlxrt_speculative "$MLXRT_MODEL" bench/results/speculative.json "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, prompt_cache, families, kv_memory, scheduler, structured, speculative, media, vs_llama_cpp)" >&2; exit 2 ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, qmm_kernel, prompt_cache, families, kv_memory, scheduler, structured, speculative, media, vs_llama_cpp)" >&2; exit 2 ;;
 esac

@@ -242,6 +242,13 @@ int direct_limit(const Kernels& k) {
   return rows >= 0 ? rows : k.direct_rows;
 }
 
+// Whether the direct path may use wide decode tiles: yes, unless
+// MLXRT_QMM_WIDE=0 (tuning and A/B runs: the same bits either way).
+bool wide_tiles() {
+  static const bool wide = env_int("MLXRT_QMM_WIDE", 1, 0) != 0;
+  return wide;
+}
+
 const Kernels* select_kernels(uint8_t code) {
   if (code > static_cast<uint8_t>(Isa::Avx512))
     throw std::invalid_argument("unknown instruction set code " + std::to_string(code));
@@ -518,7 +525,9 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
     }
     const bool gemm = M > direct_limit(*k);
     const float* xp = prepare_x(xv, M, K, bits, k->lanes, gemm ? k->gemm_rows : 0, xbuf);
-    Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st, nullptr, nullptr, nullptr, nullptr, 0, gemm};
+    Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st};
+    p.gemm = gemm;
+    p.wide = wide_tiles();
     run_problem(*k, p, false);
   });
 }

@@ -26,6 +26,7 @@ struct V {
   static constexpr int W = 8;
   // 16 registers: 2 x 4 accumulators leave room for weights, x and scales.
   static constexpr int MR_DIRECT = 2;
+  static constexpr int NR_WIDE = 4;  // no wide decode tile (16 registers)
   // Batched decode through direct tiles against the batch-invariant GEMM
   // path (Zen 5, Q4_1, alternated): 2x as fast at M = 4, 1.5x at 8, 1.2x
   // at 16, equal at 32.

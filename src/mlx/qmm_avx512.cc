@@ -25,6 +25,8 @@ struct V {
   static constexpr int W = 16;
   // 6 x 4 accumulators + 2 weight vectors + a table in 32 registers.
   static constexpr int MR_DIRECT = 6;
+  // Decode (one or two rows of x) runs tiles of 8 weight rows.
+  static constexpr int NR_WIDE = 8;
   // Batched decode at M = 32 runs ~11% faster direct than through the
   // batch-invariant GEMM path (Zen 5, Q4_0 and Q4_1, alternated; 64 rows no
   // better than 32). MLXRT_QMM_DIRECT_ROWS overrides it for tuning.

@@ -8,6 +8,7 @@
 // and, inside mlxrt::qmm::QMM_NS, a struct `V` with:
 //   T                         the vector type, W f32 lanes
 //   MR_DIRECT, MR_GEMM        rows of x per register tile (see below)
+//   NR_WIDE                   weight rows per decode tile (kPanelRows or 8)
 //   DIRECT_ROWS               up to this M the direct path is used
 //   zero, load, store, set1, add, fma(a, b, c) = a * b + c, hsum
 //   transpose(v)              v[W] as a W x W matrix, transposed in place
@@ -22,8 +23,9 @@
 // Shape of the computation. The k order inside a block of 2W values is free
 // because the caller permutes x the way nibbles unpack.
 //  - Few rows of x (M <= DIRECT_ROWS: decode, batched decode): a register
-//    tile holds MR rows of x times NR = kPanelRows rows of w as MR*NR vector
-//    accumulators that run along k, summed horizontally once per k-block;
+//    tile holds MR rows of x times NR = kPanelRows rows of w (NR_WIDE for
+//    one or two rows of x, see kWideRows) as MR*NR vector accumulators
+//    that run along k, summed horizontally once per k-block;
 //    weights are dequantized in registers, in the layout MLX stores, and
 //    used at once. With more rows than one tile holds, the rows are split
 //    into near-equal groups that run one after the other on the same weight
@@ -63,6 +65,15 @@ namespace {
 using T = V::T;
 constexpr int W = V::W;
 constexpr int NR = kPanelRows;
+static_assert(V::NR_WIDE % NR == 0 && V::NR_WIDE <= kMaxPanelRows, "see qmm_kernels.h");
+// Decode of one or two rows with rows of w of at most kWideMaxK values runs
+// tiles of V::NR_WIDE weight rows: twice the independent accumulator chains,
+// and per-tile work spread over twice the rows. Longer rows stay at NR: with
+// 8 rows of 1536 values in flight the loads from DRAM were slower (Zen 5,
+// one thread: 576 -> 1536 ~10% and the 8-bit LM head ~7% faster wide,
+// 1536 -> 576 ~5% slower).
+constexpr int kWideRows = 2;
+constexpr int kWideMaxK = 1024;
 
 QMM_FN inline int min_i(int a, int b) { return a < b ? a : b; }
 
@@ -122,14 +133,14 @@ QMM_FN inline void dequant_block(const uint8_t* p, const GroupTab<QF>& t, int i,
 }
 
 // Writes (or adds, for later k-blocks) the horizontal sums of a tile.
-template <int MR>
+template <int MR, int R>
 QMM_FN inline void store_tile(const Problem& p, int m0, int n0, bool accumulate,
-                              T (*acc)[NR]) {
+                              T (*acc)[R]) {
   QMM_UNROLL
   for (int m = 0; m < MR; ++m) {
     float* o = p.out + static_cast<size_t>(m0 + m) * p.N + n0;
     QMM_UNROLL
-    for (int j = 0; j < NR; ++j) {
+    for (int j = 0; j < R; ++j) {
       if (n0 + j >= p.N) break;  // (a constant-index loop keeps acc in registers)
       float r = V::hsum(acc[m][j]);
       o[j] = accumulate ? o[j] + r : r;
@@ -137,62 +148,81 @@ QMM_FN inline void store_tile(const Problem& p, int m0, int n0, bool accumulate,
   }
 }
 
-// Where the NR weight rows of the tile at n0 start, and their scales and
+// Where the R weight rows of the tile at n0 start, and their scales and
 // biases for k-block [k0, k1) as f32. Rows past N repeat the last row
 // (computed, never stored) so the inner loops need no bounds checks.
-template <class QF, ScaleType ST>
+template <class QF, ScaleType ST, int R = NR>
 struct TileRows {
-  const uint8_t* w[NR];
-  const float* s[NR];
-  const float* b[NR];
+  const uint8_t* w[R];
+  const float* s[R];
+  const float* b[R];
   size_t row_bytes;
-  alignas(64) float sbuf[NR][kMaxGroups];
-  alignas(64) float bbuf[NR][kMaxGroups];
+  // Converted scales and biases: per row at j * kMaxGroups, or the whole
+  // tile's in one run.
+  alignas(64) float sbuf[R * kMaxGroups];
+  alignas(64) float bbuf[R * kMaxGroups];
 
   QMM_FN TileRows(const Problem& p, int n0, int k0, int k1) {
     row_bytes = static_cast<size_t>(p.K) * QF::BITS / 8;
     const size_t groups = static_cast<size_t>(p.K / QF::GROUP);
     const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
+    // A k-block of whole rows and no row past N: the tile's scales (and
+    // biases) are one contiguous run, converted in one pass rather than a
+    // pass per row (the per-row passes' bookkeeping was ~a fifth of the
+    // 4-bit decode kernel's time at K = 576).
+    const bool whole = ng == static_cast<int>(groups) && n0 + R <= p.N;
+    const float* s_all = nullptr;
+    const float* b_all = nullptr;
+    if (whole) {
+      s_all = scales_f32<ST>(p.scales, n0 * groups, R * ng, sbuf);
+      b_all = scales_f32<ST>(p.biases, n0 * groups, R * ng, bbuf);
+    }
     QMM_UNROLL
-    for (int j = 0; j < NR; ++j) {
+    for (int j = 0; j < R; ++j) {
       const size_t row = static_cast<size_t>(min_i(n0 + j, p.N - 1));
       w[j] = p.w + row * row_bytes + static_cast<size_t>(k0) * QF::BITS / 8;
-      s[j] = scales_f32<ST>(p.scales, row * groups + g0, ng, sbuf[j]);
-      b[j] = scales_f32<ST>(p.biases, row * groups + g0, ng, bbuf[j]);
+      if (whole) {
+        s[j] = s_all + j * ng;
+        b[j] = b_all + j * ng;
+      } else {
+        s[j] = scales_f32<ST>(p.scales, row * groups + g0, ng, sbuf + j * kMaxGroups);
+        b[j] = scales_f32<ST>(p.biases, row * groups + g0, ng, bbuf + j * kMaxGroups);
+      }
     }
   }
 };
 
-// The direct (decode) path prefetches weights this many rows (two tiles)
-// ahead of where it reads.
-constexpr int kPrefetchRows = 2 * NR;
+// The direct (decode) path prefetches weights this many rows ahead of where
+// it reads: two tiles of 4 rows, one and a half of 8 (measured).
+constexpr int prefetch_rows(int R) { return R <= 4 ? 2 * R : R + R / 2; }
+constexpr int kPrefetchRows = prefetch_rows(NR);
 
 // Bytes of packed weights per group.
 template <class QF>
 constexpr int kGroupBytes = QF::GROUP * QF::BITS / 8;
 
-// MR rows of x from m0 against the NR rows of w in `rows` (from n0),
+// MR rows of x from m0 against the R rows of w in `rows` (from n0),
 // dequantized in registers, k in [k0, k1).
-template <class QF, ScaleType ST, int MR>
-QMM_FN void tile_direct(const Problem& p, const TileRows<QF, ST>& rows, int m0, int n0, int k0,
-                        int k1, bool accumulate) {
+template <class QF, ScaleType ST, int R, int MR>
+QMM_FN void tile_direct(const Problem& p, const TileRows<QF, ST, R>& rows, int m0, int n0,
+                        int k0, int k1, bool accumulate) {
   const size_t ldx = static_cast<size_t>(p.K);
-  T acc[MR][NR];
+  T acc[MR][R];
   QMM_UNROLL
   for (int m = 0; m < MR; ++m)
     QMM_UNROLL
-    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+    for (int j = 0; j < R; ++j) acc[m][j] = V::zero();
 
   const int ng = (k1 - k0) / QF::GROUP;
   for (int g = 0; g < ng; ++g) {
     const float* x = p.x + m0 * ldx + k0 + g * QF::GROUP;
     // One weight row at a time keeps few vectors live (AVX2 has 16).
     QMM_UNROLL
-    for (int j = 0; j < NR; ++j) {
+    for (int j = 0; j < R; ++j) {
       const uint8_t* wg = rows.w[j] + g * kGroupBytes<QF>;
       // Hardware prefetchers do not keep up with this stream from DRAM
       // (the 8-bit LM head ran ~2x faster with this line).
-      __builtin_prefetch(wg + kPrefetchRows * rows.row_bytes);
+      __builtin_prefetch(wg + prefetch_rows(R) * rows.row_bytes);
       const GroupTab<QF> tab(rows.s[j][g], rows.b[j][g]);
       QMM_UNROLL
       for (int i = 0; i < QF::BLOCKS; ++i) {
@@ -345,13 +375,14 @@ QMM_FN void tile_gemm(const Problem& p, const float* panel, const float* xt, int
 }
 
 // Runtime row count -> compile-time register tile height (largest <= rows).
-template <class QF, ScaleType ST, int MR = V::MR_DIRECT>
-QMM_FN void direct_rows(const Problem& p, const TileRows<QF, ST>& rows, int count, int m, int n,
-                        int k0, int k1, bool accumulate) {
+template <class QF, ScaleType ST, int R, int MR = V::MR_DIRECT>
+QMM_FN void direct_rows(const Problem& p, const TileRows<QF, ST, R>& rows, int count, int m,
+                        int n, int k0, int k1, bool accumulate) {
   if constexpr (MR > 1) {
-    if (count < MR) return direct_rows<QF, ST, MR - 1>(p, rows, count, m, n, k0, k1, accumulate);
+    if (count < MR)
+      return direct_rows<QF, ST, R, MR - 1>(p, rows, count, m, n, k0, k1, accumulate);
   }
-  tile_direct<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
+  tile_direct<QF, ST, R, MR>(p, rows, m, n, k0, k1, accumulate);
 }
 
 template <int R = MG / 2>
@@ -371,18 +402,19 @@ QMM_FN void gemm_rows(const Problem& p, const float* panel, const float* xt, int
   if (rows > H) gemm_half(p, panel, xt + H, kc, min_i(rows, MG) - H, m + H, n, cols, accumulate);
 }
 
-template <class QF, ScaleType ST>
+// Tiles of R weight rows (n0 and n1 multiples of R, or n1 = N).
+template <class QF, ScaleType ST, int R>
 QMM_FN void run_direct(const Problem& p, int n0, int n1) {
   for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
     const int k1 = min_i(p.K, k0 + kBlockK);
     // Near-equal row groups (8 rows -> 4 + 4, not 6 + 2).
     const int groups = (p.M + V::MR_DIRECT - 1) / V::MR_DIRECT;
     const int base = p.M / groups, extra = p.M % groups;
-    for (int n = n0; n < n1; n += NR) {
-      const TileRows<QF, ST> rows(p, n, k0, k1);
+    for (int n = n0; n < n1; n += R) {
+      const TileRows<QF, ST, R> rows(p, n, k0, k1);
       for (int gi = 0, m = 0; gi < groups; ++gi) {
         const int count = base + (gi < extra ? 1 : 0);
-        direct_rows<QF, ST>(p, rows, count, m, n, k0, k1, k0 > 0);
+        direct_rows<QF, ST, R>(p, rows, count, m, n, k0, k1, k0 > 0);
         m += count;
       }
     }
@@ -413,8 +445,10 @@ template <class QF, ScaleType ST>
 QMM_FN void run_typed(const Problem& p, int n0, int n1, float* scratch) {
   if (p.gemm) {
     run_gemm<QF, ST>(p, n0, n1, scratch);
+  } else if (V::NR_WIDE > NR && p.wide && p.M <= kWideRows && p.K <= kWideMaxK) {
+    run_direct<QF, ST, V::NR_WIDE>(p, n0, n1);
   } else {
-    run_direct<QF, ST>(p, n0, n1);
+    run_direct<QF, ST, NR>(p, n0, n1);
   }
 }
 
@@ -588,7 +622,7 @@ QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
   }
 }
 
-const Kernels kKernels{QMM_ISA, V::W, &run, NR, V::DIRECT_ROWS, MG, NC, &run_q8};
+const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

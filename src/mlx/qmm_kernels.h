@@ -42,14 +42,17 @@ struct Problem {
   // Int8 activations (`run_q8` only; see `Q8Layout`): x quantized per block
   // of 32 values, xq = round(x / d) with d = max|x| / 127, permuted inside
   // each block like x above ([16 even k, 16 odd k]) for 4-bit weights.
-  const int8_t* xq;       // M x K (+ kQ8Pad bytes)
-  const float* xd8;       // M x K/32 blocks, each d repeated 8 times
-  const int32_t* xqsum;   // M x K/32: sum of xq per block
-  const float* xs;        // M x xs_stride: sum of d * xq per weight group
-  int xs_stride;          // K / group rounded up to a multiple of 16
+  const int8_t* xq = nullptr;      // M x K (+ kQ8Pad bytes)
+  const float* xd8 = nullptr;      // M x K/32 blocks, each d repeated 8 times
+  const int32_t* xqsum = nullptr;  // M x K/32: sum of xq per block
+  const float* xs = nullptr;       // M x xs_stride: sum of d * xq per weight group
+  int xs_stride = 0;               // K / group rounded up to a multiple of 16
   // The GEMM path (x packed in tiles) rather than the direct one (x
   // row-major); both give the same bits, the choice is speed only.
   bool gemm = false;
+  // Whether the direct path may use the variant's wide decode tiles (see
+  // qmm_impl.h); the same bits either way.
+  bool wide = true;
 };
 
 // Blocks of x that share one int8 scale.
@@ -66,7 +69,7 @@ struct Kernels {
   // of `gemm_cols` on the GEMM path). `scratch` holds at least
   // `scratch_floats(p.K)` floats, private to the calling thread.
   void (*run)(const Problem& p, int n0, int n1, float* scratch);
-  int tile_n;       // weight rows per register tile of the direct path
+  int tile_n;       // weight rows per register tile of the direct path (the widest)
   int direct_rows;  // up to this M, the direct path by default (x row-major)
   int gemm_rows;    // rows of x per GEMM tile (the packing of x past that)
   int gemm_cols;    // output columns per GEMM tile
@@ -94,8 +97,10 @@ constexpr int kMaxGemmRows = 16;
 // Rows of x the int8 path runs against one weight tile before moving on, so
 // that the x block stays in L2.
 constexpr int kBlockM = 64;
-// Weight rows per register tile of the direct path.
+// Weight rows per register tile of the direct path, and the most of any
+// variant's wide tile (see qmm_impl.h).
 constexpr int kPanelRows = 4;
+constexpr int kMaxPanelRows = 8;
 
 // Per-instruction-set entry points; a variant that was not compiled for this
 // target (e.g. AVX-512 on aarch64) is null.

@@ -93,11 +93,12 @@ fn matches_stock_on_large_blocked_and_threaded_shapes() {
     // M = 128 exercises the GEMM path (row tiles, the last one partial; a
     // partial column tile at N = 130), M = 11 row groups of direct tiles (the
     // GEMM path on AVX2 and portable), K = 2304 > kBlockK both paths'
-    // k-blocking, and the sizes the thread pool.
+    // k-blocking, M = 2 at K = 576 AVX-512's wide decode tiles split over
+    // threads, and the sizes the thread pool.
     for isa in isas() {
         for bits in [4, 8] {
             for (m, n, k, group) in
-                [(128, 130, 2304, 64), (1, 1030, 2304, 128), (3, 515, 576, 32), (11, 1030, 2304, 32)]
+                [(128, 130, 2304, 64), (1, 1030, 2304, 128), (3, 515, 576, 32), (11, 1030, 2304, 32), (2, 1030, 576, 32)]
             {
                 let q = quantized(n, k, group, bits, Dtype::F16, (m + n + k) as u64);
                 let x = randn(&[m, k], 7);
@@ -137,7 +138,8 @@ fn f16_scales_give_the_bits_of_the_same_scales_in_f32() {
 #[test]
 fn a_row_gets_the_same_bits_in_any_batch() {
     // Batch invariance: each output row is the same bits whether its row of
-    // x is computed alone (direct path), with a few others (direct on
+    // x is computed alone or beside one other (direct path, AVX-512's wide
+    // tiles at K <= 1024), with a few others (direct on
     // AVX-512 and AVX2, GEMM on portable) or inside a large M (GEMM tiles,
     // the last one partial), on every variant, format and k-blocking (K =
     // 2304: blocks of 2048 + 256; K = 2080: 2048 + 32), with several threads.
@@ -168,10 +170,14 @@ fn a_row_gets_the_same_bits_in_any_batch() {
                     assert_eq!(alone, row_bits(r), "{isa:?} bits={bits} K={k} group={group}: row {r} alone vs in M={m}");
                     cases += 1;
                 }
-                let few = mm(&x.slice_axis(0, 20, 25).unwrap());
-                for r in 0..5 {
-                    let got = few[(r * n) as usize..((r + 1) * n) as usize].to_vec();
-                    assert_eq!(got, row_bits(20 + r), "{isa:?} bits={bits} K={k}: row {} in M=5 vs M={m}", 20 + r);
+                // M = 2: AVX-512's wide decode tiles at K <= 1024; M = 5: direct.
+                for (from, to) in [(20, 22), (20, 25)] {
+                    let few = mm(&x.slice_axis(0, from, to).unwrap());
+                    for r in 0..to - from {
+                        let got = few[(r * n) as usize..((r + 1) * n) as usize].to_vec();
+                        let (row, rows) = (from + r, to - from);
+                        assert_eq!(got, row_bits(row), "{isa:?} bits={bits} K={k}: row {row} in M={rows} vs M={m}");
+                    }
                 }
             }
         }
