@@ -40,7 +40,7 @@ struct V {
   using T = v4f;
   static constexpr int W = 4;
   static constexpr int MR_DIRECT = 2;
-  static constexpr int NR_WIDE = 4;  // no wide decode tile (16 registers)
+  static constexpr int NR_WIDE = 4;  // no wide decode tile
   // The GEMM path from 3 rows on: with W = 4 lanes, re-dequantizing weights for
   // every 2-row group cost more than a panel (measured on Zen 4 against
   // the dot-product panels that preceded the GEMM path).
