@@ -109,9 +109,13 @@ int main(int argc, char** argv) {
     }
     std::fclose(f);
   }
-  std::printf("{\"isa\": \"%s\", \"cpu\": \"%s\", \"compiler\": \"%s -O2\", \"scales\": \"f16\", "
-              "\"rows_of_x\": 1, \"rounds\": %d, \"shapes\": [",
-              isa.c_str(), cpu.c_str(), __VERSION__, rounds);
+  // Both sides are this kernel; they differ in the decode tile only.
+  std::printf("{\"benchmark\": \"qmm_kernel\", \"isa\": \"%s\", \"cpu\": \"%s\", "
+              "\"compiler\": \"g++ %s -O2\", \"rows_of_x\": 1, \"rounds\": %d, "
+              "\"provenance\": {\"mlxrt\": {\"kernels\": \"mlxrt qmm %s, wide decode tiles\", "
+              "\"scale_dtype\": \"f16\"}, \"reference\": {\"kernels\": \"mlxrt qmm %s, narrow "
+              "decode tiles (4 weight rows)\", \"scale_dtype\": \"f16\"}}, \"shapes\": [",
+              isa.c_str(), cpu.c_str(), __VERSION__, rounds, isa.c_str(), isa.c_str());
   uint32_t seed = 12345;
   for (size_t si = 0; si < sizeof(kShapes) / sizeof(kShapes[0]); ++si) {
     const Shape& sh = kShapes[si];
