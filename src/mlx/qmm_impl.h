@@ -65,7 +65,9 @@ namespace {
 using T = V::T;
 constexpr int W = V::W;
 constexpr int NR = kPanelRows;
-static_assert(V::NR_WIDE % NR == 0 && V::NR_WIDE <= kMaxPanelRows, "see qmm_kernels.h");
+// Chunks of the output are multiples of the widest tile (Kernels::tile_n),
+// so narrow tiles must divide it.
+static_assert(V::NR_WIDE % NR == 0, "a wide tile is whole narrow tiles");
 // Decode of one or two rows with rows of w of at most kWideMaxK values runs
 // tiles of V::NR_WIDE weight rows: twice the independent accumulator chains,
 // and per-tile work spread over twice the rows. Longer rows stay at NR: with

@@ -97,10 +97,9 @@ constexpr int kMaxGemmRows = 16;
 // Rows of x the int8 path runs against one weight tile before moving on, so
 // that the x block stays in L2.
 constexpr int kBlockM = 64;
-// Weight rows per register tile of the direct path, and the most of any
-// variant's wide tile (see qmm_impl.h).
+// Weight rows per register tile of the direct path (a variant's wide
+// decode tile is a multiple, see qmm_impl.h).
 constexpr int kPanelRows = 4;
-constexpr int kMaxPanelRows = 8;
 
 // Per-instruction-set entry points; a variant that was not compiled for this
 // target (e.g. AVX-512 on aarch64) is null.
