@@ -29,6 +29,10 @@ fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
 /// The tiny model of `family` (f32), built once per change of make_tiny.py
 /// under target/oracle/mixed.
 fn tiny(family: &str) -> PathBuf {
+    // The tests run in parallel and two share qwen3_5's model: one removing
+    // and rebuilding it while the other loaded it failed on a fresh clone.
+    static BUILD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let folder = repo_root().join(format!("target/oracle/mixed/tiny-{family}"));
     let script = repo_root().join("tests/oracle/make_tiny.py");
     if !newer_than(&folder.join("model.safetensors"), &[script]) {
