@@ -268,7 +268,7 @@ fn main() {
                 Variant {
                     name: "mlxrt_f16",
                     op: Box::new(|| {
-                        fast_quantized_matmul_isa(&x, &wt.w, &wt.s16, &wt.b16, GROUP, bits, isa).unwrap()
+                        fast_quantized_matmul_isa(&x, &wt.w, &wt.s16, Some(&wt.b16), GROUP, bits, isa).unwrap()
                     }),
                     bytes: qbytes(2.0),
                     linear_in_m: false,
@@ -284,7 +284,7 @@ fn main() {
                 Variant {
                     name: "mlxrt_f32",
                     op: Box::new(|| {
-                        fast_quantized_matmul_isa(&x, &wt.w, &wt.s32, &wt.b32, GROUP, bits, isa).unwrap()
+                        fast_quantized_matmul_isa(&x, &wt.w, &wt.s32, Some(&wt.b32), GROUP, bits, isa).unwrap()
                     }),
                     bytes: qbytes(4.0),
                     linear_in_m: false,
@@ -292,7 +292,7 @@ fn main() {
                 Variant {
                     name: "mlxrt_int8_f32",
                     op: Box::new(|| {
-                        fast_quantized_matmul_with(&x, &wt.w, &wt.s32, &wt.b32, GROUP, bits, isa, true)
+                        fast_quantized_matmul_with(&x, &wt.w, &wt.s32, Some(&wt.b32), GROUP, bits, isa, true)
                             .unwrap()
                     }),
                     bytes: qbytes(4.0),
@@ -426,7 +426,7 @@ fn interleave() {
     let a = randn(&[256, 576], 6);
     let b = randn(&[576, 576], 7);
     eval(&[&x, &a, &b]).unwrap();
-    let q = || fast_quantized_matmul_isa(&x, &wt.w, &wt.s32, &wt.b32, GROUP, 4, QmmIsa::Auto).unwrap();
+    let q = || fast_quantized_matmul_isa(&x, &wt.w, &wt.s32, Some(&wt.b32), GROUP, 4, QmmIsa::Auto).unwrap();
     let d = || a.matmul(&b).unwrap();
     let min = |v: &[f64]| v.iter().cloned().fold(f64::MAX, f64::min) * 1e3;
     for _ in 0..3 {

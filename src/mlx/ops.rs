@@ -40,6 +40,13 @@ impl Array {
     pub fn addmm(&self, b: &Array, c: &Array) -> Result<Array> {
         wrap(ffi::addmm(c.raw(), self.raw(), b.raw()))
     }
+    /// Whether every element is nonzero (evaluates; true when empty).
+    pub fn all(&self) -> Result<bool> {
+        if self.size() == 0 {
+            return Ok(true);
+        }
+        Ok(self.reshape(&[-1])?.astype(Dtype::I32)?.min(0, false)?.item_i32()? != 0)
+    }
     /// A scalar of this array's dtype (like a Python number in MLX, which
     /// never promotes the array it meets).
     pub fn scalar_like(&self, v: f32) -> Result<Array> {

@@ -464,15 +464,16 @@ bool is_float_type(mx::Dtype d) {
   return d == mx::float32 || d == mx::float16 || d == mx::bfloat16;
 }
 
-// Cases the primitive handles; everything else goes to MLX's op.
-bool supported(const array& x, const array& w, const array& s, const array& b, int group,
+// Cases the primitive handles; everything else goes to MLX's op. `b` null:
+// biases implied by the scales (see Problem::biases).
+bool supported(const array& x, const array& w, const array& s, const array* b, int group,
                int bits, const Kernels& k) {
   if (bits != 4 && bits != 8) return false;
   if (group != 32 && group != 64 && group != 128) return false;
   if (group % (2 * k.lanes) != 0) return false;
-  if (w.ndim() != 2 || s.ndim() != 2 || b.ndim() != 2 || x.ndim() < 1) return false;
+  if (w.ndim() != 2 || s.ndim() != 2 || (b && b->ndim() != 2) || x.ndim() < 1) return false;
   if (w.dtype() != mx::uint32 || !is_float_type(x.dtype())) return false;
-  if (!is_float_type(s.dtype()) || b.dtype() != s.dtype()) return false;
+  if (!is_float_type(s.dtype()) || (b && b->dtype() != s.dtype())) return false;
   const int64_t N = w.shape(0), K = x.shape(-1);
   const int64_t M = K > 0 ? static_cast<int64_t>(x.size()) / K : 0;
   return M > 0 && N > 0 && K > 0 && M * K < INT32_MAX && N < INT32_MAX && M * N < INT32_MAX;
@@ -494,25 +495,25 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
   const array& x = inputs[0];
   const array& w = inputs[1];
   const array& s = inputs[2];
-  const array& b = inputs[3];
+  // No fourth input: biases implied by the scales (a symmetric format).
+  const array* b = inputs.size() > 3 ? &inputs[3] : nullptr;
   if (x.dtype() != mx::float32) throw std::invalid_argument("FastQuantizedMatmul: x must be f32");
-  if (!w.flags().row_contiguous || !s.flags().row_contiguous || !b.flags().row_contiguous)
+  if (!w.flags().row_contiguous || !s.flags().row_contiguous ||
+      (b && !b->flags().row_contiguous))
     throw std::invalid_argument("FastQuantizedMatmul: weights must be row-contiguous");
   const int K = x.shape(-1), N = w.shape(0);
   const int M = static_cast<int>(x.size() / K);
   if (static_cast<int64_t>(w.shape(1)) * 32 / bits_ != K || K % group_ != 0 ||
-      s.shape(0) != N || s.shape(1) != K / group_ || b.shape() != s.shape())
+      s.shape(0) != N || s.shape(1) != K / group_ || (b && b->shape() != s.shape()))
     throw std::invalid_argument("FastQuantizedMatmul: inconsistent shapes");
 
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& enc = mx::cpu::get_command_encoder(stream());
-  enc.set_input_array(x);
-  enc.set_input_array(w);
-  enc.set_input_array(s);
-  enc.set_input_array(b);
+  for (auto& a : inputs) enc.set_input_array(a);
   enc.set_output_array(out);
   enc.dispatch([xv = XView{x.data<float>(), x.shape(), x.strides(), x.flags().row_contiguous},
-                w = w.data<uint8_t>(), sp = s.data<void>(), bp = b.data<void>(),
+                w = w.data<uint8_t>(), sp = s.data<void>(),
+                bp = b ? b->data<void>() : nullptr,
                 st = scale_type(s.dtype()), o = out.data<float>(), M, N, K,
                 group = group_, bits = bits_, k = kernels_, q8 = q8_]() {
     thread_local AlignedFloats xbuf;
@@ -551,13 +552,20 @@ std::vector<mx::Shape> FastQuantizedMatmul::output_shapes(const std::vector<arra
 // ---------------------------------------------------------------------------
 // Bridge functions
 
-std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
-                                             const array& scales, const array& biases,
-                                             int32_t group_size, int32_t bits, uint8_t isa,
-                                             bool int8_x) {
+namespace {
+
+// The bridge functions' common part; `biases` null: implied by the scales.
+std::unique_ptr<array> build(const array& x, const array& w, const array& scales,
+                             const array* biases, int32_t group_size, int32_t bits, uint8_t isa,
+                             bool int8_x) {
   // MLX's op validates everything and gives the output shape and dtype; the
-  // node is dropped unevaluated when the fast path applies.
-  array ref = mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine");
+  // node is dropped unevaluated when the fast path applies. Without stored
+  // biases it gets the implied ones (-2^(bits-1) * scales, exact in any
+  // float type), built lazily, so only a fallback computes them.
+  const array implied =
+      biases ? *biases
+             : mx::multiply(scales, mx::array(-std::ldexp(1.0f, bits - 1), scales.dtype()));
+  array ref = mx::quantized_matmul(x, w, scales, implied, true, group_size, bits, "affine");
   const Kernels* k = select_kernels(isa);
   if (int8_x) k = q8_kernels(k);
   if (mx::default_device() != mx::Device::cpu || !k ||
@@ -565,10 +573,26 @@ std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
     return std::make_unique<array>(std::move(ref));
   auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
                                                     group_size, bits, k, int8_x);
-  array out(ref.shape(), mx::float32, std::move(prim),
-            {mx::astype(x, mx::float32), dense(w), dense(scales), dense(biases)});
+  std::vector<array> inputs{mx::astype(x, mx::float32), dense(w), dense(scales)};
+  if (biases) inputs.push_back(dense(*biases));
+  array out(ref.shape(), mx::float32, std::move(prim), std::move(inputs));
   if (ref.dtype() != mx::float32) out = mx::astype(out, ref.dtype());
   return std::make_unique<array>(std::move(out));
+}
+
+}  // namespace
+
+std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
+                                             const array& scales, const array& biases,
+                                             int32_t group_size, int32_t bits, uint8_t isa,
+                                             bool int8_x) {
+  return build(x, w, scales, &biases, group_size, bits, isa, int8_x);
+}
+
+std::unique_ptr<array> fast_quantized_matmul_symmetric(const array& x, const array& w,
+                                                       const array& scales, int32_t group_size,
+                                                       int32_t bits, uint8_t isa, bool int8_x) {
+  return build(x, w, scales, nullptr, group_size, bits, isa, int8_x);
 }
 
 uint8_t best_isa() { return static_cast<uint8_t>(best_kernels()->isa); }

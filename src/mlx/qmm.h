@@ -51,6 +51,13 @@ std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
                                              const array& scales, const array& biases,
                                              int32_t group_size, int32_t bits, uint8_t isa,
                                              bool int8_x);
+// The same for a symmetric format (GGUF's Q4_0 and Q8_0), whose biases are
+// not stored: each is -2^(bits-1) times its scale. The primitive computes
+// them as it converts the scales; MLX's op (other devices, other cases) gets
+// them as a lazy product of the scales.
+std::unique_ptr<array> fast_quantized_matmul_symmetric(const array& x, const array& w,
+                                                       const array& scales, int32_t group_size,
+                                                       int32_t bits, uint8_t isa, bool int8_x);
 // The best instruction set this CPU runs (an `Isa` code, never Auto).
 uint8_t best_isa();
 bool isa_available(uint8_t isa);

@@ -46,11 +46,16 @@ impl QmmIsa {
 /// weights with group size 32, 64 or 128, 2-D `w` and f32/f16/bf16 `x`,
 /// scales and biases, this runs mlxrt's own kernel; otherwise (other devices,
 /// other cases) it is MLX's op. Invalid shapes or dtypes give `Err`.
+///
+/// `biases` None: a symmetric format (GGUF's Q4_0 and Q8_0), whose every
+/// bias is `-2^(bits-1)` times its scale; the kernel computes them as it
+/// widens the scales (the same values, so the same bits as passing them),
+/// and MLX's op gets them as a lazy product of the scales.
 pub fn fast_quantized_matmul(
     x: &Array,
     w: &Array,
     scales: &Array,
-    biases: &Array,
+    biases: Option<&Array>,
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
@@ -63,7 +68,7 @@ pub fn fast_quantized_matmul_isa(
     x: &Array,
     w: &Array,
     scales: &Array,
-    biases: &Array,
+    biases: Option<&Array>,
     group_size: i32,
     bits: i32,
     isa: QmmIsa,
@@ -86,7 +91,7 @@ pub fn fast_quantized_matmul_int8(
     x: &Array,
     w: &Array,
     scales: &Array,
-    biases: &Array,
+    biases: Option<&Array>,
     group_size: i32,
     bits: i32,
 ) -> Result<Array> {
@@ -109,22 +114,17 @@ pub fn fast_quantized_matmul_with(
     x: &Array,
     w: &Array,
     scales: &Array,
-    biases: &Array,
+    biases: Option<&Array>,
     group_size: i32,
     bits: i32,
     isa: QmmIsa,
     int8_x: bool,
 ) -> Result<Array> {
-    wrap(ffi::fast_quantized_matmul(
-        x.raw(),
-        w.raw(),
-        scales.raw(),
-        biases.raw(),
-        group_size,
-        bits,
-        isa as u8,
-        int8_x,
-    ))
+    let (isa, x, w, s) = (isa as u8, x.raw(), w.raw(), scales.raw());
+    wrap(match biases {
+        Some(b) => ffi::fast_quantized_matmul(x, w, s, b.raw(), group_size, bits, isa, int8_x),
+        None => ffi::fast_quantized_matmul_symmetric(x, w, s, group_size, bits, isa, int8_x),
+    })
 }
 
 /// Flag in `fast_node_isa`'s answer for int8 activations (qmm.h).

@@ -110,6 +110,19 @@ QMM_FN inline const float* scales_f32(const void* base, size_t off, int n, float
 // vector past the end (convert_halves may store one).
 constexpr int kMaxGroups = kBlockK / 32 + 16;
 
+// Biases [off, off + n) as f32 (see scales_f32), or without stored biases
+// (a symmetric format: Problem::biases null) the implied -2^(BITS-1) * s
+// for the scales `s` of the same groups, written into `buf`. A power-of-two
+// multiple of a float is exact, so these are the values a stored copy holds.
+template <int BITS, ScaleType ST>
+QMM_FN inline const float* biases_f32(const void* base, size_t off, int n, const float* s,
+                                      float* buf) {
+  if (base) return scales_f32<ST>(base, off, n, buf);
+  constexpr float zero = -static_cast<float>(1 << (BITS - 1));
+  for (int i = 0; i < n; ++i) buf[i] = zero * s[i];
+  return buf;
+}
+
 // Per-(row, group) dequantization state, prepared once per group.
 template <class QF>
 struct GroupTab;
@@ -177,7 +190,7 @@ struct TileRows {
     const float* b_all = nullptr;
     if (whole) {
       s_all = scales_f32<ST>(p.scales, n0 * groups, R * ng, sbuf);
-      b_all = scales_f32<ST>(p.biases, n0 * groups, R * ng, bbuf);
+      b_all = biases_f32<QF::BITS, ST>(p.biases, n0 * groups, R * ng, s_all, bbuf);
     }
     QMM_UNROLL
     for (int j = 0; j < R; ++j) {
@@ -188,7 +201,8 @@ struct TileRows {
         b[j] = b_all + j * ng;
       } else {
         s[j] = scales_f32<ST>(p.scales, row * groups + g0, ng, sbuf + j * kMaxGroups);
-        b[j] = scales_f32<ST>(p.biases, row * groups + g0, ng, bbuf + j * kMaxGroups);
+        b[j] = biases_f32<QF::BITS, ST>(p.biases, row * groups + g0, ng, s[j],
+                                        bbuf + j * kMaxGroups);
       }
     }
   }

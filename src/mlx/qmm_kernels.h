@@ -34,7 +34,9 @@ struct Problem {
   const float* x;
   const uint8_t* w;       // N rows of K * bits / 8 bytes
   const void* scales;     // N x K/group
-  const void* biases;     // N x K/group
+  // N x K/group, or null for a symmetric format (GGUF's Q4_0 and Q8_0):
+  // then bias = -2^(bits-1) * scale, exactly what such files store.
+  const void* biases;
   float* out;             // M x N, row-major
   int M, N, K;
   int group, bits;

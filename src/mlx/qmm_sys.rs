@@ -19,6 +19,15 @@ pub(crate) mod ffi {
             isa: u8,
             int8_x: bool,
         ) -> Result<UniquePtr<array>>;
+        fn fast_quantized_matmul_symmetric(
+            x: &array,
+            w: &array,
+            scales: &array,
+            group_size: i32,
+            bits: i32,
+            isa: u8,
+            int8_x: bool,
+        ) -> Result<UniquePtr<array>>;
         fn best_isa() -> u8;
         fn isa_available(isa: u8) -> bool;
         fn fast_node_isa(a: &array) -> u8;

@@ -49,7 +49,7 @@ fn isas() -> Vec<QmmIsa> {
 
 /// Runs both kernels on one case and returns the worst relative error.
 fn compare(x: &Array, q: &Quantized, group: i32, bits: i32, isa: QmmIsa) -> f32 {
-    let fast = fast_quantized_matmul_isa(x, &q.w, &q.scales, &q.biases, group, bits, isa).unwrap();
+    let fast = fast_quantized_matmul_isa(x, &q.w, &q.scales, Some(&q.biases), group, bits, isa).unwrap();
     assert_eq!(fast_qmm_isa_of(&fast), Some(isa), "fast path not taken");
     let stock = quantized_matmul(x, &q.w, &q.scales, &q.biases, true, group, bits).unwrap();
     worst_error(&fast, &stock, x, q)
@@ -110,6 +110,53 @@ fn matches_stock_on_large_blocked_and_threaded_shapes() {
     }
 }
 
+/// `quantized` with the biases a symmetric format stores: `-2^(bits-1)`
+/// times each scale, in the scales' dtype.
+fn symmetric(n: i32, k: i32, group: i32, bits: i32, scale_dtype: Dtype, seed: u64) -> Quantized {
+    let (w, s, _) = quantize(&randn(&[n, k], seed), group, bits).unwrap();
+    let s = s.astype(scale_dtype).unwrap();
+    let b = s.multiply(&s.scalar_like(-((1 << (bits - 1)) as f32)).unwrap()).unwrap();
+    let dense = dequantize(&w, &s, &b, group, bits).unwrap().astype(Dtype::F32).unwrap();
+    Quantized { w, scales: s, biases: b, dense }
+}
+
+#[test]
+fn symmetric_weights_without_biases_give_the_bits_of_stored_ones() {
+    // GGUF's Q4_0 and Q8_0 load without biases (src/model/weights.rs): the
+    // kernel derives them from the scales, exactly, so every path (direct
+    // and wide tiles, a partial last tile, the GEMM path, k-blocking, int8
+    // activations) and variant gives the bits of the stored biases.
+    let bits_of = |a: &Array| a.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for isa in isas() {
+        for bits in [4, 8] {
+            for st in [Dtype::F32, Dtype::F16, Dtype::BF16] {
+                for (m, n, k, group) in [(1, 130, 576, 32), (2, 77, 576, 32), (5, 64, 2304, 64), (40, 130, 640, 128)] {
+                    let q = symmetric(n, k, group, bits, st, (m * 5 + n + k) as u64);
+                    let x = randn(&[m, k], (m + n) as u64);
+                    let implied = fast_quantized_matmul_isa(&x, &q.w, &q.scales, None, group, bits, isa).unwrap();
+                    let stored = fast_quantized_matmul_isa(&x, &q.w, &q.scales, Some(&q.biases), group, bits, isa).unwrap();
+                    assert_eq!(fast_qmm_isa_of(&implied), Some(isa), "fast path not taken");
+                    let case = format!("{isa:?} bits={bits} {st:?} M={m} N={n} K={k} group={group}");
+                    assert_eq!(bits_of(&implied), bits_of(&stored), "{case}");
+                    let stock = quantized_matmul(&x, &q.w, &q.scales, &q.biases, true, group, bits).unwrap();
+                    assert!(worst_error(&implied, &stock, &x, &q) <= TOL, "{case}");
+                    let q8 = fast_quantized_matmul_with(&x, &q.w, &q.scales, None, group, bits, isa, true).unwrap();
+                    assert!(fast_qmm_is_int8(&q8), "int8 path not taken");
+                    assert_eq!(bits_of(&q8), bits_of(&run_q8(&x, &q, group, bits, isa)), "int8 {case}");
+                }
+            }
+        }
+    }
+    // A case the kernel does not take (3 bits) runs MLX's op with the
+    // implied biases.
+    let q = symmetric(7, 128, 32, 3, Dtype::F32, 3);
+    let x = randn(&[2, 128], 4);
+    let out = fast_quantized_matmul(&x, &q.w, &q.scales, None, 32, 3).unwrap();
+    assert_eq!(fast_qmm_isa_of(&out), None);
+    let stock = quantized_matmul(&x, &q.w, &q.scales, &q.biases, true, 32, 3).unwrap();
+    assert_eq!(bits_of(&out), bits_of(&stock));
+}
+
 #[test]
 fn f16_scales_give_the_bits_of_the_same_scales_in_f32() {
     // Models keep GGUF's f16 scales for this kernel (src/model/weights.rs):
@@ -122,8 +169,8 @@ fn f16_scales_give_the_bits_of_the_same_scales_in_f32() {
                 let q = quantized(n, k, group, bits, Dtype::F16, (m * 7 + n + k) as u64);
                 let (s32, b32) = (q.scales.astype(Dtype::F32).unwrap(), q.biases.astype(Dtype::F32).unwrap());
                 let x = randn(&[m, k], (m + k) as u64);
-                let half = fast_quantized_matmul_isa(&x, &q.w, &q.scales, &q.biases, group, bits, isa).unwrap();
-                let full = fast_quantized_matmul_isa(&x, &q.w, &s32, &b32, group, bits, isa).unwrap();
+                let half = fast_quantized_matmul_isa(&x, &q.w, &q.scales, Some(&q.biases), group, bits, isa).unwrap();
+                let full = fast_quantized_matmul_isa(&x, &q.w, &s32, Some(&b32), group, bits, isa).unwrap();
                 assert_eq!(fast_qmm_isa_of(&half), Some(isa));
                 let bits_of = |a: &Array| a.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits_of(&half), bits_of(&full), "{isa:?} bits={bits} M={m} N={n} K={k} group={group}");
@@ -157,7 +204,7 @@ fn a_row_gets_the_same_bits_in_any_batch() {
             ] {
                 let q = quantized(n, k, group, bits, st, (n * 3 + k + bits) as u64);
                 let mm = |x: &Array| {
-                    let y = fast_quantized_matmul_isa(x, &q.w, &q.scales, &q.biases, group, bits, isa).unwrap();
+                    let y = fast_quantized_matmul_isa(x, &q.w, &q.scales, Some(&q.biases), group, bits, isa).unwrap();
                     assert_eq!(fast_qmm_isa_of(&y), Some(isa));
                     bits_of(&y)
                 };
@@ -191,7 +238,7 @@ fn batch_dims_strided_x_and_half_inputs() {
     let q = quantized(n, k, group, bits, Dtype::F32, 11);
     // Leading batch dimensions.
     let x = randn(&[2, 3, k], 12);
-    let fast = fast_quantized_matmul(&x, &q.w, &q.scales, &q.biases, group, bits).unwrap();
+    let fast = fast_quantized_matmul(&x, &q.w, &q.scales, Some(&q.biases), group, bits).unwrap();
     assert!(fast_qmm_isa_of(&fast).is_some());
     assert_eq!(fast.shape(), vec![2, 3, n]);
     let stock = quantized_matmul(&x, &q.w, &q.scales, &q.biases, true, group, bits).unwrap();
@@ -206,7 +253,7 @@ fn batch_dims_strided_x_and_half_inputs() {
     for dt in [Dtype::F16, Dtype::BF16] {
         let xh = randn(&[4, k], 14).astype(dt).unwrap();
         let (s, b) = (q.scales.astype(dt).unwrap(), q.biases.astype(dt).unwrap());
-        let fast = fast_quantized_matmul(&xh, &q.w, &s, &b, group, bits).unwrap();
+        let fast = fast_quantized_matmul(&xh, &q.w, &s, Some(&b), group, bits).unwrap();
         assert_eq!(fast.dtype(), dt);
         let want = quantized_matmul(&xh.astype(Dtype::F32).unwrap(), &q.w, &s, &b, true, group, bits)
             .unwrap();
@@ -223,7 +270,7 @@ fn unsupported_cases_fall_back_to_stock_and_errors_are_errors() {
     let x = randn(&[2, 64], 21);
     // 3-bit weights: MLX's op, same numbers.
     let (w, s, b) = quantize(&randn(&[8, 64], 22), 32, 3).unwrap();
-    let out = fast_quantized_matmul(&x, &w, &s, &b, 32, 3).unwrap();
+    let out = fast_quantized_matmul(&x, &w, &s, Some(&b), 32, 3).unwrap();
     assert_eq!(fast_qmm_isa_of(&out), None);
     let want = quantized_matmul(&x, &w, &s, &b, true, 32, 3).unwrap();
     assert_eq!(out.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
@@ -231,12 +278,12 @@ fn unsupported_cases_fall_back_to_stock_and_errors_are_errors() {
     // Bad shapes and dtypes are MLX errors, never aborts.
     let (w, s, b) = quantize(&randn(&[8, 64], 23), 32, 4).unwrap();
     let bad_x = randn(&[2, 48], 24);
-    assert!(fast_quantized_matmul(&bad_x, &w, &s, &b, 32, 4).is_err());
-    assert!(fast_quantized_matmul(&x, &w, &s, &b, 64, 4).is_err());
+    assert!(fast_quantized_matmul(&bad_x, &w, &s, Some(&b), 32, 4).is_err());
+    assert!(fast_quantized_matmul(&x, &w, &s, Some(&b), 64, 4).is_err());
     let float_w = w.astype(Dtype::F32).unwrap();
-    assert!(fast_quantized_matmul(&x, &float_w, &s, &b, 32, 4).is_err());
+    assert!(fast_quantized_matmul(&x, &float_w, &s, Some(&b), 32, 4).is_err());
     let short_b = b.slice_axis(0, 0, 4).unwrap();
-    assert!(fast_quantized_matmul(&x, &w, &s, &short_b, 32, 4).is_err());
+    assert!(fast_quantized_matmul(&x, &w, &s, Some(&short_b), 32, 4).is_err());
 }
 
 #[test]
@@ -253,7 +300,7 @@ fn the_tolerance_catches_a_wrong_weight() {
         dense: q.dense.share(),
     };
     let x = randn(&[1, k], 32);
-    let fast = fast_quantized_matmul(&x, &bad.w, &bad.scales, &bad.biases, group, bits).unwrap();
+    let fast = fast_quantized_matmul(&x, &bad.w, &bad.scales, Some(&bad.biases), group, bits).unwrap();
     let stock = quantized_matmul(&x, &q.w, &q.scales, &q.biases, true, group, bits).unwrap();
     assert!(worst_error(&fast, &stock, &x, &q) > 100.0 * TOL);
 }
@@ -345,7 +392,7 @@ fn q8_reference(x: &Array, q: &Quantized, group: i32, bits: i32) -> (Vec<f64>, V
 }
 
 fn run_q8(x: &Array, q: &Quantized, group: i32, bits: i32, isa: QmmIsa) -> Array {
-    let out = fast_quantized_matmul_with(x, &q.w, &q.scales, &q.biases, group, bits, isa, true).unwrap();
+    let out = fast_quantized_matmul_with(x, &q.w, &q.scales, Some(&q.biases), group, bits, isa, true).unwrap();
     assert!(fast_qmm_is_int8(&out), "int8 path not taken");
     out
 }
@@ -425,7 +472,7 @@ fn int8_is_within_the_rounding_of_x_of_mlx() {
         let (m, n, k, group) = (9, 130, 576, 32);
         let q = quantized(n, k, group, bits, Dtype::F32, 51 + bits as u64);
         let x = randn(&[m, k], 52);
-        let got = fast_quantized_matmul_int8(&x, &q.w, &q.scales, &q.biases, group, bits).unwrap();
+        let got = fast_quantized_matmul_int8(&x, &q.w, &q.scales, Some(&q.biases), group, bits).unwrap();
         assert!(fast_qmm_is_int8(&got));
         let want = quantized_matmul(&x, &q.w, &q.scales, &q.biases, true, group, bits).unwrap();
         let (g, w) = (got.to_vec_f32().unwrap(), want.to_vec_f32().unwrap());
@@ -470,7 +517,7 @@ fn int8_entry_point_keeps_the_f32_kernel_where_it_is_faster() {
     let (max4, min8) = (INT8_MAX_ROWS_4BIT as i32, INT8_MIN_ROWS_8BIT as i32);
     for (bits, m, int8) in [(4, 1, true), (4, max4, true), (4, max4 + 1, false), (8, min8 - 1, false), (8, min8, true), (8, 70, true)] {
         let q = quantized(8, 64, 32, bits, Dtype::F32, 72);
-        let out = fast_quantized_matmul_int8(&x(m), &q.w, &q.scales, &q.biases, 32, bits).unwrap();
+        let out = fast_quantized_matmul_int8(&x(m), &q.w, &q.scales, Some(&q.biases), 32, bits).unwrap();
         assert!(fast_qmm_isa_of(&out).is_some());
         assert_eq!(fast_qmm_is_int8(&out), int8, "bits={bits} M={m}");
     }

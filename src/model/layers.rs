@@ -45,12 +45,29 @@ impl Kernels {
     }
 }
 
-/// `x @ dequantize(w).T` with the chosen kernels.
-fn qmm(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec, kernels: Kernels) -> Result<Array> {
+/// The biases of a symmetric format (GGUF's Q4_0 and Q8_0): `-2^(bits-1)`
+/// times each scale, exact in the scales' dtype.
+pub fn implied_biases(scales: &Array, bits: i32) -> Result<Array> {
+    Ok(scales.multiply(&scales.scalar_like(-((1i32 << (bits - 1)) as f32))?)?)
+}
+
+/// A quantized layer's biases: stored, or implied by its scales (None).
+fn biases_of(biases: Option<&Array>, scales: &Array, bits: i32) -> Result<Array> {
+    match biases {
+        Some(b) => Ok(b.share()),
+        None => implied_biases(scales, bits),
+    }
+}
+
+/// `x @ dequantize(w).T` with the chosen kernels (`biases` None: implied
+/// by the scales, see `implied_biases`).
+fn qmm(x: &Array, w: &Array, scales: &Array, biases: Option<&Array>, spec: QuantSpec, kernels: Kernels) -> Result<Array> {
     Ok(match kernels {
         Kernels::Auto => fast_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits)?,
         Kernels::Int8 => fast_quantized_matmul_int8(x, w, scales, biases, spec.group_size, spec.bits)?,
-        Kernels::Stock => quantized_matmul(x, w, scales, biases, true, spec.group_size, spec.bits)?,
+        Kernels::Stock => {
+            quantized_matmul(x, w, scales, &biases_of(biases, scales, spec.bits)?, true, spec.group_size, spec.bits)?
+        }
     })
 }
 
@@ -83,7 +100,8 @@ pub fn gated_mlp_hidden(gate_up: &LinearGroup, x: &Array, kernels: Kernels) -> R
 pub enum Linear {
     /// `kernels` only decides stacking (see `FusedLinear::new`).
     Dense { w: Array, b: Option<Array>, kernels: Kernels },
-    Quantized { w: Array, scales: Array, biases: Array, b: Option<Array>, spec: QuantSpec, kernels: Kernels },
+    /// `biases` None: a symmetric format's, implied by the scales.
+    Quantized { w: Array, scales: Array, biases: Option<Array>, b: Option<Array>, spec: QuantSpec, kernels: Kernels },
 }
 
 impl Linear {
@@ -92,7 +110,7 @@ impl Linear {
             // With a bias, mlx's nn.Linear uses addmm (one rounding).
             Linear::Dense { w, b: Some(b), .. } => return Ok(x.addmm(&w.transpose(&[1, 0])?, b)?),
             Linear::Dense { w, b, .. } => (x.matmul(&w.transpose(&[1, 0])?)?, b),
-            Linear::Quantized { w, scales, biases, b, spec, kernels } => (qmm(x, w, scales, biases, *spec, *kernels)?, b),
+            Linear::Quantized { w, scales, biases, b, spec, kernels } => (qmm(x, w, scales, biases.as_ref(), *spec, *kernels)?, b),
         };
         match b {
             Some(b) => Ok(y.add(b)?),
@@ -109,7 +127,7 @@ impl Linear {
             Linear::Quantized { w, scales, biases, b, spec, kernels } => Linear::Quantized {
                 w: t(w)?,
                 scales: t(scales)?,
-                biases: t(biases)?,
+                biases: biases.map(t).transpose()?,
                 b: b.map(t).transpose()?,
                 spec,
                 kernels,
@@ -123,10 +141,10 @@ impl Linear {
         }
     }
 
-    /// Packed weight, scales and biases of a quantized layer.
-    fn quantized(&self) -> Option<[&Array; 3]> {
+    /// Packed weight, scales and (stored) biases of a quantized layer.
+    fn quantized(&self) -> Option<(&Array, &Array, Option<&Array>)> {
         match self {
-            Linear::Quantized { w, scales, biases, .. } => Some([w, scales, biases]),
+            Linear::Quantized { w, scales, biases, .. } => Some((w, scales, biases.as_ref())),
             Linear::Dense { .. } => None,
         }
     }
@@ -149,9 +167,9 @@ impl Linear {
                 ka.except_qmm() == Kernels::Auto && kb.except_qmm() == Kernels::Auto && same_bias && same_dtype
             }
             (
-                Linear::Quantized { spec: a, kernels: ka, scales: sa, .. },
-                Linear::Quantized { spec: b, kernels: kb, scales: sb, .. },
-            ) => same_bias && a == b && ka == kb && sa.dtype() == sb.dtype(),
+                Linear::Quantized { spec: a, kernels: ka, scales: sa, biases: ba, .. },
+                Linear::Quantized { spec: b, kernels: kb, scales: sb, biases: bb, .. },
+            ) => same_bias && a == b && ka == kb && sa.dtype() == sb.dtype() && ba.is_some() == bb.is_some(),
             _ => false,
         }
     }
@@ -159,7 +177,7 @@ impl Linear {
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Linear::Dense { w, b, .. } => std::iter::once(w).chain(b.iter()).collect(),
-            Linear::Quantized { w, scales, biases, b, .. } => [w, scales, biases].into_iter().chain(b.iter()).collect(),
+            Linear::Quantized { w, scales, biases, b, .. } => [w, scales].into_iter().chain(biases.iter()).chain(b.iter()).collect(),
         }
     }
 }
@@ -175,7 +193,8 @@ pub struct FusedLinear {
 
 impl FusedLinear {
     /// Stacks `parts` when they are alike (all dense under `Kernels::Auto`,
-    /// or all quantized the same way, biases on all or none); otherwise
+    /// or all quantized the same way, biases on all or none, quantization
+    /// biases stored on all or none); otherwise
     /// keeps them apart.
     pub fn new(parts: Vec<(Linear, i32)>) -> Result<LinearGroup> {
         let same = parts.windows(2).all(|w| w[0].0.stackable_with(&w[1].0));
@@ -194,9 +213,9 @@ impl FusedLinear {
                 Linear::Dense { w: cat(&|l| Some(l.weight()))?.expect("all parts have weights"), b, kernels: *kernels }
             }
             Linear::Quantized { spec, kernels, .. } => Linear::Quantized {
-                w: cat(&|l| l.quantized().map(|q| q[0]))?.expect("stackable parts are quantized"),
-                scales: cat(&|l| l.quantized().map(|q| q[1]))?.expect("stackable parts are quantized"),
-                biases: cat(&|l| l.quantized().map(|q| q[2]))?.expect("stackable parts are quantized"),
+                w: cat(&|l| l.quantized().map(|q| q.0))?.expect("stackable parts are quantized"),
+                scales: cat(&|l| l.quantized().map(|q| q.1))?.expect("stackable parts are quantized"),
+                biases: cat(&|l| l.quantized().and_then(|q| q.2))?,
                 b,
                 spec: *spec,
                 kernels: *kernels,
@@ -256,8 +275,9 @@ pub enum Embedding {
     Dense { w: Array },
     /// `rows`: the dtype looked-up rows' scales and biases are cast to
     /// before dequantizing (f32 on the CPU when the table keeps f16 scales
-    /// for mlxrt's matmul), None = as stored.
-    Quantized { w: Array, scales: Array, biases: Array, spec: QuantSpec, kernels: Kernels, rows: Option<Dtype> },
+    /// for mlxrt's matmul), None = as stored. `biases` None: implied by the
+    /// scales (a symmetric format).
+    Quantized { w: Array, scales: Array, biases: Option<Array>, spec: QuantSpec, kernels: Kernels, rows: Option<Dtype> },
 }
 
 impl Embedding {
@@ -273,7 +293,12 @@ impl Embedding {
                         None => a,
                     })
                 };
-                Ok(dequantize(&w.take(ids, 0)?, &part(scales)?, &part(biases)?, spec.group_size, spec.bits)?)
+                let s = part(scales)?;
+                let b = match biases {
+                    Some(b) => part(b)?,
+                    None => implied_biases(&s, spec.bits)?,
+                };
+                Ok(dequantize(&w.take(ids, 0)?, &s, &b, spec.group_size, spec.bits)?)
             }
         }
     }
@@ -282,14 +307,14 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match self {
             Embedding::Dense { w } => Ok(x.matmul(&w.transpose(&[1, 0])?)?),
-            Embedding::Quantized { w, scales, biases, spec, kernels, .. } => qmm(x, w, scales, biases, *spec, *kernels),
+            Embedding::Quantized { w, scales, biases, spec, kernels, .. } => qmm(x, w, scales, biases.as_ref(), *spec, *kernels),
         }
     }
 
     pub fn arrays(&self) -> Vec<&Array> {
         match self {
             Embedding::Dense { w } => vec![w],
-            Embedding::Quantized { w, scales, biases, .. } => vec![w, scales, biases],
+            Embedding::Quantized { w, scales, biases, .. } => [w, scales].into_iter().chain(biases.iter()).collect(),
         }
     }
 }

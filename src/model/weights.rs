@@ -2,7 +2,7 @@
 //! a missing or misshapen tensor fails the load with its name, and one the
 //! model never took fails it too (`Weights::finish`).
 
-use super::layers::{Embedding, Kernels, Linear, QuantSpec};
+use super::layers::{implied_biases, Embedding, Kernels, Linear, QuantSpec};
 use super::moe::SwitchLinear;
 use crate::error::{Error, Result};
 use crate::mlx::{Array, Dtype};
@@ -33,11 +33,18 @@ pub struct Weights {
     /// parameters for SmolLM2-135M instead of 115, the same results).
     scale_dtype: Option<Dtype>,
     kernels: Kernels,
+    /// Whether quantized linear layers and embeddings drop biases that are
+    /// exactly `-2^(bits-1)` times their scales (GGUF's Q4_0 and Q8_0, which
+    /// store none): mlxrt's CPU kernel derives them, the same values, so
+    /// they cost no memory or bandwidth (~10% of Q4_0's bytes). Not under
+    /// `Kernels::Stock` or on a GPU, where MLX's kernels take stored biases.
+    drop_symmetric_biases: bool,
 }
 
 impl Weights {
     pub fn new(tensors: HashMap<String, Array>, quant: QuantConfig, scale_dtype: Option<Dtype>, kernels: Kernels) -> Weights {
-        Weights { tensors, quant, scale_dtype, kernels }
+        let drop_symmetric_biases = kernels != Kernels::Stock && !crate::mlx::device::default_is_gpu();
+        Weights { tensors, quant, scale_dtype, kernels, drop_symmetric_biases }
     }
 
     /// The kernels the model's layers use (other than its quantized
@@ -161,7 +168,7 @@ impl Weights {
         Ok(spec)
     }
 
-    fn quantized(&mut self, prefix: &str, in_dim: i32, out_dim: i32) -> Result<(Array, Array, Array, QuantSpec)> {
+    fn quantized(&mut self, prefix: &str, in_dim: i32, out_dim: i32) -> Result<(Array, Array, Option<Array>, QuantSpec)> {
         let spec = self.spec(prefix, in_dim)?;
         let w = self.take_shaped(&format!("{prefix}.weight"), &[out_dim, in_dim * spec.bits / 32])?;
         if w.dtype() != Dtype::U32 {
@@ -170,7 +177,8 @@ impl Weights {
         let groups = in_dim / spec.group_size;
         let scales = self.take_scales(&format!("{prefix}.scales"), &[out_dim, groups], true)?;
         let biases = self.take_scales(&format!("{prefix}.biases"), &[out_dim, groups], true)?;
-        Ok((w, scales, biases, spec))
+        let symmetric = self.drop_symmetric_biases && implied_biases(&scales, spec.bits)?.equal(&biases)?.all()?;
+        Ok((w, scales, (!symmetric).then_some(biases), spec))
     }
 
     /// Drops the tensors of module `prefix` (`.weight`, `.scales`,
