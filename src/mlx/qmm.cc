@@ -560,17 +560,22 @@ std::unique_ptr<array> build(const array& x, const array& w, const array& scales
                              bool int8_x) {
   // MLX's op validates everything and gives the output shape and dtype; the
   // node is dropped unevaluated when the fast path applies. Without stored
-  // biases it gets the implied ones (-2^(bits-1) * scales, exact in any
-  // float type), built lazily, so only a fallback computes them.
-  const array implied =
-      biases ? *biases
-             : mx::multiply(scales, mx::array(-std::ldexp(1.0f, bits - 1), scales.dtype()));
-  array ref = mx::quantized_matmul(x, w, scales, implied, true, group_size, bits, "affine");
+  // biases the scales stand in for them there (same shape and type), and a
+  // fallback gets the implied ones, -2^(bits-1) * scales (exact in any float
+  // type); building that product for every call cost decode time.
+  array ref = mx::quantized_matmul(x, w, scales, biases ? *biases : scales, true, group_size,
+                                   bits, "affine");
   const Kernels* k = select_kernels(isa);
   if (int8_x) k = q8_kernels(k);
   if (mx::default_device() != mx::Device::cpu || !k ||
-      !supported(x, w, scales, biases, group_size, bits, *k))
+      !supported(x, w, scales, biases, group_size, bits, *k)) {
+    if (!biases) {
+      const array implied =
+          mx::multiply(scales, mx::array(-std::ldexp(1.0f, bits - 1), scales.dtype()));
+      ref = mx::quantized_matmul(x, w, scales, implied, true, group_size, bits, "affine");
+    }
     return std::make_unique<array>(std::move(ref));
+  }
   auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
                                                     group_size, bits, k, int8_x);
   std::vector<array> inputs{mx::astype(x, mx::float32), dense(w), dense(scales)};
