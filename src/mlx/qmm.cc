@@ -554,28 +554,47 @@ std::vector<mx::Shape> FastQuantizedMatmul::output_shapes(const std::vector<arra
 
 namespace {
 
+// Whether the arrays fit together as `quantized_matmul(x, w, scales,
+// biases, transpose = true)` needs (K = x's last dimension).
+bool consistent(const array& x, const array& w, const array& s, const array* b, int group,
+                int bits) {
+  const int64_t K = x.shape(-1), N = w.shape(0);
+  return static_cast<int64_t>(w.shape(1)) * 32 == K * bits && K % group == 0 &&
+         s.shape(0) == N && s.shape(1) == K / group && (!b || b->shape() == s.shape());
+}
+
 // The bridge functions' common part; `biases` null: implied by the scales.
 std::unique_ptr<array> build(const array& x, const array& w, const array& scales,
                              const array* biases, int32_t group_size, int32_t bits, uint8_t isa,
                              bool int8_x) {
-  // MLX's op validates everything and gives the output shape and dtype; the
-  // node is dropped unevaluated when the fast path applies. Without stored
-  // biases the scales stand in for them there (same shape and type), and a
-  // fallback gets the implied ones, -2^(bits-1) * scales (exact in any float
-  // type); building that product for every call cost decode time.
-  array ref = mx::quantized_matmul(x, w, scales, biases ? *biases : scales, true, group_size,
-                                   bits, "affine");
   const Kernels* k = select_kernels(isa);
   if (int8_x) k = q8_kernels(k);
-  if (mx::default_device() != mx::Device::cpu || !k ||
-      !supported(x, w, scales, biases, group_size, bits, *k)) {
-    if (!biases) {
-      const array implied =
-          mx::multiply(scales, mx::array(-std::ldexp(1.0f, bits - 1), scales.dtype()));
-      ref = mx::quantized_matmul(x, w, scales, implied, true, group_size, bits, "affine");
-    }
-    return std::make_unique<array>(std::move(ref));
+  // f32 x that fits: the primitive, its [..., N] f32 output built directly
+  // (building MLX's op too, only for its checks, cost decode time: decode
+  // runs ~120 of these per token).
+  if (mx::default_device() == mx::Device::cpu && k && x.dtype() == mx::float32 &&
+      supported(x, w, scales, biases, group_size, bits, *k) &&
+      consistent(x, w, scales, biases, group_size, bits)) {
+    auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
+                                                      group_size, bits, k, int8_x);
+    std::vector<array> inputs{x, dense(w), dense(scales)};
+    if (biases) inputs.push_back(dense(*biases));
+    mx::Shape shape = x.shape();
+    shape.back() = w.shape(0);
+    return std::make_unique<array>(std::move(shape), mx::float32, std::move(prim),
+                                   std::move(inputs));
   }
+  // Otherwise MLX's op first: it validates everything (an error is thrown
+  // here) and gives the output dtype. Without stored biases it gets the
+  // implied ones, -2^(bits-1) * scales (exact in any float type).
+  const array implied =
+      biases ? *biases
+             : mx::multiply(scales, mx::array(-std::ldexp(1.0f, bits - 1), scales.dtype()));
+  array ref = mx::quantized_matmul(x, w, scales, implied, true, group_size, bits, "affine");
+  if (mx::default_device() != mx::Device::cpu || !k ||
+      !supported(x, w, scales, biases, group_size, bits, *k))
+    return std::make_unique<array>(std::move(ref));
+  // Half-precision x: the primitive on an f32 copy, cast back.
   auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
                                                     group_size, bits, k, int8_x);
   std::vector<array> inputs{mx::astype(x, mx::float32), dense(w), dense(scales)};
