@@ -189,8 +189,10 @@ class Runner:
             r = run_measured([self.exe_dir / "mlxrt_single_stream", model, f, GEN], self.env,
                              self.args.timeout)
             o = common.last_json_object(r["stdout"])
-            self.info["mlxrt"].update(provenance=o["provenance"], parameter_bytes=o["parameter_bytes"],
+            self.info["mlxrt"].update(provenance=o["provenance"],
                                       command_example=f"mlxrt_single_stream MODEL {case}_ids.json {GEN}")
+            # Per file: Q4_0 keeps fewer bytes (no stored biases) than Q4_1.
+            self.info["mlxrt"].setdefault("parameter_bytes", {})[str(model)] = o["parameter_bytes"]
             return {"prefill_tps": o["prefill_tps"], "decode_tps": o["decode_tps"],
                     "ttft_ms": o["ttft_ms"], "peak_rss_bytes": r["max_rss_bytes"],
                     "prompt_tokens": len(common.read_prompt_ids(f)), "gen_tokens": GEN}
@@ -383,7 +385,7 @@ def main():
         med = medians(raw)
         out = ratios(med)
         prov_m = runner.info["mlxrt"].get("provenance")
-        pb = runner.info["mlxrt"].get("parameter_bytes")
+        pb = runner.info["mlxrt"].get("parameter_bytes", {}).get(str(models["q4_1"]))
         dec = med.get("q4_1", {}).get("short", {})
         share = {}
         if pb and dec.get("mlxrt", {}).get("decode_tps"):
