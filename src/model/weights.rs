@@ -36,7 +36,7 @@ pub struct Weights {
     /// Whether quantized linear layers and embeddings drop biases that are
     /// exactly `-2^(bits-1)` times their scales (GGUF's Q4_0 and Q8_0, which
     /// store none): mlxrt's CPU kernel derives them, the same values, so
-    /// they cost no memory or bandwidth (~10% of Q4_0's bytes). Not under
+    /// they cost no memory or bandwidth (SmolLM2-135M Q4_0: 98.3 -> 89.9 MB). Not under
     /// `Kernels::Stock` or on a GPU, where MLX's kernels take stored biases.
     drop_symmetric_biases: bool,
 }
