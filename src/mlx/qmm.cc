@@ -479,6 +479,15 @@ bool supported(const array& x, const array& w, const array& s, const array* b, i
   return M > 0 && N > 0 && K > 0 && M * K < INT32_MAX && N < INT32_MAX && M * N < INT32_MAX;
 }
 
+// Whether the arrays fit together as `quantized_matmul(x, w, scales,
+// biases, transpose = true)` needs (K = x's last dimension).
+bool consistent(const array& x, const array& w, const array& s, const array* b, int group,
+                int bits) {
+  const int64_t K = x.shape(-1), N = w.shape(0);
+  return static_cast<int64_t>(w.shape(1)) * 32 == K * bits && K % group == 0 &&
+         s.shape(0) == N && s.shape(1) == K / group && (!b || b->shape() == s.shape());
+}
+
 // Weights are normally evaluated, dense arrays loaded from a file; anything
 // else gets MLX's contiguous copy first, because eval_cpu reads them raw.
 array dense(const array& a) {
@@ -501,11 +510,10 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
   if (!w.flags().row_contiguous || !s.flags().row_contiguous ||
       (b && !b->flags().row_contiguous))
     throw std::invalid_argument("FastQuantizedMatmul: weights must be row-contiguous");
+  if (!consistent(x, w, s, b, group_, bits_))
+    throw std::invalid_argument("FastQuantizedMatmul: inconsistent shapes");
   const int K = x.shape(-1), N = w.shape(0);
   const int M = static_cast<int>(x.size() / K);
-  if (static_cast<int64_t>(w.shape(1)) * 32 / bits_ != K || K % group_ != 0 ||
-      s.shape(0) != N || s.shape(1) != K / group_ || (b && b->shape() != s.shape()))
-    throw std::invalid_argument("FastQuantizedMatmul: inconsistent shapes");
 
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& enc = mx::cpu::get_command_encoder(stream());
@@ -554,36 +562,28 @@ std::vector<mx::Shape> FastQuantizedMatmul::output_shapes(const std::vector<arra
 
 namespace {
 
-// Whether the arrays fit together as `quantized_matmul(x, w, scales,
-// biases, transpose = true)` needs (K = x's last dimension).
-bool consistent(const array& x, const array& w, const array& s, const array* b, int group,
-                int bits) {
-  const int64_t K = x.shape(-1), N = w.shape(0);
-  return static_cast<int64_t>(w.shape(1)) * 32 == K * bits && K % group == 0 &&
-         s.shape(0) == N && s.shape(1) == K / group && (!b || b->shape() == s.shape());
-}
-
 // The bridge functions' common part; `biases` null: implied by the scales.
 std::unique_ptr<array> build(const array& x, const array& w, const array& scales,
                              const array* biases, int32_t group_size, int32_t bits, uint8_t isa,
                              bool int8_x) {
   const Kernels* k = select_kernels(isa);
   if (int8_x) k = q8_kernels(k);
-  // f32 x that fits: the primitive, its [..., N] f32 output built directly
-  // (building MLX's op too, only for its checks, cost decode time: decode
-  // runs ~120 of these per token).
-  if (mx::default_device() == mx::Device::cpu && k && x.dtype() == mx::float32 &&
-      supported(x, w, scales, biases, group_size, bits, *k) &&
-      consistent(x, w, scales, biases, group_size, bits)) {
+  const bool fast = mx::default_device() == mx::Device::cpu && k &&
+                    supported(x, w, scales, biases, group_size, bits, *k);
+  // The primitive's f32 [..., N] output for f32 `xf`.
+  auto node = [&](const array& xf) {
     auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
                                                       group_size, bits, k, int8_x);
-    std::vector<array> inputs{x, dense(w), dense(scales)};
+    std::vector<array> inputs{xf, dense(w), dense(scales)};
     if (biases) inputs.push_back(dense(*biases));
-    mx::Shape shape = x.shape();
+    mx::Shape shape = xf.shape();
     shape.back() = w.shape(0);
-    return std::make_unique<array>(std::move(shape), mx::float32, std::move(prim),
-                                   std::move(inputs));
-  }
+    return array(std::move(shape), mx::float32, std::move(prim), std::move(inputs));
+  };
+  // f32 x that fits: the primitive alone (building MLX's op too, only for
+  // its checks, cost decode time: decode runs ~120 of these per token).
+  if (fast && x.dtype() == mx::float32 && consistent(x, w, scales, biases, group_size, bits))
+    return std::make_unique<array>(node(x));
   // Otherwise MLX's op first: it validates everything (an error is thrown
   // here) and gives the output dtype. Without stored biases it gets the
   // implied ones, -2^(bits-1) * scales (exact in any float type).
@@ -591,15 +591,9 @@ std::unique_ptr<array> build(const array& x, const array& w, const array& scales
       biases ? *biases
              : mx::multiply(scales, mx::array(-std::ldexp(1.0f, bits - 1), scales.dtype()));
   array ref = mx::quantized_matmul(x, w, scales, implied, true, group_size, bits, "affine");
-  if (mx::default_device() != mx::Device::cpu || !k ||
-      !supported(x, w, scales, biases, group_size, bits, *k))
-    return std::make_unique<array>(std::move(ref));
+  if (!fast) return std::make_unique<array>(std::move(ref));
   // Half-precision x: the primitive on an f32 copy, cast back.
-  auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
-                                                    group_size, bits, k, int8_x);
-  std::vector<array> inputs{mx::astype(x, mx::float32), dense(w), dense(scales)};
-  if (biases) inputs.push_back(dense(*biases));
-  array out(ref.shape(), mx::float32, std::move(prim), std::move(inputs));
+  array out = node(mx::astype(x, mx::float32));
   if (ref.dtype() != mx::float32) out = mx::astype(out, ref.dtype());
   return std::make_unique<array>(std::move(out));
 }
