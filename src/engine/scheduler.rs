@@ -209,6 +209,9 @@ fn main(
     // MLX's buffer cache and the C heap.
     mlx::memory::clear_cache();
     mlx::memory::trim_heap();
+    // After the load, so that MLX's stream thread, started by it, keeps the
+    // normal policy: only this thread's wake-ups stop preempting kernels.
+    mlx::sched::batch_policy();
     let text = Arc::new(loaded.text);
     let mut info = loaded.model.info().clone();
     info.device = if mlx::device::default_is_gpu() { "gpu" } else { "cpu" }.into();

@@ -80,6 +80,35 @@ pub mod device {
     }
 }
 
+/// The CPU scheduling of the engine's own thread.
+pub mod sched {
+    /// Marks the calling thread as batch work for Linux's scheduler
+    /// (`SCHED_BATCH`: the same share of the CPU, but a wake-up does not
+    /// preempt a running thread; it waits for a free core, a yield or the
+    /// next tick). The engine's thread wakes dozens of times per token
+    /// (MLX lets it enqueue only ten tasks ahead of the CPU stream), and
+    /// where cores are few each wake used to preempt MLX's stream thread in
+    /// the middle of a kernel. Returns whether the policy was set; a no-op
+    /// elsewhere.
+    pub fn batch_policy() -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            #[repr(C)]
+            struct SchedParam {
+                priority: i32,
+            }
+            const SCHED_BATCH: i32 = 3;
+            extern "C" {
+                fn sched_setscheduler(pid: i32, policy: i32, param: *const SchedParam) -> i32;
+            }
+            // SAFETY: pid 0 names the calling thread; `param` outlives the call.
+            unsafe { sched_setscheduler(0, SCHED_BATCH, &SchedParam { priority: 0 }) == 0 }
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+}
+
 /// MLX allocator statistics (bytes). These cannot fail in practice; an
 /// error reads as 0 / is ignored.
 pub mod memory {
