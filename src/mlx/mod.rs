@@ -152,6 +152,27 @@ pub mod memory {
 mod tests {
     use super::*;
 
+    /// The policy `batch_policy` sets is the calling thread's alone.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn batch_policy_applies_to_the_calling_thread_only() {
+        // Field 41 of /proc/thread-self/stat (after the parenthesised name).
+        let policy = || -> i32 {
+            let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
+            let rest = &stat[stat.rfind(')').unwrap() + 2..];
+            rest.split(' ').nth(38).unwrap().parse().unwrap()
+        };
+        let before = policy();
+        let inside = std::thread::spawn(move || {
+            assert!(sched::batch_policy(), "sched_setscheduler(SCHED_BATCH) refused");
+            policy()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(inside, 3, "SCHED_BATCH");
+        assert_eq!(policy(), before, "the calling thread's policy only");
+    }
+
     #[test]
     fn add_and_read_back() {
         let a = Array::from_f32(&[1.0, 2.0, 3.0, 4.0], &[2, 2]).unwrap();
