@@ -61,6 +61,8 @@ std::unique_ptr<array> fast_quantized_matmul_symmetric(const array& x, const arr
 // The best instruction set this CPU runs (an `Isa` code, never Auto).
 uint8_t best_isa();
 bool isa_available(uint8_t isa);
+// Whether the best int8-activation kernel has an int8 GEMM (AVX-512 VNNI).
+bool int8_gemm_available();
 // Set in fast_node_isa's answer for an int8-activation node.
 constexpr uint8_t kInt8Flag = 0x80;
 // The `Isa` code of the kernel that computes `a` (| kInt8Flag with int8

@@ -84,9 +84,10 @@ pub fn fast_quantized_matmul_isa(
 /// Results differ from the f32 kernel by the rounding of x (~1e-3 of
 /// `sum |x| |w|`); see docs/cpu-kernels.md. Where the f32 kernel measured
 /// faster it runs instead: 4-bit weights with more than
-/// [`INT8_MAX_ROWS_4BIT`] rows of x (its GEMM path), 8-bit weights
-/// with fewer than [`INT8_MIN_ROWS_8BIT`] (a single row of x streaming a
-/// large 8-bit matrix, e.g. the LM head at decode).
+/// [`INT8_MAX_ROWS_4BIT`] rows of x (its GEMM path) on a CPU without the
+/// int8 GEMM ([`int8_gemm_available`]: AVX-512 VNNI), 8-bit weights with
+/// fewer than [`INT8_MIN_ROWS_8BIT`] (a single row of x streaming a large
+/// 8-bit matrix, e.g. the LM head at decode).
 pub fn fast_quantized_matmul_int8(
     x: &Array,
     w: &Array,
@@ -97,12 +98,21 @@ pub fn fast_quantized_matmul_int8(
 ) -> Result<Array> {
     let k = x.shape().last().copied().unwrap_or(0).max(1) as usize;
     let m = x.size() / k;
-    let int8 = if bits == 4 { m <= INT8_MAX_ROWS_4BIT } else { m >= INT8_MIN_ROWS_8BIT };
+    let int8 = if bits == 4 { m <= INT8_MAX_ROWS_4BIT || int8_gemm_available() } else { m >= INT8_MIN_ROWS_8BIT };
     fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, QmmIsa::Auto, int8)
 }
 
+/// Whether int8 activations have a GEMM on this CPU (AVX-512 VNNI): weights
+/// unpacked per call into a column-interleaved panel, 2.5-2.8x the f32 GEMM
+/// at 512 rows (Zen 5, one thread, bench/cpu_kernels.rs). It runs from 24
+/// rows of x; fewer run the int8 dot-product tiles.
+pub fn int8_gemm_available() -> bool {
+    ffi::int8_gemm_available()
+}
+
 /// Rows of x up to which [`fast_quantized_matmul_int8`] uses int8
-/// activations with 4-bit weights (measured on Zen 4, bench/cpu_kernels.rs).
+/// activations with 4-bit weights where there is no int8 GEMM (measured on
+/// Zen 4, bench/cpu_kernels.rs).
 pub const INT8_MAX_ROWS_4BIT: usize = 32;
 /// Rows of x from which it uses them with 8-bit weights.
 pub const INT8_MIN_ROWS_8BIT: usize = 2;

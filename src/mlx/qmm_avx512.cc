@@ -14,6 +14,8 @@
 // when the CPU has it.
 #define QMM_Q8_FN \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+// The column-interleaved int8 GEMM (qmm_impl.h) exists for this variant.
+#define QMM_Q8_GEMM 1
 #define QMM_NS avx512
 #define QMM_ISA Isa::Avx512
 
@@ -151,6 +153,22 @@ struct V {
   template <int BITS>
   QMM_Q8_FN static inline T q8_dot(__m512i w, const int8_t* x, const int32_t*) {
     return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(x)));
+  }
+  // The int8 GEMM (see qmm_impl.h): 4 rows of x x 32 columns, int32 and
+  // f32 accumulators for each.
+  static constexpr int Q8G_MR = 4;
+  using I = __m512i;
+  QMM_Q8_FN static inline I q8g_zero() { return _mm512_setzero_si512(); }
+  QMM_Q8_FN static inline I q8g_load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  QMM_Q8_FN static inline I q8g_dot(I acc, I w, int32_t x4) {
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4));
+  }
+  QMM_Q8_FN static inline T q8g_float(I a) { return _mm512_cvtepi32_ps(a); }
+  QMM_Q8_FN static inline void q8g_unpack4(const uint8_t* src, uint8_t* dst) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i m = _mm_set1_epi8(0x0f);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_and_si128(v, m));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m));
   }
   template <int GROUP, bool HALF>
   QMM_Q8_FN static inline T q8_wscale(const float* s, int g) {

@@ -642,7 +642,182 @@ QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
   }
 }
 
-const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8};
+#if defined(QMM_Q8_GEMM)
+// ---------------------------------------------------------------------------
+// Int8 activations at GEMM sizes (Kernels::run_q8_gemm; M above the direct
+// rows). The dot-product tiles above leave each block's integer sum spread
+// over lanes, so every 64 products cost a conversion, a scale multiply and
+// an FMA besides the `vpdpbusd`: no better than f32 there. Here, per
+// k-block and NC output columns, the weights are unpacked to bytes and
+// stored column-interleaved, panel[block][quad q][column][4 bytes] (k 4q ..
+// 4q + 3 of the block, in x's permuted order), so one vector of int32 lanes
+// holds W columns: a lane accumulates a whole block of 32 products in 8
+// `vpdpbusd` (each with x's 4 bytes broadcast) and is scaled once per block.
+// The variant's V provides
+//   I, q8g_zero(), q8g_load(p)    int32 vectors, 64 bytes of panel
+//   q8g_dot(acc, w, x4)           acc += per-lane dot of 4 u8 (w) x 4 s8 (x4)
+//   q8g_float(acc)                the int32 lanes as f32
+//   q8g_unpack4(src, dst)         16 packed bytes -> 32 bytes [lo..., hi...]
+// Exact integer sums, f32 scaling per block: the result is the int8 path's
+// arithmetic (within its tolerance of run_q8), not its bits.
+using I = V::I;
+constexpr int Q8G_MR = V::Q8G_MR;
+constexpr int Q8G_BLOCK_BYTES = 8 * NC * 4;  // one block of 32 k for NC columns
+static_assert(kBlockK / kQ8Block * (Q8G_BLOCK_BYTES / 4 + 2 * NC) <=
+                  2 * kMaxLanes * (kBlockK + kGemmRowStride),
+              "the panel, its scales and biases fit scratch_floats()");
+
+// Weights [k0, k1) of columns n .. n + NC (rows past N repeat the last one;
+// their outputs are never stored) into the byte panel `pw`, the scale of
+// each block into `ps` [block][NC] and the bias of each group into `pb`
+// [group][NC].
+template <class QF, ScaleType ST>
+QMM_Q8_FN void fill_q8_panel(const Problem& p, int n, int k0, int k1, uint8_t* pw, float* ps,
+                             float* pb) {
+  const TileRows<QF, ST, NC> rows(p, n, k0, k1);
+  const int nb = (k1 - k0) / kQ8Block, ng = (k1 - k0) / QF::GROUP;
+  constexpr int BB = kQ8Block * QF::BITS / 8;  // packed bytes per block
+  for (int j = 0; j < NC; ++j) {
+    uint8_t* col = pw + (j / W) * W * 4 + (j % W) * 4;
+    for (int b = 0; b < nb; ++b) {
+      alignas(32) uint8_t bytes[kQ8Block];
+      if constexpr (QF::BITS == 4) {
+        V::q8g_unpack4(rows.w[j] + b * BB, bytes);
+      } else {
+        __builtin_memcpy(bytes, rows.w[j] + b * BB, kQ8Block);
+      }
+      uint8_t* dst = col + static_cast<size_t>(b) * Q8G_BLOCK_BYTES;
+      QMM_UNROLL
+      for (int q = 0; q < 8; ++q) __builtin_memcpy(dst + q * NC * 4, bytes + 4 * q, 4);
+      ps[b * NC + j] = rows.s[j][b * kQ8Block / QF::GROUP];
+    }
+    for (int g = 0; g < ng; ++g) pb[g * NC + j] = rows.b[j][g];
+  }
+}
+
+// MR rows of x from m0 against the panel (nb blocks, ng groups from group
+// g0); writes (or adds to) `cols` <= NC output columns from n.
+template <int MR>
+QMM_Q8_FN void tile_q8g(const Problem& p, const uint8_t* pw, const float* ps, const float* pb,
+                        int nb, int g0, int ng, int k0, int m0, int n, int cols,
+                        bool accumulate) {
+  const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
+  const int8_t* xq = p.xq + m0 * ldx + k0;
+  const float* xd = p.xd8 + (m0 * ldb + k0 / kQ8Block) * 8;
+  T f[MR][2];
+  QMM_UNROLL
+  for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = V::zero();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* wb = pw + static_cast<size_t>(b) * Q8G_BLOCK_BYTES;
+    I a[MR][2];
+    QMM_UNROLL
+    for (int r = 0; r < MR; ++r) a[r][0] = a[r][1] = V::q8g_zero();
+    QMM_UNROLL
+    for (int q = 0; q < 8; ++q) {
+      const I w0 = V::q8g_load(wb + q * NC * 4), w1 = V::q8g_load(wb + q * NC * 4 + W * 4);
+      QMM_UNROLL
+      for (int r = 0; r < MR; ++r) {
+        int32_t x4;
+        __builtin_memcpy(&x4, xq + r * ldx + b * kQ8Block + 4 * q, 4);
+        a[r][0] = V::q8g_dot(a[r][0], w0, x4);
+        a[r][1] = V::q8g_dot(a[r][1], w1, x4);
+      }
+    }
+    const T s0 = V::load(ps + b * NC), s1 = V::load(ps + b * NC + W);
+    QMM_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      const T d = V::set1(xd[(r * ldb + b) * 8]);
+      f[r][0] = V::fma(V::q8g_float(a[r][0]), V::mul(s0, d), f[r][0]);
+      f[r][1] = V::fma(V::q8g_float(a[r][1]), V::mul(s1, d), f[r][1]);
+    }
+  }
+  // Bias term: b_w * sum(d * xq) per group.
+  for (int g = 0; g < ng; ++g) {
+    const T b0 = V::load(pb + g * NC), b1 = V::load(pb + g * NC + W);
+    QMM_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      const T xs = V::set1(p.xs[static_cast<size_t>(m0 + r) * p.xs_stride + g0 + g]);
+      f[r][0] = V::fma(b0, xs, f[r][0]);
+      f[r][1] = V::fma(b1, xs, f[r][1]);
+    }
+  }
+  QMM_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    float* o = p.out + static_cast<size_t>(m0 + r) * p.N + n;
+    if (cols == NC) {
+      QMM_UNROLL
+      for (int h = 0; h < 2; ++h)
+        V::store(o + h * W, accumulate ? V::add(V::load(o + h * W), f[r][h]) : f[r][h]);
+    } else {  // the last columns of a range: never past it (another thread's)
+      alignas(64) float t[NC];
+      V::store(t, f[r][0]);
+      V::store(t + W, f[r][1]);
+      for (int j = 0; j < cols; ++j) o[j] = accumulate ? o[j] + t[j] : t[j];
+    }
+  }
+}
+
+template <int MR = Q8G_MR>
+QMM_Q8_FN void q8g_rows(const Problem& p, const uint8_t* pw, const float* ps, const float* pb,
+                        int nb, int g0, int ng, int k0, int rows, int m, int n, int cols,
+                        bool accumulate) {
+  if constexpr (MR > 1) {
+    if (rows < MR)
+      return q8g_rows<MR - 1>(p, pw, ps, pb, nb, g0, ng, k0, rows, m, n, cols, accumulate);
+  }
+  tile_q8g<MR>(p, pw, ps, pb, nb, g0, ng, k0, m, n, cols, accumulate);
+}
+
+template <class QF, ScaleType ST>
+QMM_Q8_FN void run_q8_gemm_typed(const Problem& p, int n0, int n1, float* scratch) {
+  uint8_t* pw = reinterpret_cast<uint8_t*>(scratch);
+  float* ps = scratch + kBlockK / kQ8Block * Q8G_BLOCK_BYTES / 4;
+  float* pb = ps + kBlockK / kQ8Block * NC;
+  for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
+    const int k1 = min_i(p.K, k0 + kBlockK);
+    const int nb = (k1 - k0) / kQ8Block, g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
+    for (int n = n0; n < n1; n += NC) {
+      fill_q8_panel<QF, ST>(p, n, k0, k1, pw, ps, pb);
+      const int cols = min_i(NC, n1 - n);
+      for (int m = 0; m < p.M; m += Q8G_MR)
+        q8g_rows(p, pw, ps, pb, nb, g0, ng, k0, p.M - m, m, n, cols, k0 > 0);
+    }
+  }
+}
+
+template <int BITS, int GROUP>
+QMM_Q8_FN void run_q8_gemm_format(const Problem& p, int n0, int n1, float* scratch) {
+  using QF = Q<BITS, GROUP>;
+  switch (p.stype) {
+    case ScaleType::F32: return run_q8_gemm_typed<QF, ScaleType::F32>(p, n0, n1, scratch);
+    case ScaleType::F16: return run_q8_gemm_typed<QF, ScaleType::F16>(p, n0, n1, scratch);
+    case ScaleType::BF16: return run_q8_gemm_typed<QF, ScaleType::BF16>(p, n0, n1, scratch);
+  }
+}
+
+template <int BITS>
+QMM_Q8_FN void run_q8_gemm_bits(const Problem& p, int n0, int n1, float* scratch) {
+  switch (p.group) {
+    case 32: return run_q8_gemm_format<BITS, 32>(p, n0, n1, scratch);
+    case 64: return run_q8_gemm_format<BITS, 64>(p, n0, n1, scratch);
+    default: return run_q8_gemm_format<BITS, 128>(p, n0, n1, scratch);
+  }
+}
+
+QMM_Q8_FN void run_q8_gemm(const Problem& p, int n0, int n1, float* scratch) {
+  if (p.bits == 4) {
+    run_q8_gemm_bits<4>(p, n0, n1, scratch);
+  } else {
+    run_q8_gemm_bits<8>(p, n0, n1, scratch);
+  }
+}
+constexpr auto kRunQ8Gemm = &run_q8_gemm;
+#else
+constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
+#endif
+
+const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8,
+                       kRunQ8Gemm};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

@@ -79,6 +79,11 @@ struct Kernels {
   // s_w * d_x * sum(q * xq) in exact integers, plus b_w * sum(d_x * xq).
   // Null when this variant has none (AVX-512 without VNNI uses AVX2's).
   void (*run_q8)(const Problem& p, int n0, int n1);
+  // Int8 activations at GEMM sizes (`p.gemm`; columns in tiles of
+  // `gemm_cols`, `scratch` as for `run`), the same arithmetic as `run_q8`
+  // with the weights unpacked into a column-interleaved panel. Null when
+  // this variant has none (then `run_q8` takes every M).
+  void (*run_q8_gemm)(const Problem& p, int n0, int n1, float* scratch);
 };
 
 // Floats of per-thread scratch that `run` needs for a given K.

@@ -30,6 +30,7 @@ pub(crate) mod ffi {
         ) -> Result<UniquePtr<array>>;
         fn best_isa() -> u8;
         fn isa_available(isa: u8) -> bool;
+        fn int8_gemm_available() -> bool;
         fn fast_node_isa(a: &array) -> u8;
         fn pool_threads() -> usize;
         fn blas_library() -> String;
