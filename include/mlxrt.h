@@ -76,6 +76,15 @@
 #define MLXRT_KERNELS_STOCK 1
 
 /**
+ * `mlxrt_engine_config.kernels`: AUTO with int8 activations in the
+ * quantized matmuls on the CPU (as llama.cpp computes them; much faster
+ * prefill and batches on AVX-512 VNNI). Opt-in: the rounding of the
+ * activations moves logits (by up to ~1 on SmolLM2-135M) and changes
+ * greedy tokens against mlx-lm.
+ */
+#define MLXRT_KERNELS_INT8 2
+
+/**
  * `mlxrt_engine_config.kv_scheme`: keys and values kept dense (f32 on the CPU).
  */
 #define MLXRT_KV_SCHEME_NONE 0
