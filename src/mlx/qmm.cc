@@ -436,52 +436,8 @@ int32_t quantize_block(const float* xb, int64_t step, bool nibble_order, int8_t*
   return sum;
 }
 
-#if defined(__x86_64__)
-// quantize_block for 32 contiguous values, 16 at a time: the same
-// operations per value (IEEE division, multiply, truncate, exact remainder),
-// so the same bytes. Scalar code took about as long as the int8 GEMM itself
-// at K = 576 and longer at K = 1,536.
-#define MLXRT_QUANT_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
-MLXRT_QUANT_AVX512 inline __m512i quantize16(__m512 v, float id) {
-  const __m512 f = _mm512_mul_ps(v, _mm512_set1_ps(id));
-  const __m512 t = _mm512_roundscale_ps(f, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  const __m512 rest = _mm512_sub_ps(f, t);
-  const __m512i one = _mm512_set1_epi32(1);
-  __m512i q = _mm512_cvttps_epi32(t);
-  q = _mm512_mask_add_epi32(q, _mm512_cmp_ps_mask(rest, _mm512_set1_ps(0.5f), _CMP_GE_OQ), q, one);
-  return _mm512_mask_sub_epi32(q, _mm512_cmp_ps_mask(rest, _mm512_set1_ps(-0.5f), _CMP_LE_OQ), q,
-                               one);
-}
-
-MLXRT_QUANT_AVX512 int32_t quantize_block_avx512(const float* xb, bool nibble_order, int8_t* dst,
-                                                 float* d_out) {
-  const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
-  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-  const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-  __m512i lo = quantize16(a, id), hi = quantize16(b, id);
-  const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi));
-  if (nibble_order) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    const __m512i e = _mm512_permutex2var_epi32(lo, even, hi);
-    hi = _mm512_permutex2var_epi32(lo, odd, hi);
-    lo = e;
-  }
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(lo));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtepi32_epi8(hi));
-  *d_out = d;
-  return sum;
-}
-
-bool has_avx512_quantize() {
-  static const bool yes = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return yes;
-}
-#endif
-
-Q8X prepare_q8(const XView& x, int M, int K, int bits, int group, AlignedFloats& buf) {
+Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int group,
+               AlignedFloats& buf) {
   const int nb = K / kQ8Block, xs_stride = (K / group + 15) / 16 * 16;
   // Sizes in floats, each part a multiple of 16 floats (a cache line).
   auto line = [](size_t n) { return (n + 15) / 16 * 16; };
@@ -498,11 +454,6 @@ Q8X prepare_q8(const XView& x, int M, int K, int bits, int group, AlignedFloats&
   std::memset(q.xd8 + static_cast<size_t>(M) * nb * 8, 0, sizeof(float) * kQ8Pad);
   const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
   const bool nibble_order = bits == 4;  // 4-bit weights: the order nibbles unpack in
-#if defined(__x86_64__)
-  const bool vector = has_avx512_quantize();
-#else
-  const bool vector = false;
-#endif
   auto row = [&](int m) {
     const float* src = x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
     const int64_t step = x.dense ? 1 : sk;
@@ -513,12 +464,9 @@ Q8X prepare_q8(const XView& x, int M, int K, int bits, int group, AlignedFloats&
       int8_t* dst = q.xq + static_cast<size_t>(m) * K + b * kQ8Block;
       float d;
       int32_t sum;
-#if defined(__x86_64__)
-      if (vector && step == 1) {
-        sum = quantize_block_avx512(xb, nibble_order, dst, &d);
-      } else
-#endif
-      {
+      if (k.quantize_q8_block && step == 1) {
+        sum = k.quantize_q8_block(xb, nibble_order, dst, &d);
+      } else {
         sum = quantize_block(xb, step, nibble_order, dst, &d);
       }
       const size_t bi = static_cast<size_t>(m) * nb + b;
@@ -608,7 +556,7 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
                 group = group_, bits = bits_, k = kernels_, q8 = q8_]() {
     thread_local AlignedFloats xbuf;
     if (q8) {
-      const Q8X xq = prepare_q8(xv, M, K, bits, group, xbuf);
+      const Q8X xq = prepare_q8(*k, xv, M, K, bits, group, xbuf);
       Problem p{nullptr, w,        sp,       bp,    o,     M,           N, K, group, bits, st,
                 xq.xq,   xq.xd8, xq.xqsum, xq.xs, xq.xs_stride};
       p.gemm = k->run_q8_gemm && M >= kQ8GemmRows;

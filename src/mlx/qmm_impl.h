@@ -658,6 +658,7 @@ QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
 //   q8g_dot(acc, w, x4)           acc += per-lane dot of 4 u8 (w) x 4 s8 (x4)
 //   q8g_float(acc)                the int32 lanes as f32
 //   q8g_unpack4(src, dst)         16 packed bytes -> 32 bytes [lo..., hi...]
+//   q8_quantize_block             Kernels::quantize_q8_block (vectorized)
 // Exact integer sums, f32 scaling per block: the result is the int8 path's
 // arithmetic (within its tolerance of run_q8), not its bits.
 using I = V::I;
@@ -812,12 +813,14 @@ QMM_Q8_FN void run_q8_gemm(const Problem& p, int n0, int n1, float* scratch) {
   }
 }
 constexpr auto kRunQ8Gemm = &run_q8_gemm;
+constexpr auto kQuantizeQ8 = &V::q8_quantize_block;
 #else
 constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
+constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 
 const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8,
-                       kRunQ8Gemm};
+                       kRunQ8Gemm, kQuantizeQ8};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

@@ -84,6 +84,10 @@ struct Kernels {
   // with the weights unpacked into a column-interleaved panel. Null when
   // this variant has none (then `run_q8` takes every M).
   void (*run_q8_gemm)(const Problem& p, int n0, int n1, float* scratch);
+  // 32 contiguous values of x quantized for the int8 path, the same bytes
+  // as the portable code in qmm.cc (`nibble_order`: stored [even k, odd k]);
+  // returns sum(xq) and sets *d. Null: the portable code runs.
+  int32_t (*quantize_q8_block)(const float* x, bool nibble_order, int8_t* dst, float* d);
 };
 
 // Floats of per-thread scratch that `run` needs for a given K.
