@@ -58,6 +58,7 @@ fn main() {
         "decode_tps": u.decode_tokens_per_s,
         "load_s": load_s,
         "parameter_bytes": engine.parameter_bytes(),
+        "mlx_peak_memory_bytes": engine.stats().peak_memory,
         "provenance": provenance::json(provenance::kernels()),
         "generated_head": &tokens[..tokens.len().min(16)],
     });

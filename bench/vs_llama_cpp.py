@@ -25,7 +25,10 @@ fresh process:
 Prompts are exactly N tokens on both sides (mlxrt gets the ids of bench/batching.py's
 prompts; llama.cpp's tools take a token count). Both sides: greedy/EOS ignored on mlxrt,
 --threads on llama.cpp (must equal mlxrt's kernel pool, which is the core count). Peak RSS
-is the child's VmHWM (its address space's high-water mark). Read bandwidth: a numpy sum over 1 GiB, on 1 and on
+is the child's VmHWM (its address space's high-water mark); mlxrt's short/long figures also
+carry mlx_peak_memory_bytes, MLX's own peak of live buffers since the start (load, weights,
+KV, activations), so that the rest of the RSS (code, heap, mapped files) is measured, not
+guessed. Read bandwidth: a numpy sum over 1 GiB, on 1 and on
 --threads threads, the best; decode_bandwidth_share = mlxrt's decode tok/s (Q4_1, short)
 ÷ (bandwidth ÷ mlxrt's parameter bytes).
 
@@ -195,6 +198,7 @@ class Runner:
             self.info["mlxrt"].setdefault("parameter_bytes", {})[str(model)] = o["parameter_bytes"]
             return {"prefill_tps": o["prefill_tps"], "decode_tps": o["decode_tps"],
                     "ttft_ms": o["ttft_ms"], "peak_rss_bytes": r["max_rss_bytes"],
+                    "mlx_peak_memory_bytes": o["mlx_peak_memory_bytes"],
                     "prompt_tokens": len(common.read_prompt_ids(f)), "gen_tokens": GEN}
         c = int(case[len("batch"):])
         r = run_measured([self.exe_dir / "mlxrt_batching", model, self.ids[case]], self.env,
