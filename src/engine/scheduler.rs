@@ -40,6 +40,15 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// MLX's allocator keeps at least this many bytes of freed buffers for
+/// reuse (the CPU allocator's default is 32 MiB; a larger limit is left
+/// alone). A batched step frees more than that (32 sequences: the logits
+/// alone are 6 MB), and what did not fit went back to the C heap and
+/// returned as freshly zeroed pages: batch 32 took ~500,000 page faults in
+/// 6 s, with 256 MiB ~175,000, 6% less wall time and no higher peak RSS
+/// (the buffers are reused, not added). Emptied whenever the engine idles.
+const CPU_BUFFER_CACHE_BYTES: usize = 256 << 20;
+
 pub(crate) enum Command {
     Submit(Job),
     /// Wakes the scheduler after a request's cancel flag was set.
@@ -209,6 +218,10 @@ fn main(
     // MLX's buffer cache and the C heap.
     mlx::memory::clear_cache();
     mlx::memory::trim_heap();
+    let limit = mlx::memory::set_cache_limit(CPU_BUFFER_CACHE_BYTES);
+    if limit > CPU_BUFFER_CACHE_BYTES {
+        mlx::memory::set_cache_limit(limit); // a larger cache (a GPU's) stays
+    }
     // After the load, so that MLX's stream thread, started by it, keeps the
     // normal policy: only this thread's wake-ups stop preempting kernels.
     mlx::sched::batch_policy();
