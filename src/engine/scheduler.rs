@@ -45,7 +45,8 @@ use std::time::{Duration, Instant};
 /// alone). A batched step frees more than that (32 sequences: the logits
 /// alone are 6 MB), and what did not fit went back to the C heap and
 /// returned as freshly zeroed pages: batch 32 took ~500,000 page faults in
-/// 6 s, with 256 MiB ~175,000, 6% less wall time and no higher peak RSS
+/// 6 s, with 256 MiB ~175,000, ~6% less wall time (hand-run alternations)
+/// and no higher peak RSS
 /// (the buffers are reused, not added). Emptied whenever the engine idles.
 const CPU_BUFFER_CACHE_BYTES: usize = 256 << 20;
 
