@@ -348,9 +348,12 @@ const float* row_ptr(const XView& x, int64_t m) {
 
 // Always a copy, aligned to a cache line (K is a multiple of 32, so every
 // row and tile is aligned too); copying M x K floats is cheap next to the
-// M x N x K product. `tile_rows` 0: row-major.
-const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, int tile_rows,
+// M x N x K product. `gemm` false: row-major; true: in tiles of the
+// variant's `gemm_rows` (packed by its vector code when x's rows are
+// contiguous, else by the scalar loop below).
+const float* prepare_x(const Kernels& k, const XView& x, int M, int K, int bits, bool gemm,
                        AlignedFloats& buf) {
+  const int lanes = k.lanes, tile_rows = gemm ? k.gemm_rows : 0;
   const int R = tile_rows ? tile_rows : 1;
   const int tiles = (M + R - 1) / R;
   float* out = buf.get(static_cast<size_t>(tiles) * R * K);
@@ -359,6 +362,23 @@ const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, int ti
     return out;
   }
   const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
+  const bool parallel = static_cast<int64_t>(M) * K >= kParallelCopy && tiles > 1;
+  if (tile_rows && sk == 1) {
+    auto packed = [&](int t) {
+      const float* src[kMaxGemmRows];
+      for (int r = 0; r < R; ++r) {
+        const int m = t * R + r;
+        src[r] = m >= M ? nullptr : x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
+      }
+      k.pack_x_tile(src, K, bits, out + static_cast<size_t>(t) * K * R);
+    };
+    if (parallel) {
+      Pool::get().parallel_for(tiles, packed);
+    } else {
+      for (int t = 0; t < tiles; ++t) packed(t);
+    }
+    return out;
+  }
   // order[i]: the offset in a source row of the kernel's value i.
   thread_local std::vector<int64_t> order;
   order.resize(K);
@@ -391,7 +411,7 @@ const float* prepare_x(const XView& x, int M, int K, int bits, int lanes, int ti
     for (int i = 0; i < K; ++i, dst += R)
       for (int r = 0; r < R; ++r) dst[r] = src[r] ? src[r][ord[i]] : 0.0f;  // 0: padding
   };
-  if (static_cast<int64_t>(M) * K >= kParallelCopy && tiles > 1) {
+  if (parallel) {
     Pool::get().parallel_for(tiles, tile);
   } else {
     for (int t = 0; t < tiles; ++t) tile(t);
@@ -564,7 +584,7 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
       return;
     }
     const bool gemm = M > direct_limit(*k);
-    const float* xp = prepare_x(xv, M, K, bits, k->lanes, gemm ? k->gemm_rows : 0, xbuf);
+    const float* xp = prepare_x(*k, xv, M, K, bits, gemm, xbuf);
     Problem p{xp, w, sp, bp, o, M, N, K, group, bits, st};
     p.gemm = gemm;
     p.wide = wide_tiles();

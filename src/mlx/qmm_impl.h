@@ -491,6 +491,48 @@ QMM_FN void run_bits(const Problem& p, int n0, int n1, float* scratch) {
   }
 }
 
+// One GEMM tile of x (Problem::x): MG rows, rows[r] a dense row of K
+// floats or null (a padding row: zeros), written as dst[i * MG + r] with i
+// the kernel's index of k: permuted inside blocks of 2W for 4-bit weights,
+// class-major inside each k-block. Blocks of W rows by W values of k are
+// transposed in registers, so each k's MG values leave as one store.
+QMM_FN void pack_x_tile(const float* const* rows, int K, int bits, float* dst) {
+  constexpr int groups = (MG + W - 1) / W;
+  for (int kb = 0; kb < K; kb += W) {
+    const int k0 = kb / kBlockK * kBlockK;
+    const int per = (min_i(K, k0 + kBlockK) - k0) / W;
+    QMM_UNROLL
+    for (int g = 0; g < groups; ++g) {
+      constexpr int last = MG - (groups - 1) * W;  // rows in the last group
+      T v[W];
+      QMM_UNROLL
+      for (int j = 0; j < W; ++j) {
+        const int r = g * W + j;
+        v[j] = r < MG && rows[r] ? V::load(rows[r] + kb) : V::zero();
+      }
+      V::transpose(v);  // v[c]: k = kb + c across the group's rows
+      QMM_UNROLL
+      for (int c = 0; c < W; ++c) {
+        const int rel = kb + c - k0;
+        int pos = rel;  // the permuted position inside the k-block
+        if (bits == 4) {
+          const int o = rel & (2 * W - 1);
+          pos = (rel - o) + ((o & 1) ? W + (o >> 1) : (o >> 1));
+        }
+        float* d = dst + static_cast<size_t>(k0 + (pos % W) * per + pos / W) * MG + g * W;
+        if (g + 1 < groups || last == W) {
+          V::store(d, v[c]);
+        } else {
+          alignas(64) float t[W];
+          V::store(t, v[c]);
+          QMM_UNROLL
+          for (int j = 0; j < last; ++j) d[j] = t[j];
+        }
+      }
+    }
+  }
+}
+
 QMM_FN void run(const Problem& p, int n0, int n1, float* scratch) {
   if (p.bits == 4) {
     run_bits<4>(p, n0, n1, scratch);
@@ -820,7 +862,7 @@ constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 
 const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8,
-                       kRunQ8Gemm, kQuantizeQ8};
+                       kRunQ8Gemm, kQuantizeQ8, &pack_x_tile};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

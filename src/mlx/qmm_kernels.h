@@ -88,6 +88,10 @@ struct Kernels {
   // as the portable code in qmm.cc (`nibble_order`: stored [even k, odd k]);
   // returns sum(xq) and sets *d. Null: the portable code runs.
   int32_t (*quantize_q8_block)(const float* x, bool nibble_order, int8_t* dst, float* d);
+  // One GEMM tile of x packed as `Problem::x` says: `rows` holds
+  // `gemm_rows` pointers, each to K contiguous floats, or null for a
+  // padding row (zeros); `dst` receives K * gemm_rows floats.
+  void (*pack_x_tile)(const float* const* rows, int K, int bits, float* dst);
 };
 
 // Floats of per-thread scratch that `run` needs for a given K.

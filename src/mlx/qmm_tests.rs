@@ -233,6 +233,30 @@ fn a_row_gets_the_same_bits_in_any_batch() {
 }
 
 #[test]
+fn gemm_tiles_read_strided_rows_like_dense_ones() {
+    // GEMM sizes pack x into tiles: rows contiguous but not the whole array
+    // (a column slice, vector packing through row pointers) and rows with a
+    // stride between values (a transpose, the scalar packing) give the bits
+    // of the same x made dense, on every variant, 4- and 8-bit weights.
+    let bits_of = |a: &Array| a.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let (m, k, n, group) = (41, 576, 70, 32);
+    let sliced = randn(&[m, k + 64], 21).slice_axis(1, 32, 32 + k).unwrap();
+    let transposed = randn(&[k, m], 22).transpose(&[1, 0]).unwrap();
+    for bits in [4, 8] {
+        let q = quantized(n, k, group, bits, Dtype::F16, 23 + bits as u64);
+        for isa in isas() {
+            let mm = |x: &Array| {
+                bits_of(&fast_quantized_matmul_isa(x, &q.w, &q.scales, Some(&q.biases), group, bits, isa).unwrap())
+            };
+            for (name, x) in [("column slice", &sliced), ("transpose", &transposed)] {
+                assert_eq!(mm(x), mm(&x.contiguous().unwrap()), "{isa:?} bits={bits}: {name}");
+            }
+            assert!(compare(&sliced, &q, group, bits, isa) <= TOL, "{isa:?} bits={bits}");
+        }
+    }
+}
+
+#[test]
 fn batch_dims_strided_x_and_half_inputs() {
     let (group, bits, k, n) = (32, 4, 96, 37);
     let q = quantized(n, k, group, bits, Dtype::F32, 11);
