@@ -30,8 +30,9 @@ namespace mlxrt::qmm {
 
 size_t scratch_floats(int K) {
   (void)K;  // panels are blocked to kBlockK whatever K is
-  // A GEMM panel and the rows it is transposed from.
-  return static_cast<size_t>(2 * kMaxLanes) * (kBlockK + kGemmRowStride);
+  // The rows a GEMM panel is transposed from, and a group of panels.
+  static_assert(kPanelCacheFloats >= 2 * kMaxLanes * kBlockK, "one panel fits");
+  return static_cast<size_t>(2 * kMaxLanes) * kGemmRowStride + kPanelCacheFloats;
 }
 
 namespace {

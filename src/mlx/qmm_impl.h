@@ -442,20 +442,35 @@ QMM_FN void run_direct(const Problem& p, int n0, int n1) {
 }
 
 // x arrives in tiles of MG rows, class-major per k-block (see Problem::x);
-// `scratch` holds the panel and the rows it is transposed from.
+// `scratch` holds the rows a panel is transposed from, then the panels.
+// Blocked for the caches: a group of panels (up to kPanelCacheFloats) is
+// filled once and every block of x tiles (up to kXBlockFloats) runs
+// against all of them before the next block, so x comes from memory once
+// per group rather than once per panel (at M in the thousands, x is
+// megabytes). The same tiles and sums as panel by panel: the same bits.
 template <class QF, ScaleType ST>
 QMM_FN void run_gemm(const Problem& p, int n0, int n1, float* scratch) {
   float* rows = scratch;
-  float* panel = scratch + NC * kGemmRowStride;
+  float* panels = scratch + NC * kGemmRowStride;
   const size_t tile_floats = static_cast<size_t>(p.K) * MG;
   for (int k0 = 0; k0 < p.K; k0 += kBlockK) {
-    const int k1 = min_i(p.K, k0 + kBlockK);
-    for (int n = n0; n < n1; n += NC) {
-      fill_gemm_panel<QF, ST>(p, n, k0, k1, rows, panel);
-      const int cols = min_i(NC, n1 - n);
-      for (int m = 0; m < p.M; m += MG) {
-        const float* xt = p.x + (m / MG) * tile_floats + static_cast<size_t>(k0) * MG;
-        gemm_rows(p, panel, xt, k1 - k0, p.M - m, m, n, cols, k0 > 0);
+    const int k1 = min_i(p.K, k0 + kBlockK), kc = k1 - k0;
+    const size_t panel_floats = static_cast<size_t>(kc) * NC;
+    const int group = static_cast<int>(kPanelCacheFloats / panel_floats);
+    const int block_rows = MG * (kXBlockFloats / (kc * MG) > 1 ? kXBlockFloats / (kc * MG) : 1);
+    for (int ng = n0; ng < n1; ng += group * NC) {
+      const int panels_here = min_i(group, (n1 - ng + NC - 1) / NC);
+      for (int j = 0; j < panels_here; ++j)
+        fill_gemm_panel<QF, ST>(p, ng + j * NC, k0, k1, rows, panels + j * panel_floats);
+      for (int mb = 0; mb < p.M; mb += block_rows) {
+        const int m_end = min_i(p.M, mb + block_rows);
+        for (int j = 0; j < panels_here; ++j) {
+          const int n = ng + j * NC, cols = min_i(NC, n1 - n);
+          for (int m = mb; m < m_end; m += MG) {
+            const float* xt = p.x + (m / MG) * tile_floats + static_cast<size_t>(k0) * MG;
+            gemm_rows(p, panels + j * panel_floats, xt, kc, p.M - m, m, n, cols, k0 > 0);
+          }
+        }
       }
     }
   }
@@ -707,7 +722,7 @@ using I = V::I;
 constexpr int Q8G_MR = V::Q8G_MR;
 constexpr int Q8G_BLOCK_BYTES = 8 * NC * 4;  // one block of 32 k for NC columns
 static_assert(kBlockK / kQ8Block * (Q8G_BLOCK_BYTES / 4 + 2 * NC) <=
-                  2 * kMaxLanes * (kBlockK + kGemmRowStride),
+                  2 * kMaxLanes * kGemmRowStride + kPanelCacheFloats,
               "the panel, its scales and biases fit scratch_floats()");
 
 // Weights [k0, k1) of columns n .. n + NC (rows past N repeat the last one;

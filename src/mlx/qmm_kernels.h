@@ -105,6 +105,12 @@ constexpr int kBlockK = 2048;
 // Row stride of the dequantized rows a panel is transposed from: one cache
 // line past kBlockK, so the rows do not all map to the same L1 sets.
 constexpr int kGemmRowStride = kBlockK + 16;
+// The GEMM path's cache blocking (qmm_impl.h, run_gemm): floats of panels
+// filled at once (at least one kBlockK panel of the widest variant: 512 KB,
+// in L2 with an x block), and floats of x per block of rows run against
+// them (256 KB).
+constexpr int kPanelCacheFloats = 1 << 17;
+constexpr int kXBlockFloats = 1 << 16;
 // Most f32 lanes of any variant (AVX-512), for sizing scratch.
 constexpr int kMaxLanes = 16;
 // Most rows of x in any variant's GEMM tile.
