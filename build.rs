@@ -51,7 +51,8 @@ fn find_mlx(root: &Path) -> PathBuf {
 /// and paged attention, the paged KV write, RMSNorm and RoPE, the TurboQuant encoder) and their per-instruction-set kernels. The kernels pick
 /// their instruction set per function (`target` attributes), so all files
 /// share the crate's compiler flags.
-const KERNEL_FILES: [&str; 29] = [
+const KERNEL_FILES: [&str; 30] = [
+    "src/mlx/pool.h",
     "src/mlx/qmm.h",
     "src/mlx/qmm.cc",
     "src/mlx/qmm_kernels.h",

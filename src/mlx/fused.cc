@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
+#include "mlxrt/src/mlx/pool.h"
 #include "mlxrt/src/mlx/swiglu.h"
 
 // MLX's scalar sin/cos (header-only); its comparisons mix signedness.
@@ -131,7 +132,9 @@ void FastRmsNorm::eval_cpu(const std::vector<array>& inputs, array& out) {
   enc.dispatch([xv = view(x), ws = w.strides(0), wp = w.data<float>(), o = out.data<float>(), d,
                 rows, inv_d, eps = eps_]() {
     const int64_t xs = xv.shape.empty() ? 1 : xv.strides.back();
-    for (int64_t r = 0; r < rows; ++r) rms_norm_row(xv.row(r, d), xs, wp, ws, o + r * d, d, inv_d, eps);
+    parallel_ranges(rows, grain_for(d), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) rms_norm_row(xv.row(r, d), xs, wp, ws, o + r * d, d, inv_d, eps);
+    });
   });
 }
 
@@ -164,12 +167,14 @@ void FastAddRmsNorm::eval_cpu(const std::vector<array>& inputs, std::vector<arra
                 eps = eps_]() {
     const int64_t xs = xv.shape.empty() ? 1 : xv.strides.back();
     const int64_t ys = yv.shape.empty() ? 1 : yv.strides.back();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float *xp = xv.row(r, d), *yp = yv.row(r, d);
-      float* sp = sum + r * d;
-      for (int64_t i = 0; i < d; ++i) sp[i] = xp[i * xs] + yp[i * ys];
-      rms_norm_row(sp, 1, wp, ws, o + r * d, d, inv_d, eps);
-    }
+    parallel_ranges(rows, grain_for(d), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float *xp = xv.row(r, d), *yp = yv.row(r, d);
+        float* sp = sum + r * d;
+        for (int64_t i = 0; i < d; ++i) sp[i] = xp[i * xs] + yp[i * ys];
+        rms_norm_row(sp, 1, wp, ws, o + r * d, d, inv_d, eps);
+      }
+    });
   });
 }
 

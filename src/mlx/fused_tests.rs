@@ -22,7 +22,9 @@ fn scaled(a: Array, s: f32) -> Array {
 
 #[test]
 fn rms_norm_matches_mlx_bit_for_bit() {
-    for (shape, scale, seed) in [(vec![1, 1, 576], 1.0, 1), (vec![2, 5, 576], 30.0, 2), (vec![3, 64], 1e-3, 3), (vec![4, 1000], 5.0, 4)]
+    // [4, 50, 576]: prefill-sized, its rows split over the thread pool.
+    for (shape, scale, seed) in
+        [(vec![1, 1, 576], 1.0, 1), (vec![2, 5, 576], 30.0, 2), (vec![3, 64], 1e-3, 3), (vec![4, 1000], 5.0, 4), (vec![4, 50, 576], 3.0, 5)]
     {
         let d = *shape.last().unwrap();
         let x = scaled(randn(&shape, seed), scale);
@@ -38,11 +40,14 @@ fn rms_norm_matches_mlx_bit_for_bit() {
 #[test]
 fn rms_norm_of_a_strided_view_matches_mlx() {
     // Per-head norms see [B, L, H, D] views of a projection's output.
-    let x = randn(&[2, 3, 4, 64], 7).transpose(&[0, 2, 1, 3]).unwrap();
-    let w = randn(&[64], 8);
-    let got = fused_rms_norm(&x, &w, 1e-6).unwrap();
-    assert!(is_fused_node(&got));
-    same_bits(&got, &fast::rms_norm(&x, &w, 1e-6).unwrap(), "strided rms_norm");
+    // [2, 3, 4, 64] on one thread, [2, 300, 4, 64] split over the pool.
+    for (l, seed) in [(3, 7), (300, 9)] {
+        let x = randn(&[2, l, 4, 64], seed).transpose(&[0, 2, 1, 3]).unwrap();
+        let w = randn(&[64], 8);
+        let got = fused_rms_norm(&x, &w, 1e-6).unwrap();
+        assert!(is_fused_node(&got));
+        same_bits(&got, &fast::rms_norm(&x, &w, 1e-6).unwrap(), &format!("strided rms_norm, L = {l}"));
+    }
 }
 
 #[test]
@@ -188,7 +193,7 @@ fn heads_leave_what_they_do_not_take_to_the_ops() {
 
 #[test]
 fn add_and_norm_match_the_two_ops_bit_for_bit() {
-    for (shape, seed) in [(vec![1, 1, 576], 1), (vec![3, 7, 576], 2), (vec![2, 64], 3)] {
+    for (shape, seed) in [(vec![1, 1, 576], 1), (vec![3, 7, 576], 2), (vec![2, 64], 3), (vec![5, 40, 576], 4)] {
         let d = *shape.last().unwrap();
         let x = scaled(randn(&shape, seed), 20.0);
         let w = randn(&[d], seed + 10);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
+#include "mlxrt/src/mlx/pool.h"
 #include "mlxrt/src/mlx/qmm.h"
 
 namespace mx = mlx::core;
@@ -75,20 +76,25 @@ void FastSwiGlu::eval_cpu(const std::vector<array>& inputs, array& out) {
   // Fast case: two dense arrays are one long row.
   if (!packed_ && g.flags().row_contiguous && u.flags().row_contiguous) {
     enc.dispatch([g = g.data<float>(), u = u.data<float>(), o = out.data<float>(),
-                  n = out.size(), k = kernels_]() { k->run(g, u, o, n); });
+                  n = static_cast<int64_t>(out.size()), k = kernels_]() {
+      // Pieces of whole cache lines (grain_for's 16K floats).
+      parallel_ranges(n, grain_for(1), [&](int64_t b, int64_t e) { k->run(g + b, u + b, o + b, e - b); });
+    });
     return;
   }
   enc.dispatch([gv = View{g.data<float>(), g.shape(), g.strides()},
                 uv = View{u.data<float>(), u.shape(), u.strides()}, o = out.data<float>(), d,
                 rows, packed = packed_, k = kernels_]() {
-    thread_local std::vector<float> gbuf, ubuf;
     const int64_t gs = gv.strides.back(), us = uv.strides.back();
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* gp = gv.data + row_offset(gv.shape, gv.strides, r);
-      // Packed: up starts d elements after gate along the last axis.
-      const float* up = packed ? gp + d * gs : uv.data + row_offset(uv.shape, uv.strides, r);
-      k->run(dense_row(gp, gs, d, gbuf), dense_row(up, packed ? gs : us, d, ubuf), o + r * d, d);
-    }
+    parallel_ranges(rows, grain_for(d), [&](int64_t r0, int64_t r1) {
+      thread_local std::vector<float> gbuf, ubuf;  // per pool thread
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* gp = gv.data + row_offset(gv.shape, gv.strides, r);
+        // Packed: up starts d elements after gate along the last axis.
+        const float* up = packed ? gp + d * gs : uv.data + row_offset(uv.shape, uv.strides, r);
+        k->run(dense_row(gp, gs, d, gbuf), dense_row(up, packed ? gs : us, d, ubuf), o + r * d, d);
+      }
+    });
   });
 }
 

@@ -129,6 +129,12 @@ fn packed_halves_and_strided_views() {
         let got = fast_swiglu_isa(&gate, &up, isa).unwrap();
         assert_eq!(first_difference(&got, &want), None, "{isa:?} sliced");
     }
+    // Prefill-sized packed rows ([600, 2 x 64]), split over the thread pool.
+    let gu = Array::from_f32(&normal(600 * 128, 5.0, 12), &[600, 128]).unwrap();
+    let want = reference(&gu.slice_axis(1, 0, 64).unwrap(), &gu.slice_axis(1, 64, 128).unwrap());
+    for isa in isas() {
+        assert_eq!(first_difference(&fast_swiglu_packed_isa(&gu, isa).unwrap(), &want), None, "{isa:?} 600 packed rows");
+    }
     // A packed input that is itself a view (columns of a wider array) and
     // transposed inputs (last axis not contiguous).
     let wide = Array::from_f32(&normal(4 * 100, 5.0, 8), &[4, 100]).unwrap();
