@@ -76,18 +76,21 @@ void rms_norm_row(const float* xp, int64_t xs, const float* wp, int64_t ws, floa
 void rope_table(std::vector<float>& table, const int32_t* offp, int64_t os, int64_t n_starts,
                 int64_t t_len, int offset, float scale, const float* ip, int64_t is, int64_t half) {
   table.resize(n_starts * t_len * 2 * half);
-  for (int64_t b = 0; b < n_starts; ++b) {
-    const int32_t start = offp ? offp[b * os] : offset;
-    for (int64_t t = 0; t < t_len; ++t) {
+  float* rows = table.data();
+  // A row's sin and cos cost ~16x its size in other ops' work.
+  parallel_ranges(n_starts * t_len, grain_for(32 * half), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / t_len, t = r % t_len;
+      const int32_t start = offp ? offp[b * os] : offset;
       const float pos = (static_cast<float>(t) + static_cast<float>(start)) * scale;
-      float* cs = table.data() + (b * t_len + t) * 2 * half;
+      float* cs = rows + r * 2 * half;
       for (int64_t i = 0; i < half; ++i) {
         const float theta = pos * ip[i * is];
         cs[i] = mx::simd::cos(mx::simd::Simd<float, 1>(theta)).value;
         cs[half + i] = mx::simd::sin(mx::simd::Simd<float, 1>(theta)).value;
       }
     }
-  }
+  });
 }
 
 // One row of d values (element stride xs) rotated over its first `dims`
@@ -219,11 +222,15 @@ void FastRope::eval_cpu(const std::vector<array>& inputs, array& out) {
     const int64_t xs = xv.strides.back();
     thread_local std::vector<float> table;
     rope_table(table, offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t b = n_starts > 1 ? r / per_batch : 0;
-      const float* cs = table.data() + (b * t_len + r % t_len) * dims;
-      rope_row(xv.row(r, d), xs, cs, o + r * d, d, dims, trad);
-    }
+    // The pool's threads see their own `table` (thread_local): pass the data.
+    const float* tab = table.data();
+    parallel_ranges(rows, grain_for(d), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t b = n_starts > 1 ? r / per_batch : 0;
+        const float* cs = tab + (b * t_len + r % t_len) * dims;
+        rope_row(xv.row(r, d), xs, cs, o + r * d, d, dims, trad);
+      }
+    });
   });
 }
 
@@ -274,13 +281,16 @@ void FastHeads::eval_cpu(const std::vector<array>& inputs, std::vector<array>& o
     const int64_t batch = xv.shape[0], t_len = xv.shape[1], c = xv.shape[2];
     const int64_t xs = xv.strides.back();
     const float inv_d = static_cast<float>(1.0 / static_cast<double>(d));
-    thread_local std::vector<float> table, normed;
+    thread_local std::vector<float> table;
     rope_table(table, offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
-    normed.resize(d);
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t t = 0; t < t_len; ++t) {
-        const float* row = xv.row(b * t_len + t, c);
-        const float* cs = table.data() + ((n_starts > 1 ? b : 0) * t_len + t) * dims;
+    const float* tab = table.data();  // as in FastRope
+    parallel_ranges(batch * t_len, grain_for(c), [&](int64_t bt0, int64_t bt1) {
+      thread_local std::vector<float> normed;  // per pool thread
+      normed.resize(d);
+      for (int64_t bt = bt0; bt < bt1; ++bt) {
+        const int64_t b = bt / t_len, t = bt % t_len;
+        const float* row = xv.row(bt, c);
+        const float* cs = tab + ((n_starts > 1 ? b : 0) * t_len + t) * dims;
         for (size_t p = 0; p < parts.size(); ++p) {
           const Part& part = parts[p];
           for (int64_t h = 0; h < part.heads; ++h) {
@@ -300,7 +310,7 @@ void FastHeads::eval_cpu(const std::vector<array>& inputs, std::vector<array>& o
           }
         }
       }
-    }
+    });
   });
 }
 

@@ -67,7 +67,8 @@ fn heads(b: i32, h: i32, t: i32, d: i32, seed: u64) -> Array {
 #[test]
 fn rope_matches_mlx_bit_for_bit() {
     for (traditional, dims, d) in [(false, 64, 64), (true, 64, 64), (false, 32, 64), (false, 128, 128)] {
-        for (t, offset) in [(1, 0), (1, 37), (1, 4095), (17, 0), (9, 1000), (1, 100_000)] {
+        // t = 300: prefill-sized, the table and rows split over the pool.
+        for (t, offset) in [(1, 0), (1, 37), (1, 4095), (17, 0), (9, 1000), (1, 100_000), (300, 5)] {
             for (base, scale) in [(10_000.0, 1.0), (100_000.0, 0.25)] {
                 let x = heads(2, 3, t, d, (t + offset) as u64);
                 let inv = rope_inv_freqs(dims, base).unwrap();
@@ -82,13 +83,13 @@ fn rope_matches_mlx_bit_for_bit() {
 
 #[test]
 fn rope_with_freqs_and_per_row_offsets_matches_mlx() {
-    let (dims, t) = (64, 5);
+    let dims = 64;
     let freqs: Vec<f32> = (0..dims / 2).map(|i| 500_000f32.powf(2.0 * i as f32 / dims as f32) * 1.5).collect();
     let freqs = Array::from_f32(&freqs, &[dims / 2]).unwrap();
     let inv_f = rope_inv_freqs_of(&freqs).unwrap();
     let inv_b = rope_inv_freqs(dims, 10_000.0).unwrap();
     let offsets = Array::from_i32(&[0, 7, 4000], &[3]).unwrap();
-    for traditional in [false, true] {
+    for (traditional, t) in [(false, 5), (true, 5), (false, 200)] {
         let x = heads(3, 4, t, dims, traditional as u64);
         let got = fused_rope(&x, dims, traditional, 1.0, 12, &inv_f).unwrap().unwrap();
         same_bits(&got, &fast::rope_with_freqs(&x, dims, traditional, 1.0, 12, &freqs).unwrap(), "freqs");
@@ -134,7 +135,8 @@ fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
     // q/k/v of a grouped-query layer (4 query heads, 2 KV heads), decode and
     // prefill shapes, one start or one per row, half-split or traditional,
     // partial rotation, per-head norms, and a strided x (a slice of a wider
-    // projection, as a mixed pass hands its groups).
+    // projection, as a mixed pass hands its groups); L = 100 splits its rows
+    // over the thread pool.
     let d = 64;
     let parts = [
         HeadPart { col: 0, heads: 4, rotate: true },
@@ -144,7 +146,7 @@ fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
     let offsets = Array::from_i32(&[3, 0, 900], &[3]).unwrap();
     let (qn, kn) = (randn(&[d], 41), randn(&[d], 42));
     let mut cases = 0;
-    for (b, l) in [(1, 1), (3, 1), (3, 7)] {
+    for (b, l) in [(1, 1), (3, 1), (3, 7), (3, 100)] {
         for strided in [false, true] {
             let x = if strided {
                 randn(&[b, l, 10 * d], (b * l) as u64).slice_axis(-1, d, 9 * d).unwrap()
@@ -176,7 +178,7 @@ fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
             }
         }
     }
-    assert_eq!(cases, 60);
+    assert_eq!(cases, 84);
 }
 
 #[test]
