@@ -77,7 +77,7 @@ void FastSwiGlu::eval_cpu(const std::vector<array>& inputs, array& out) {
   if (!packed_ && g.flags().row_contiguous && u.flags().row_contiguous) {
     enc.dispatch([g = g.data<float>(), u = u.data<float>(), o = out.data<float>(),
                   n = static_cast<int64_t>(out.size()), k = kernels_]() {
-      // Pieces of whole cache lines (grain_for's 16K floats).
+      // Element-wise: any split gives the same bits.
       parallel_ranges(n, grain_for(1), [&](int64_t b, int64_t e) { k->run(g + b, u + b, o + b, e - b); });
     });
     return;
