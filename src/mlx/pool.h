@@ -1,7 +1,7 @@
-// Row-parallel loops for mlxrt's element-wise CPU primitives (norms,
-// SwiGLU), on the quantized matmul's thread pool: at prefill sizes they
-// would otherwise run on the MLX stream thread alone while the pool's
-// workers wait for the next matmul.
+// Parallel loops for mlxrt's CPU primitives other than the quantized
+// matmul (attention, norms, RoPE, SwiGLU), on that matmul's thread pool:
+// at prefill sizes the row-wise ones would otherwise run on the MLX stream
+// thread alone while the pool's workers wait for the next matmul.
 #pragma once
 
 #include <algorithm>

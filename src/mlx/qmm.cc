@@ -363,21 +363,27 @@ const float* prepare_x(const Kernels& k, const XView& x, int M, int K, int bits,
     return out;
   }
   const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
-  const bool parallel = static_cast<int64_t>(M) * K >= kParallelCopy && tiles > 1;
+  // The R source rows of tile t (null past M: padding rows).
+  auto rows_of = [&](int t, const float** src) {
+    for (int r = 0; r < R; ++r) {
+      const int m = t * R + r;
+      src[r] = m >= M ? nullptr : x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
+    }
+  };
+  auto for_tiles = [&](auto& tile) {
+    if (static_cast<int64_t>(M) * K >= kParallelCopy && tiles > 1) {
+      Pool::get().parallel_for(tiles, tile);
+    } else {
+      for (int t = 0; t < tiles; ++t) tile(t);
+    }
+  };
   if (tile_rows && sk == 1) {
     auto packed = [&](int t) {
       const float* src[kMaxGemmRows];
-      for (int r = 0; r < R; ++r) {
-        const int m = t * R + r;
-        src[r] = m >= M ? nullptr : x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
-      }
+      rows_of(t, src);
       k.pack_x_tile(src, K, bits, out + static_cast<size_t>(t) * K * R);
     };
-    if (parallel) {
-      Pool::get().parallel_for(tiles, packed);
-    } else {
-      for (int t = 0; t < tiles; ++t) packed(t);
-    }
+    for_tiles(packed);
     return out;
   }
   // order[i]: the offset in a source row of the kernel's value i.
@@ -404,19 +410,12 @@ const float* prepare_x(const Kernels& k, const XView& x, int M, int K, int bits,
   // One tile of R rows, written in order: [i][r] (R = 1: a row-major row).
   auto tile = [&](int t) {
     const float* src[kMaxGemmRows];
-    for (int r = 0; r < R; ++r) {
-      const int m = t * R + r;
-      src[r] = m >= M ? nullptr : x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
-    }
+    rows_of(t, src);
     float* dst = out + static_cast<size_t>(t) * K * R;
     for (int i = 0; i < K; ++i, dst += R)
       for (int r = 0; r < R; ++r) dst[r] = src[r] ? src[r][ord[i]] : 0.0f;  // 0: padding
   };
-  if (parallel) {
-    Pool::get().parallel_for(tiles, tile);
-  } else {
-    for (int t = 0; t < tiles; ++t) tile(t);
-  }
+  for_tiles(tile);
   return out;
 }
 

@@ -457,7 +457,7 @@ QMM_FN void run_gemm(const Problem& p, int n0, int n1, float* scratch) {
     const int k1 = min_i(p.K, k0 + kBlockK), kc = k1 - k0;
     const size_t panel_floats = static_cast<size_t>(kc) * NC;
     const int group = static_cast<int>(kPanelCacheFloats / panel_floats);
-    const int block_rows = MG * (kXBlockFloats / (kc * MG) > 1 ? kXBlockFloats / (kc * MG) : 1);
+    const int block_rows = MG * (kc * MG < kXBlockFloats ? kXBlockFloats / (kc * MG) : 1);
     for (int ng = n0; ng < n1; ng += group * NC) {
       const int panels_here = min_i(group, (n1 - ng + NC - 1) / NC);
       for (int j = 0; j < panels_here; ++j)

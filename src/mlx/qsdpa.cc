@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
+#include "mlxrt/src/mlx/pool.h"
 #include "mlxrt/src/mlx/qmm.h"
 
 namespace mx = mlx::core;
@@ -170,16 +171,13 @@ void merge(const Task& job, int i) {
   write_rows(p, b, h, m0, rows, acc.data(), sum);
 }
 
-// f(i) for i in [0, n) on the quantized matmul's pool, in at most 4096
-// pieces (the pool takes at most 65535).
+// f(i) for i in [0, n) on the quantized matmul's pool, one item or more
+// per piece (pool.h).
 template <class F>
 void parallel(int n, F& f) {
-  const int per = (n + 4095) / 4096;
-  auto piece = [&](int g) {
-    for (int i = g * per, e = std::min(n, (g + 1) * per); i < e; ++i) f(i);
-  };
-  using P = decltype(piece);
-  qmm::pool_for((n + per - 1) / per, [](void* ctx, int g) { (*static_cast<P*>(ctx))(g); }, &piece);
+  parallel_ranges(n, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) f(static_cast<int>(i));
+  });
 }
 
 // Everything eval_cpu's task needs, captured by value.
