@@ -101,6 +101,21 @@ fn rope_with_freqs_and_per_row_offsets_matches_mlx() {
 }
 
 #[test]
+fn rope_table_is_recomputed_when_only_an_offset_changes() {
+    // The sin/cos table is kept between nodes (every layer asks for the same
+    // one): calls that differ in one per-row offset, or nothing, must each
+    // get their own positions.
+    let dims = 64;
+    let inv = rope_inv_freqs(dims, 10_000.0).unwrap();
+    let x = heads(3, 2, 4, dims, 11);
+    for offs in [[0, 7, 4000], [0, 7, 4000], [0, 8, 4000], [0, 7, 4000], [5, 7, 4000]] {
+        let offsets = Array::from_i32(&offs, &[3]).unwrap();
+        let got = fused_rope_at(&x, dims, false, 1.0, &offsets, &inv).unwrap().unwrap();
+        same_bits(&got, &fast::rope_at(&x, dims, false, 10_000.0, 1.0, &offsets).unwrap(), &format!("offsets {offs:?}"));
+    }
+}
+
+#[test]
 fn rope_leaves_other_dtypes_to_mlx() {
     let x = heads(1, 2, 3, 64, 5).astype(Dtype::F16).unwrap();
     let inv = rope_inv_freqs(64, 10_000.0).unwrap();
