@@ -96,12 +96,14 @@ void rms_norm_row(const float* xp, int64_t xs, const float* wp, int64_t ws, floa
 // half frequencies, sin of them]; start b is offp[b * os], or `offset`
 // without offp. Every layer of a forward asks for the same table, so it is
 // kept with what it was computed from and recomputed only when that changes
-// (the sin/cos of a 512-token prompt cost ~3% of its prefill, per layer).
+// (recomputed per layer, the sin/cos were ~2% of a 512-token prefill).
 class RopeTable {
  public:
   const float* get(const int32_t* offp, int64_t os, int64_t n_starts, int64_t t_len, int offset,
                    float scale, const float* ip, int64_t is, int64_t half) {
-    key_now_.clear();
+    // [n_starts, starts..., t_len, half, scale, inverse frequencies...]: the
+    // counts first, so that no two inputs give the same key.
+    key_now_.assign(1, static_cast<int32_t>(n_starts));
     for (int64_t b = 0; b < n_starts; ++b) key_now_.push_back(offp ? offp[b * os] : offset);
     key_now_.push_back(static_cast<int32_t>(t_len));
     key_now_.push_back(static_cast<int32_t>(half));
@@ -121,12 +123,11 @@ class RopeTable {
     return i;
   }
 
-  // key_now_ holds the starts first (see get).
   void compute(int64_t n_starts, int64_t t_len, float scale, const float* ip, int64_t is,
                int64_t half) {
     table_.resize(n_starts * t_len * 2 * half);
     float* rows = table_.data();
-    const int32_t* starts = key_now_.data();
+    const int32_t* starts = key_now_.data() + 1;  // (see get)
     // A row's sin and cos cost ~16x its size in other ops' work.
     parallel_ranges(n_starts * t_len, grain_for(32 * half), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
