@@ -109,7 +109,7 @@ class RopeTable {
     key_now_.push_back(static_cast<int32_t>(half));
     key_now_.push_back(bits(scale));
     for (int64_t i = 0; i < half; ++i) key_now_.push_back(bits(ip[i * is]));
-    if (key_now_ != key_ || table_.empty()) {
+    if (key_now_ != key_) {  // (key_ starts empty, key_now_ never is)
       compute(n_starts, t_len, scale, ip, is, half);
       key_.swap(key_now_);
     }
@@ -146,6 +146,14 @@ class RopeTable {
   std::vector<float> table_;
   std::vector<int32_t> key_, key_now_;
 };
+
+// The calling thread's table (one per MLX stream thread). The pool's threads
+// would see their own thread_local: hand them the returned data.
+const float* rope_table(const int32_t* offp, int64_t os, int64_t n_starts, int64_t t_len,
+                        int offset, float scale, const float* ip, int64_t is, int64_t half) {
+  thread_local RopeTable table;
+  return table.get(offp, os, n_starts, t_len, offset, scale, ip, is, half);
+}
 
 // One row of d values (element stride xs) rotated over its first `dims`
 // features with a table row `cs`, into `op`; the rest copied.
@@ -280,9 +288,7 @@ void FastRope::eval_cpu(const std::vector<array>& inputs, array& out) {
                 n_starts = offs ? static_cast<int64_t>(offs->size()) : 1, d, t_len, rows, per_batch,
                 dims = dims_, trad = traditional_, scale = scale_, offset = offset_]() {
     const int64_t xs = xv.strides.back();
-    thread_local RopeTable table;
-    // The pool's threads see their own `table` (thread_local): pass the data.
-    const float* tab = table.get(offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
+    const float* tab = rope_table(offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
     parallel_ranges(rows, grain_for(d), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t b = n_starts > 1 ? r / per_batch : 0;
@@ -340,9 +346,7 @@ void FastHeads::eval_cpu(const std::vector<array>& inputs, std::vector<array>& o
     const int64_t batch = xv.shape[0], t_len = xv.shape[1], c = xv.shape[2];
     const int64_t xs = xv.strides.back();
     const float inv_d = static_cast<float>(1.0 / static_cast<double>(d));
-    thread_local RopeTable table;
-    // As in FastRope: the data, not the thread_local, goes to the pool.
-    const float* tab = table.get(offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
+    const float* tab = rope_table(offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
     parallel_ranges(batch * t_len, grain_for(c), [&](int64_t bt0, int64_t bt1) {
       thread_local std::vector<float> normed;  // per pool thread
       normed.resize(d);
