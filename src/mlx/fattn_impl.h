@@ -7,9 +7,9 @@
 // kernel does it, with keys and values read as rows of `E` (float, or
 // uint16_t holding f16 bits: a cache stored as f16, widened on load):
 //  1. scores: with transposed keys (prefill), an MR x 2W register tile per
-//     2W keys; else (decode: few rows, keys read once) per key MR dot
-//     products q_m . k_t in registers, summed horizontally (q already
-//     scaled);
+//     2W keys; else (decode: few rows, keys read once) MR dot products
+//     q_m . k_t per key in registers (q already scaled), up to 4 rows for
+//     four keys at a time with one horizontal sum per row and group;
 //  2. the mask (causal and window bounds computed, never read), per row max,
 //     exp(s - max) in place and their sum;
 //  3. values: per slice of 2 vectors of the value dimension, every value row
@@ -30,12 +30,50 @@ QS_FN inline void prefetch_row(const E* r, int D) {
   for (size_t i = 0; i < D * sizeof(E); i += 64) __builtin_prefetch(c + i);
 }
 
-// s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart).
+// s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart). Up to 4 rows
+// (decode: the query heads of one KV head) four keys run side by side and
+// one `hsum4` per row sums their accumulators: a horizontal sum per row and
+// key cost more than the key's multiply-adds (the scores took 1.6x the
+// values' time over the same bytes; see docs/cpu-kernels.md 1e). A group
+// past t1 repeats key t1 - 1 and writes up to 3 scores past the chunk's end
+// (the rows have kChunk room, a multiple of 4; nothing reads them). Each
+// score is summed in the same order wherever its key falls in a group.
+static_assert(kChunk % 4 == 0, "float_scores writes whole groups of 4 scores");
+
 template <int MR, typename E>
 QS_FN void float_scores(const Problem& p, const float* q, int b, int h, int t0, int t1,
                         float* S) {
   const int D = p.k.dim;
   const E* k = reinterpret_cast<const E*>(p.k.w_at(b, h));
+  if constexpr (MR <= 4) {
+    for (int t = t0; t < t1; t += 4) {
+      const E* kr[4];
+      QS_UNROLL
+      for (int j = 0; j < 4; ++j) {
+        kr[j] = k + static_cast<size_t>(t + j < t1 ? t + j : t1 - 1) * D;
+        prefetch_row(kr[j] + kPrefetchKeys * D, D);
+      }
+      T acc[MR][4];
+      QS_UNROLL
+      for (int m = 0; m < MR; ++m)
+        QS_UNROLL
+        for (int j = 0; j < 4; ++j) acc[m][j] = V::zero();
+      for (int i = 0; i < D; i += W) {
+        T kv[4];
+        QS_UNROLL
+        for (int j = 0; j < 4; ++j) kv[j] = V::load(kr[j] + i);
+        QS_UNROLL
+        for (int m = 0; m < MR; ++m) {
+          const T qm = V::load(q + m * D + i);
+          QS_UNROLL
+          for (int j = 0; j < 4; ++j) acc[m][j] = V::fma(qm, kv[j], acc[m][j]);
+        }
+      }
+      QS_UNROLL
+      for (int m = 0; m < MR; ++m) V::hsum4(acc[m], S + m * kChunk + (t - t0));
+    }
+    return;
+  }
   for (int t = t0; t < t1; ++t) {
     const E* kr = k + static_cast<size_t>(t) * D;
     prefetch_row(kr + kPrefetchKeys * D, D);

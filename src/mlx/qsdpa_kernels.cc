@@ -56,6 +56,10 @@ struct V {
   static inline T sub(T a, T b) { return a - b; }
   static inline T max(T a, T b) { return a > b ? a : b; }
   static inline float hsum(T v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+  // hsum of four vectors, into out[0..4).
+  static inline void hsum4(const T (&a)[4], float* out) {
+    for (int j = 0; j < 4; ++j) out[j] = hsum(a[j]);
+  }
   static inline float hmax(T v) {
     const float a = v[0] > v[1] ? v[0] : v[1], b = v[2] > v[3] ? v[2] : v[3];
     return a > b ? a : b;
@@ -126,6 +130,15 @@ struct V {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+  }
+  // hsum of four vectors, into out[0..4): lanes i and i + 2 of each 128-bit
+  // half, then those pairs, then the halves (the same order for each).
+  QS_FN static inline void hsum4(const T (&a)[4], float* out) {
+    const T s01 = _mm256_add_ps(_mm256_unpacklo_ps(a[0], a[1]), _mm256_unpackhi_ps(a[0], a[1]));
+    const T s23 = _mm256_add_ps(_mm256_unpacklo_ps(a[2], a[3]), _mm256_unpackhi_ps(a[2], a[3]));
+    const T s = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1)));
   }
   QS_FN static inline float hmax(T v) {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -211,6 +224,18 @@ struct V {
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+  }
+  // hsum of four vectors, into out[0..4): lanes i and i + 2 of each 128-bit
+  // quarter, then those pairs, then the quarters as halves (the same order
+  // for each).
+  QS_FN static inline void hsum4(const T (&a)[4], float* out) {
+    const T s01 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
+    const T s23 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
+    const T s = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                              _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+    const T u = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(1, 0, 3, 2)));
+    const T r = _mm512_add_ps(u, _mm512_shuffle_f32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+    _mm_storeu_ps(out, _mm512_castps512_ps128(r));
   }
   QS_FN static inline float hmax(T v) {
     const __m256 h8 = fold(v, true);
