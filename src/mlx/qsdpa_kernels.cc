@@ -226,16 +226,15 @@ struct V {
     return _mm_cvtss_f32(s);
   }
   // hsum of four vectors, into out[0..4): lanes i and i + 2 of each 128-bit
-  // quarter, then those pairs, then the quarters as halves (the same order
-  // for each).
+  // quarter, then those pairs, then the quarters as halves (`fold`) and the
+  // halves' halves (the same order for each).
   QS_FN static inline void hsum4(const T (&a)[4], float* out) {
     const T s01 = _mm512_add_ps(_mm512_unpacklo_ps(a[0], a[1]), _mm512_unpackhi_ps(a[0], a[1]));
     const T s23 = _mm512_add_ps(_mm512_unpacklo_ps(a[2], a[3]), _mm512_unpackhi_ps(a[2], a[3]));
-    const T s = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
-                              _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
-    const T u = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, _MM_SHUFFLE(1, 0, 3, 2)));
-    const T r = _mm512_add_ps(u, _mm512_shuffle_f32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
-    _mm_storeu_ps(out, _mm512_castps512_ps128(r));
+    const __m256 h = fold(_mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                        _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2))),
+                          false);
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
   }
   QS_FN static inline float hmax(T v) {
     const __m256 h8 = fold(v, true);
