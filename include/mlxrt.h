@@ -699,7 +699,9 @@ typedef struct mlxrt_engine_stats {
    */
   uint64_t completed;
   /**
-   * Bytes held by KV caches now.
+   * Bytes allocated by KV caches now. A request's cache is allocated for
+   * its prompt + max_tokens (up to the context length) when it starts;
+   * on CPU its pages become resident only as positions are written.
    */
   uint64_t kv_bytes;
   /**

@@ -50,3 +50,36 @@ fn batched_greedy_equals_alone() {
     let s = wait_idle(&e);
     assert_eq!((s.active, s.queued, s.kv_reserved, s.kv_bytes), (0, 0, 0, 0), "{s:?}");
 }
+
+#[test]
+fn a_request_kv_cache_is_allocated_once_for_its_reach() {
+    // The cache is allocated for prompt + max_tokens when the request starts
+    // and never grows: a 300-token answer runs past mlx-lm's 256-position
+    // growth step, and every sample of kv_bytes while it runs is the whole
+    // reach (f32 keys and values of every layer), a partly grown cache none.
+    let e = engine();
+    let prompt: Vec<u32> = (0..40u32).map(|i| 100 + i * 7).collect();
+    let mut o = RequestOptions::new(Input::Tokens(prompt.clone()));
+    o.max_tokens = 300;
+    o.stop_at_eos = false;
+    let want = (prompt.len() + 300) * e.info().kv_bytes_per_token;
+    let rx = submit(&e, o);
+    let (mut seen, mut events) = (std::collections::BTreeSet::new(), vec![]);
+    loop {
+        seen.insert(e.stats().kv_bytes);
+        match rx.recv_timeout(std::time::Duration::from_millis(2)) {
+            Ok(ev) => {
+                let end = ev.is_terminal();
+                events.push(ev);
+                if end {
+                    break;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(err) => panic!("{err}"),
+        }
+    }
+    assert_eq!(tokens_of(&events).len(), 300);
+    seen.remove(&0);
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![want], "kv_bytes while running");
+}

@@ -38,8 +38,9 @@ fn round_up(n: i32) -> i32 {
 }
 
 /// Buffers along the timeline (`[B, H, capacity, X]` each; none allocated
-/// yet when empty), the capacity the first growth allocates at least
-/// (`KvCache::reserve`), and the dtype the first allocation stores (None:
+/// yet when empty), the capacity the next growth allocates at least
+/// (`KvCache::reserve`; a position on the timeline, so it moves with
+/// padding and filtering), and the dtype the first allocation stores (None:
 /// the written arrays'). A plane keeps its dtype: writes are cast to it.
 /// All of the cache's bookkeeping is written once, here.
 #[derive(Default)]
@@ -62,15 +63,21 @@ impl Planes {
         let l = new[0].dim(2);
         let end = prev + l;
         if end > self.capacity() {
-            // Growing copies the planes and frees the old ones: a prompt's
-            // chunks grow into one reserved allocation instead.
-            let n = if self.1 >= end { self.1 - prev } else { round_up(l) };
+            // Growing copies the written positions into an unwritten buffer
+            // and frees the old one: a reservation (the rows' whole reach)
+            // makes a prompt's chunks and its answer write into one
+            // allocation instead.
+            let capacity = if self.1 >= end { self.1 } else { prev + round_up(l) };
             let mut grown = Vec::with_capacity(new.len());
             for (i, x) in new.iter().enumerate() {
-                let zeros = zeros_like_positions(x, n)?;
+                let mut s = x.shape();
+                s[2] = capacity;
+                let buf = Array::uninit(&s, x.dtype())?;
                 grown.push(match self.0.get(i) {
-                    Some(old) => Array::concatenate(&[&old.slice_axis(2, 0, prev)?, &zeros], 2)?,
-                    None => zeros,
+                    Some(old) if prev > 0 => {
+                        buf.slice_update(&old.slice_axis(2, 0, prev)?, &[0, 0, 0, 0], &[s[0], s[1], prev, s[3]])?
+                    }
+                    _ => buf,
                 });
             }
             self.0 = grown;
@@ -97,6 +104,9 @@ impl Planes {
     }
 
     fn pad_front(&mut self, n: i32, len: i32) -> Result<()> {
+        if self.1 > 0 {
+            self.1 = self.1.saturating_add(n);
+        }
         if let Some(planes) = self.contents(len)? {
             let mut out = Vec::with_capacity(planes.len());
             for a in planes {
@@ -110,6 +120,7 @@ impl Planes {
     /// Stacks `other`'s rows after these (both `len` positions); zeros stand
     /// in for a side with no buffers.
     fn extend(&mut self, other: &Planes, len: i32, rows: (usize, usize)) -> Result<()> {
+        self.1 = self.1.max(other.1);
         let (mine, theirs) = (self.contents(len)?, other.contents(len)?);
         let Some(like) = mine.as_ref().or(theirs.as_ref()).map(|p| p.iter().map(|a| (a.shape(), a.dtype())).collect::<Vec<_>>())
         else {
@@ -132,6 +143,7 @@ impl Planes {
 
     /// Keeps rows `idx` and drops the first `shared` positions.
     fn filter(&mut self, idx: &Array, shared: i32, len: i32) -> Result<()> {
+        self.1 = (self.1 - shared).max(0);
         if let Some(planes) = self.contents(len)? {
             let mut out = Vec::with_capacity(planes.len());
             for a in planes {
@@ -354,13 +366,13 @@ impl KvCache {
         }
     }
 
-    /// Lets the planes grow to at least `positions`, rounded up to whole
-    /// steps but not past `end` (the last position the rows can reach), at
-    /// once when they next grow: a prefill's chunks then write into one
-    /// allocation, and a request that ends before the step's end never
-    /// holds the rest of it.
+    /// Makes the planes' next growth hold `end` positions (the most the rows
+    /// can reach), or `positions` if more, at once: a prompt's chunks and
+    /// the whole answer then write into one allocation, never copied. The
+    /// room ahead is allocated unwritten, so it costs no zero-fill and, on
+    /// CPU, no resident memory until positions are written.
     pub fn reserve(&mut self, positions: i32, end: i32) {
-        let target = round_up(positions).min(end.max(positions));
+        let target = end.max(positions);
         for p in self.dense.iter_mut().chain(self.quant.as_mut().map(|q| &mut q.planes)) {
             p.1 = target;
         }
@@ -730,24 +742,54 @@ mod tests {
     #[test]
     fn a_reserve_sizes_the_first_growth() {
         let mut c = KvCache::new(1);
-        c.reserve(600, i32::MAX);
+        c.reserve(601, 700);
         c.update_and_fetch(&kv(0.0, 100), &kv(0.0, 100)).unwrap();
         let reserved = c.nbytes();
-        assert_eq!(reserved, 2 * 768 * 2 * 4, "600 positions round up to 768");
+        assert_eq!(reserved, 2 * 700 * 2 * 4, "the rows' whole reach");
         let (k, _) = c.update_and_fetch(&kv(100.0, 500), &kv(0.0, 500)).unwrap();
         assert_eq!(c.nbytes(), reserved, "the prompt's chunks fit without growing");
-        assert!(k.to_vec_f32().unwrap().iter().step_by(2).enumerate().all(|(i, &x)| x == i as f32));
-        c.update_and_fetch(&kv(600.0, 200), &kv(0.0, 200)).unwrap();
-        assert_eq!(c.nbytes(), 2 * (600 + 256) * 2 * 4, "then growth goes on in steps");
-        // Rows that end at position 650 are not given the rest of the step;
-        // an end before the positions reserves them all.
-        for (end, want) in [(650, 650), (500, 600)] {
-            let mut c = KvCache::new(1);
-            c.reserve(600, end);
-            let (k, _) = c.update_and_fetch(&kv(0.0, 600), &kv(0.0, 600)).unwrap();
-            assert_eq!(c.nbytes(), 2 * want * 2 * 4, "end {end}");
-            assert!(k.to_vec_f32().unwrap().iter().step_by(2).enumerate().all(|(i, &x)| x == i as f32));
+        for p in 600..700 {
+            c.update_and_fetch(&kv(p as f32, 1), &kv(0.0, 1)).unwrap();
         }
+        assert_eq!(c.nbytes(), reserved, "nor does the answer");
+        let (k2, _) = c.update_and_fetch(&kv(700.0, 3), &kv(0.0, 3)).unwrap();
+        assert_eq!(c.nbytes(), 2 * (700 + 256) * 2 * 4, "past it, growth goes on in steps");
+        // Every written position reads back, across the growth's copy.
+        for (k, n) in [(k, 600), (k2, 703)] {
+            let flat = k.to_vec_f32().unwrap();
+            assert_eq!(flat.len(), 2 * n);
+            assert!(flat.iter().step_by(2).enumerate().all(|(i, &x)| x == i as f32));
+        }
+        // An end before the positions reserves them all.
+        let mut c = KvCache::new(1);
+        c.reserve(600, 500);
+        c.update_and_fetch(&kv(0.0, 600), &kv(0.0, 600)).unwrap();
+        assert_eq!(c.nbytes(), 2 * 600 * 2 * 4);
+    }
+
+    #[test]
+    fn a_reservation_follows_padding_filtering_and_joins() {
+        // Two one-row caches reserved to 300 and 40 positions, joined (the
+        // shorter padded in front) and filtered back to one row: the joined
+        // cache keeps the furthest reach, moved by the padding filtering
+        // drops, so decoding up to it grows only once.
+        let mut a = KvCache::new(1);
+        a.reserve(21, 300);
+        a.update_and_fetch(&kv(0.0, 20), &kv(0.0, 20)).unwrap();
+        let mut b = KvCache::new(1);
+        b.reserve(11, 40);
+        b.update_and_fetch(&kv(0.0, 10), &kv(0.0, 10)).unwrap();
+        b.extend(a).unwrap();
+        assert_eq!((b.rows(), b.len()), (2, 20));
+        let two = |x: Array| Array::concatenate(&[&x, &x], 0).unwrap();
+        b.update_and_fetch(&two(kv(20.0, 1)), &two(kv(0.0, 1))).unwrap();
+        assert_eq!(b.nbytes(), 2 * 2 * 300 * 2 * 4, "the joined rows' furthest reach");
+        b.filter(&[0]).unwrap();
+        assert_eq!(b.len(), 11, "the padding both rows no longer share is dropped");
+        for p in 11..290 {
+            b.update_and_fetch(&kv(p as f32, 1), &kv(0.0, 1)).unwrap();
+        }
+        assert_eq!(b.nbytes(), 2 * 290 * 2 * 4, "grown once, to the reach moved by the dropped padding");
     }
 
     #[test]

@@ -72,13 +72,13 @@ impl CohortStep {
 
 /// The most positions a row's generation can write.
 fn new_tokens(row: &Row) -> i32 {
-    i32::try_from(row.max_tokens).unwrap_or(i32::MAX)
+    i32::try_from(row.reach.saturating_sub(row.prompt.len())).unwrap_or(i32::MAX)
 }
 
 impl Cohort {
     /// A cohort of new rows whose full-attention layers store KV as
     /// `kv` says (each row from its own `quantized_kv_start`), with room
-    /// reserved for the prompt and the first decoded tokens.
+    /// reserved for the prompt and every token the rows may generate.
     /// With `pools` (`kv_paging`) the full-attention layers are paged.
     pub fn new(model: &dyn LanguageModel, kv: KvQuant, pools: Option<&PagedPools>, entrants: Vec<Entrant>) -> Result<Cohort> {
         let (rows, marks): (Vec<Row>, Vec<_>) = entrants.into_iter().unzip();

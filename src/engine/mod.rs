@@ -213,7 +213,10 @@ pub struct EngineStats {
     pub active: usize,
     pub in_flight: usize,
     pub completed: u64,
-    /// Bytes held by KV caches now, and reserved by running requests.
+    /// Bytes allocated by KV caches now (for each request its prompt +
+    /// max_tokens, up to the context length, from its start; on CPU the
+    /// pages become resident as positions are written), and reserved by
+    /// running requests.
     pub kv_bytes: usize,
     pub kv_reserved: usize,
     /// `kv_bytes` split: stored dense (including the float copy quantized
@@ -470,7 +473,8 @@ impl Engine {
             return Err(Error::invalid(format!("token id {bad} is outside the vocabulary (size {vocab})")));
         }
         let kv_start = options.quantized_kv_start.unwrap_or(self.kv.start);
-        let kv_need = self.kv_need(prompt.len(), options.max_tokens, kv_start);
+        let reach = self.reach(prompt.len(), options.max_tokens);
+        let kv_need = self.kv_need(reach, kv_start);
         if kv_need > self.kv_budget {
             return Err(Error::invalid(format!(
                 "the request needs {kv_need} bytes of KV cache ({} prompt + {} max tokens), more than the engine's \
@@ -506,6 +510,7 @@ impl Engine {
             stop: options.stop,
             stop_at_eos: options.stop_at_eos,
             prefill_chunk: options.prefill_chunk,
+            reach,
             kv_need,
             kv_start,
             namespace,
@@ -575,14 +580,20 @@ impl Engine {
         env.as_ref().map_err(Clone::clone)
     }
 
-    /// KV bytes a request may grow to, counting positions up to the context
-    /// length, as the engine's KV scheme stores them (with the float copy of
-    /// the positions before the request's `quantized_kv_start`).
-    fn kv_need(&self, prompt: usize, max_tokens: u32, start: i32) -> usize {
-        let mut positions = prompt + max_tokens as usize;
-        if self.info.context_length > 0 {
-            positions = positions.min(self.info.context_length as usize);
+    /// The most positions a request's cache can hold: its prompt and
+    /// `max_tokens`, but not past the context length (generation stops there).
+    fn reach(&self, prompt: usize, max_tokens: u32) -> usize {
+        let positions = prompt + max_tokens as usize;
+        match self.info.context_length {
+            ctx if ctx > 0 => positions.min(ctx as usize),
+            _ => positions,
         }
+    }
+
+    /// KV bytes a request of `positions` may grow to, as the engine's KV
+    /// scheme stores them (with the float copy of the positions before the
+    /// request's `quantized_kv_start`).
+    fn kv_need(&self, positions: usize, start: i32) -> usize {
         let kv: usize = self.info.kv_layers.iter().flatten().map(|l| self.kv.bytes(l, positions, start)).sum();
         kv + self.info.state_bytes_per_sequence
     }

@@ -319,6 +319,9 @@ pub(crate) struct RequestSpec {
     pub stop_at_eos: bool,
     /// Prompt positions per prefill forward pass (None = the engine's).
     pub prefill_chunk: Option<usize>,
+    /// The most positions its cache can hold (prompt + max_tokens, capped at
+    /// the context length): its KV cache is allocated for them up front.
+    pub reach: usize,
     /// KV bytes reserved while it runs.
     pub kv_need: usize,
     /// Position from which its KV cache is quantized (quantized schemes).

@@ -453,7 +453,9 @@ pub struct mlxrt_engine_stats {
     pub in_flight: u64,
     /// Requests ended since the engine started.
     pub completed: u64,
-    /// Bytes held by KV caches now.
+    /// Bytes allocated by KV caches now. A request's cache is allocated for
+    /// its prompt + max_tokens (up to the context length) when it starts;
+    /// on CPU its pages become resident only as positions are written.
     pub kv_bytes: u64,
     /// Bytes of KV cache reserved by running requests (prompt + max_tokens).
     pub kv_reserved: u64,

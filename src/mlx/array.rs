@@ -135,6 +135,13 @@ impl Array {
     pub fn zeros(shape: &[i32], dtype: Dtype) -> Result<Array> {
         wrap(ffi::zeros(shape, dtype as u8))
     }
+    /// An evaluated array whose contents are undefined until written (e.g.
+    /// by `slice_update`, which writes in place into a buffer only it holds).
+    /// For capacity reserved ahead: on CPU, pages not yet written take no
+    /// resident memory. Never read what was not written.
+    pub fn uninit(shape: &[i32], dtype: Dtype) -> Result<Array> {
+        wrap(ffi::uninit(shape, dtype as u8))
+    }
 
     /// Another handle to the same node (no data copy).
     pub fn share(&self) -> Array {

@@ -217,4 +217,18 @@ mod tests {
         let u = z.slice_update(&s, &[0, 2], &[1, 4]).unwrap();
         assert_eq!(u.to_vec_f32().unwrap(), vec![0.0, 0.0, 5.0, -1.0]);
     }
+
+    #[test]
+    fn uninit_arrays_take_writes_and_refuse_impossible_sizes() {
+        let u = Array::uninit(&[2, 3], Dtype::F16).unwrap();
+        assert_eq!((u.shape(), u.dtype(), u.nbytes()), (vec![2, 3], Dtype::F16, 12));
+        let x = Array::from_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]).unwrap().astype(Dtype::F16).unwrap();
+        let w = u.slice_update(&x, &[0, 0], &[2, 3]).unwrap();
+        assert_eq!(w.astype(Dtype::F32).unwrap().to_vec_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let err = Array::uninit(&[1 << 30, 1 << 30, 4], Dtype::F32).err().expect("2^64 bytes");
+        assert!(err.to_string().contains("too large"), "{err}");
+        let err = Array::uninit(&[1 << 30, 1 << 30], Dtype::F32).err().expect("2^62 bytes");
+        assert!(err.to_string().contains("allocate"), "{err}");
+        assert!(Array::uninit(&[-1, 4], Dtype::F32).is_err());
+    }
 }

@@ -110,6 +110,23 @@ ArrPtr arange_i32(int32_t start, int32_t stop) { return up(mx::arange(start, sto
 ArrPtr zeros(rust::Slice<const int32_t> shape, uint8_t dtype) {
   return up(mx::zeros(to_shape(shape), to_dtype(dtype)));
 }
+// A buffer straight from MLX's allocator, not written: on CPU its pages are
+// faulted in as they are first written, so capacity reserved ahead (KV
+// caches) costs no resident memory and no zero-fill.
+ArrPtr uninit(rust::Slice<const int32_t> shape, uint8_t dtype) {
+  auto s = to_shape(shape);
+  auto dt = to_dtype(dtype);
+  size_t bytes = dt.size();
+  for (auto d : s) {
+    if (d < 0) throw std::invalid_argument("negative dimension");
+    if (__builtin_mul_overflow(bytes, static_cast<size_t>(d), &bytes))
+      throw std::invalid_argument("array too large for the address space");
+  }
+  auto data = mx::allocator::malloc(bytes);
+  if (bytes > 0 && data.buffer().ptr() == nullptr)
+    throw std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes");
+  return up(array(std::move(data), s, dt));
+}
 ArrPtr clone_arr(const array& a) { return up(a); }
 rust::Vec<int32_t> shape_of(const array& a) {
   rust::Vec<int32_t> out;

@@ -38,6 +38,7 @@ ArrPtr scalar_f32(float v);
 ArrPtr scalar_i32(int32_t v);
 ArrPtr arange_i32(int32_t start, int32_t stop);
 ArrPtr zeros(rust::Slice<const int32_t> shape, uint8_t dtype);
+ArrPtr uninit(rust::Slice<const int32_t> shape, uint8_t dtype);
 ArrPtr clone_arr(const array& a);
 rust::Vec<int32_t> shape_of(const array& a);
 uint8_t dtype_of(const array& a);

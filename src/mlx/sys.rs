@@ -19,6 +19,7 @@ pub(crate) mod ffi {
         fn scalar_i32(v: i32) -> Result<UniquePtr<array>>;
         fn arange_i32(start: i32, stop: i32) -> Result<UniquePtr<array>>;
         fn zeros(shape: &[i32], dtype: u8) -> Result<UniquePtr<array>>;
+        fn uninit(shape: &[i32], dtype: u8) -> Result<UniquePtr<array>>;
         fn clone_arr(a: &array) -> Result<UniquePtr<array>>;
         fn shape_of(a: &array) -> Result<Vec<i32>>;
         fn dtype_of(a: &array) -> Result<u8>;
