@@ -156,6 +156,7 @@ fn main() {
         Some("itl") => itl(&e, &s),
         other => panic!("unknown mode {other:?}"),
     };
+    out["mlx_peak_memory_bytes"] = json!(e.stats().peak_memory);
     out["provenance"] = provenance::json(provenance::kernels());
     println!("{out}");
 }
