@@ -13,7 +13,8 @@
 // Shape of one chunk (rows m of one (b, kv head), keys [t0, t1)):
 //  1. scores: each key row is dequantized in registers, one packed block at a
 //     time, and multiplied into MR accumulators (one per query row), summed
-//     horizontally once per key: s[m][t] = q_m . k_t (q already scaled);
+//     horizontally (per key, or per four keys up to 4 rows):
+//     s[m][t] = q_m . k_t (q already scaled);
 //  2. the mask, then per row max, exp(s - max) in place and their sum;
 //  3. values: for each 2-vector slice of the value dimension, every value row
 //     of the chunk is dequantized and added into MR x 2 accumulators with
@@ -52,7 +53,12 @@ QS_FN inline void dequant(const uint8_t* p, float s, float b, T* out) {
   }
 }
 
-// s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart).
+// s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart). Up to 4 rows
+// (decode: the query heads of one KV head) four keys run side by side with
+// one `hsum4` per row, as the float kernel's scores do (fattn_impl.h, where
+// the horizontal sums cost more than a key's multiply-adds); a group past t1
+// repeats key t1 - 1 and writes up to 3 scores past the chunk's end, into
+// the rows' kChunk room.
 template <int BITS, int MR>
 QS_FN void scores(const Problem& p, const float* q, int b, int h, int t0, int t1, float* S) {
   constexpr int NV = BITS == 4 ? 2 : 1;
@@ -62,6 +68,35 @@ QS_FN void scores(const Problem& p, const float* q, int b, int h, int t0, int t1
   const uint8_t* w = p.k.w_at(b, h);
   const float* sc = p.k.s_at(b, h);
   const float* bi = p.k.b_at(b, h);
+  if constexpr (MR <= 4) {
+    for (int t = t0; t < t1; t += 4) {
+      int tj[4];
+      QS_UNROLL
+      for (int j = 0; j < 4; ++j) tj[j] = t + j < t1 ? t + j : t1 - 1;
+      T acc[MR][4];
+      QS_UNROLL
+      for (int m = 0; m < MR; ++m)
+        QS_UNROLL
+        for (int j = 0; j < 4; ++j) acc[m][j] = V::zero();
+      for (int i = 0; i < blocks; ++i) {
+        const int g = (i * kBlock<BITS>) >> gshift;
+        QS_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          const size_t r = static_cast<size_t>(tj[j]);
+          T wv[NV];
+          dequant<BITS>(w + r * rb + i * W, sc[r * gpr + g], bi[r * gpr + g], wv);
+          QS_UNROLL
+          for (int v = 0; v < NV; ++v)
+            QS_UNROLL
+            for (int m = 0; m < MR; ++m)
+              acc[m][j] = V::fma(V::load(q + m * D + i * kBlock<BITS> + v * W), wv[v], acc[m][j]);
+        }
+      }
+      QS_UNROLL
+      for (int m = 0; m < MR; ++m) V::hsum4(acc[m], S + m * kChunk + (t - t0));
+    }
+    return;
+  }
   for (int t = t0; t < t1; ++t) {
     const uint8_t* wr = w + t * rb;
     const float* sr = sc + static_cast<size_t>(t) * gpr;
