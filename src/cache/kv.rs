@@ -73,11 +73,17 @@ impl Planes {
                 let mut s = x.shape();
                 s[2] = capacity;
                 let buf = Array::uninit(&s, x.dtype())?;
+                let upto = [s[0], s[1], prev, s[3]];
                 grown.push(match self.0.get(i) {
-                    Some(old) if prev > 0 => {
-                        buf.slice_update(&old.slice_axis(2, 0, prev)?, &[0, 0, 0, 0], &[s[0], s[1], prev, s[3]])?
-                    }
-                    _ => buf,
+                    _ if prev == 0 => buf,
+                    Some(old) => buf.slice_update(&old.slice_axis(2, 0, prev)?, &[0, 0, 0, 0], &upto)?,
+                    // No buffers yet on a timeline already `prev` long
+                    // (planes that joined others without any, e.g. a float
+                    // copy for a row that joined a cohort whose own was
+                    // dropped): those positions are padding or floats no
+                    // row reads, and must read as zeros (a masked key's
+                    // value still meets a zero weight).
+                    None => buf.slice_update(&zeros_like_positions(x, prev)?, &[0, 0, 0, 0], &upto)?,
                 });
             }
             self.0 = grown;
@@ -765,6 +771,35 @@ mod tests {
         c.reserve(600, 500);
         c.update_and_fetch(&kv(0.0, 600), &kv(0.0, 600)).unwrap();
         assert_eq!(c.nbytes(), 2 * 600 * 2 * 4);
+    }
+
+    #[test]
+    fn a_float_copy_that_joins_after_the_drop_reads_zeros_before_the_join() {
+        // Every row of a quantized cache reached its start, so its float copy
+        // is dropped; a row joining 16 positions later, below its own start,
+        // brings a float copy without buffers. The joined copy's first 16
+        // positions (the new row's padding: masked, yet its values meet a
+        // zero weight) must read as zeros, not as whatever the buffer held.
+        let x = |rows: i32, l: i32| Array::from_f32(&vec![0.5; (rows * l * 32) as usize], &[rows, 1, l, 32]).unwrap();
+        let mut a = KvCache::with_scheme(1, KvScheme::Affine { bits: 8, group_size: 32 }).unwrap();
+        a.update(&x(1, 16), &x(1, 16)).unwrap();
+        assert!(a.dense.is_none(), "the float copy is dropped");
+        let mut b = a.empty_like(1);
+        b.set_starts(&[1000]);
+        a.extend(b).unwrap();
+        // Freed NaN buffers of the size the copy takes (16 + 256 positions),
+        // so that one left unwritten likely holds NaN.
+        let junk: Vec<Array> =
+            (0..4).map(|_| Array::zeros(&[2, 1, 272, 32], Dtype::F32).unwrap().add_scalar(f32::NAN).unwrap()).collect();
+        crate::mlx::eval(&junk.iter().collect::<Vec<_>>()).unwrap();
+        drop(junk);
+        let KvView::Mixed { values, .. } = a.update(&x(2, 1), &x(2, 1)).unwrap() else { panic!("one float row, one quantized") };
+        let v = values.to_vec_f32().unwrap();
+        for row in 0..2 {
+            let head = &v[row * 17 * 32..(row * 17 + 16) * 32];
+            assert!(head.iter().all(|&e| e == 0.0), "row {row}: {:?}", &head[..4]);
+            assert!(v[(row * 17 + 16) * 32..(row + 1) * 17 * 32].iter().all(|&e| e == 0.5), "row {row}'s new position");
+        }
     }
 
     #[test]
