@@ -699,9 +699,11 @@ typedef struct mlxrt_engine_stats {
    */
   uint64_t completed;
   /**
-   * Bytes allocated by KV caches now. A request's cache is allocated for
-   * its prompt + max_tokens (up to the context length) when it starts;
-   * on CPU its pages become resident only as positions are written.
+   * Bytes allocated by KV caches now. Without `kv_paging` a request's
+   * full-attention caches are allocated for its prompt + max_tokens (up
+   * to the context length) when it starts, sliding-window caches grow up
+   * to their window; on CPU the pages become resident only as positions
+   * are written. With paging, the blocks in use (see `kv_blocks_used`).
    */
   uint64_t kv_bytes;
   /**

@@ -453,9 +453,11 @@ pub struct mlxrt_engine_stats {
     pub in_flight: u64,
     /// Requests ended since the engine started.
     pub completed: u64,
-    /// Bytes allocated by KV caches now. A request's cache is allocated for
-    /// its prompt + max_tokens (up to the context length) when it starts;
-    /// on CPU its pages become resident only as positions are written.
+    /// Bytes allocated by KV caches now. Without `kv_paging` a request's
+    /// full-attention caches are allocated for its prompt + max_tokens (up
+    /// to the context length) when it starts, sliding-window caches grow up
+    /// to their window; on CPU the pages become resident only as positions
+    /// are written. With paging, the blocks in use (see `kv_blocks_used`).
     pub kv_bytes: u64,
     /// Bytes of KV cache reserved by running requests (prompt + max_tokens).
     pub kv_reserved: u64,
