@@ -64,21 +64,10 @@ fn a_request_kv_cache_is_allocated_once_for_its_reach() {
     o.stop_at_eos = false;
     let want = (prompt.len() + 300) * e.info().kv_bytes_per_token;
     let rx = submit(&e, o);
-    let (mut seen, mut events) = (std::collections::BTreeSet::new(), vec![]);
-    loop {
+    let mut seen = std::collections::BTreeSet::new();
+    let events = collect_polling(&rx, std::time::Duration::from_millis(2), || {
         seen.insert(e.stats().kv_bytes);
-        match rx.recv_timeout(std::time::Duration::from_millis(2)) {
-            Ok(ev) => {
-                let end = ev.is_terminal();
-                events.push(ev);
-                if end {
-                    break;
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(err) => panic!("{err}"),
-        }
-    }
+    });
     assert_eq!(tokens_of(&events).len(), 300);
     seen.remove(&0);
     assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![want], "kv_bytes while running");

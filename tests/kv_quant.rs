@@ -321,21 +321,8 @@ fn f16_kv_halves_the_cache_and_keeps_smollm2_greedy_tokens() {
             o.max_tokens = 48;
             o.stop_at_eos = false;
             let rx = submit(e, o);
-            let (mut events, mut most) = (vec![], 0);
-            loop {
-                most = most.max(e.stats().kv_bytes_dense);
-                match rx.recv_timeout(std::time::Duration::from_millis(1)) {
-                    Ok(ev) => {
-                        let end = ev.is_terminal();
-                        events.push(ev);
-                        if end {
-                            break;
-                        }
-                    }
-                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-                    Err(err) => panic!("{err}"),
-                }
-            }
+            let mut most = 0;
+            let events = collect_polling(&rx, std::time::Duration::from_millis(1), || most = most.max(e.stats().kv_bytes_dense));
             assert!(matches!(events.last(), Some(Event::Done { .. })), "{events:?}");
             (tokens_of(&events), most)
         };

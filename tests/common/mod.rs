@@ -308,6 +308,27 @@ pub fn collect(rx: &mpsc::Receiver<Event>) -> Vec<Event> {
     }
 }
 
+/// `collect`, calling `poll` before each wait of at most `every` (sampling
+/// the engine's stats while the request runs).
+pub fn collect_polling(rx: &mpsc::Receiver<Event>, every: Duration, mut poll: impl FnMut()) -> Vec<Event> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    let mut out = vec![];
+    loop {
+        poll();
+        match rx.recv_timeout(every) {
+            Ok(ev) => {
+                let end = ev.is_terminal();
+                out.push(ev);
+                if end {
+                    return out;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => assert!(std::time::Instant::now() < deadline, "events within 300 s"),
+            Err(err) => panic!("{err}"),
+        }
+    }
+}
+
 /// Stats once the scheduler has published an idle state (it does so after
 /// each unit of work, a moment after the last terminal event).
 pub fn wait_idle(engine: &Engine) -> mlxrt::engine::EngineStats {
