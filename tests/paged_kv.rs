@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use mlxrt::cache::scheme::{KvQuant, KvScheme};
 use mlxrt::cache::store;
-use mlxrt::engine::{Engine, EngineConfig, Event, Input, LogLevel, Logger, RequestHandle, RequestOptions};
+use mlxrt::engine::{Engine, EngineConfig, Event, Input, LogLevel, Logger, RequestHandle, RequestOptions, SpanKind};
 use mlxrt::model::Kernels;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -543,13 +543,17 @@ struct GateState {
 }
 
 impl Gate {
-    /// An engine whose trace callback waits at this gate while it is closed.
+    /// An engine whose trace callback waits at this gate while it is closed,
+    /// at a cohort's set-up: not at the spans a request that already ended
+    /// may still emit (dropping its row from the caches), which would park
+    /// the scheduler before it has seen the first request, and let it admit
+    /// all of them at once.
     fn install(&self, c: &mut EngineConfig) {
         let gate = self.clone();
-        c.trace = Some(Arc::new(move |_: &mlxrt::engine::Span| {
+        c.trace = Some(Arc::new(move |span: &mlxrt::engine::Span| {
             let (lock, cv) = &*gate.0;
             let mut s = lock.lock().unwrap();
-            if s.closed {
+            if s.closed && span.kind == SpanKind::BatchSetup {
                 s.parked = true;
                 cv.notify_all();
                 while s.closed {
@@ -790,3 +794,4 @@ fn a_hybrid_pages_its_attention_layers_as_mlx_lm() {
     warm.clear_prompt_cache(false).unwrap();
     assert_eq!(engine_stats_settled(&warm).kv_blocks_used, 0);
 }
+
