@@ -794,4 +794,3 @@ fn a_hybrid_pages_its_attention_layers_as_mlx_lm() {
     warm.clear_prompt_cache(false).unwrap();
     assert_eq!(engine_stats_settled(&warm).kv_blocks_used, 0);
 }
-
