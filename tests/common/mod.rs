@@ -296,16 +296,9 @@ pub fn run(engine: &Engine, opts: RequestOptions) -> Vec<Event> {
     collect(&submit(engine, opts))
 }
 
+/// Every event until the terminal one, within 300 s.
 pub fn collect(rx: &mpsc::Receiver<Event>) -> Vec<Event> {
-    let mut out = vec![];
-    loop {
-        let ev = rx.recv_timeout(Duration::from_secs(300)).expect("event within 300 s");
-        let end = ev.is_terminal();
-        out.push(ev);
-        if end {
-            return out;
-        }
-    }
+    collect_polling(rx, Duration::from_secs(300), || {})
 }
 
 /// `collect`, calling `poll` before each wait of at most `every` (sampling
