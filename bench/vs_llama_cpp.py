@@ -389,7 +389,8 @@ def main():
         med = medians(raw)
         out = ratios(med)
         prov_m = runner.info["mlxrt"].get("provenance")
-        pb = runner.info["mlxrt"].get("parameter_bytes", {}).get(str(models["q4_1"]))
+        # The bandwidth share is the Q4_1 file's; absent when only Q4_0 ran.
+        pb = runner.info["mlxrt"].get("parameter_bytes", {}).get(str(models.get("q4_1")))
         dec = med.get("q4_1", {}).get("short", {})
         share = {}
         if pb and dec.get("mlxrt", {}).get("decode_tps"):

@@ -166,11 +166,30 @@ struct V {
     return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4));
   }
   QMM_Q8_FN static inline T q8g_float(I a) { return _mm512_cvtepi32_ps(a); }
-  QMM_Q8_FN static inline void q8g_unpack4(const uint8_t* src, uint8_t* dst) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    const __m128i m = _mm_set1_epi8(0x0f);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm_and_si128(v, m));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+  QMM_Q8_FN static inline void q8g_store(uint8_t* p, I v) { _mm512_storeu_si512(p, v); }
+  // out[t] lane j = 32-bit word t of the 16 bytes at src[j] + off: the
+  // panel's quads of 16 columns, one column per lane, by a 16 x 4 word
+  // transpose (lanes of 128 bits hold columns c, 4 + c, 8 + c, 12 + c).
+  QMM_Q8_FN static inline void q8g_words16(const uint8_t* const* src, size_t off, I (&out)[4]) {
+    auto at = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[j] + off)); };
+    I y[4];
+    for (int c = 0; c < 4; ++c) {
+      const I v = _mm512_inserti32x4(_mm512_castsi128_si512(at(c)), at(4 + c), 1);
+      y[c] = _mm512_inserti32x4(_mm512_inserti32x4(v, at(8 + c), 2), at(12 + c), 3);
+    }
+    const I t0 = _mm512_unpacklo_epi32(y[0], y[1]), t1 = _mm512_unpackhi_epi32(y[0], y[1]);
+    const I t2 = _mm512_unpacklo_epi32(y[2], y[3]), t3 = _mm512_unpackhi_epi32(y[2], y[3]);
+    out[0] = _mm512_unpacklo_epi64(t0, t2);
+    out[1] = _mm512_unpackhi_epi64(t0, t2);
+    out[2] = _mm512_unpacklo_epi64(t1, t3);
+    out[3] = _mm512_unpackhi_epi64(t1, t3);
+  }
+  // Each byte's low / high nibble.
+  QMM_Q8_FN static inline I q8g_low4(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
+  QMM_Q8_FN static inline I q8g_high4(I v) { return q8g_low4(_mm512_srli_epi32(v, 4)); }
+  // 16 floats, lane j from base[idx[j]].
+  QMM_Q8_FN static inline T q8g_gather(const float* base, const int32_t* idx) {
+    return _mm512_i32gather_ps(_mm512_loadu_si512(idx), base, 4);
   }
   // x's quantization for the int8 path, 16 values at a time: the same
   // operations per value as qmm.cc's portable code (IEEE division,

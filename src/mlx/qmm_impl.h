@@ -714,7 +714,11 @@ QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
 //   I, q8g_zero(), q8g_load(p)    int32 vectors, 64 bytes of panel
 //   q8g_dot(acc, w, x4)           acc += per-lane dot of 4 u8 (w) x 4 s8 (x4)
 //   q8g_float(acc)                the int32 lanes as f32
-//   q8g_unpack4(src, dst)         16 packed bytes -> 32 bytes [lo..., hi...]
+//   q8g_store(p, v)               64 bytes of panel
+//   q8g_words16(src, off, out)    16 columns' 16 bytes at src[j] + off as 4
+//                                 vectors, word t of column j in lane j
+//   q8g_low4(v), q8g_high4(v)     each byte's low / high nibble
+//   q8g_gather(base, idx)         W floats base[idx[j]]
 //   q8_quantize_block             Kernels::quantize_q8_block (vectorized)
 // Exact integer sums, f32 scaling per block: the result is the int8 path's
 // arithmetic (within its tolerance of run_q8), not its bits.
@@ -728,28 +732,44 @@ static_assert(kBlockK / kQ8Block * (Q8G_BLOCK_BYTES / 4 + 2 * NC) <=
 // Weights [k0, k1) of columns n .. n + NC (rows past N repeat the last one;
 // their outputs are never stored) into the byte panel `pw`, the scale of
 // each block into `ps` [block][NC] and the bias of each group into `pb`
-// [group][NC].
+// [group][NC]. W columns at a time, a column per lane: the packed words are
+// transposed in registers and the scales gathered (column by column and
+// byte by byte, this fill took longer than the GEMM's tiles at 32 rows).
 template <class QF, ScaleType ST>
 QMM_Q8_FN void fill_q8_panel(const Problem& p, int n, int k0, int k1, uint8_t* pw, float* ps,
                              float* pb) {
+  static_assert(W == 16, "a panel half is 16 columns of 4 bytes: one vector");
   const TileRows<QF, ST, NC> rows(p, n, k0, k1);
   const int nb = (k1 - k0) / kQ8Block, ng = (k1 - k0) / QF::GROUP;
   constexpr int BB = kQ8Block * QF::BITS / 8;  // packed bytes per block
-  for (int j = 0; j < NC; ++j) {
-    uint8_t* col = pw + (j / W) * W * 4 + (j % W) * 4;
-    for (int b = 0; b < nb; ++b) {
-      alignas(32) uint8_t bytes[kQ8Block];
-      if constexpr (QF::BITS == 4) {
-        V::q8g_unpack4(rows.w[j] + b * BB, bytes);
-      } else {
-        __builtin_memcpy(bytes, rows.w[j] + b * BB, kQ8Block);
-      }
-      uint8_t* dst = col + static_cast<size_t>(b) * Q8G_BLOCK_BYTES;
-      QMM_UNROLL
-      for (int q = 0; q < 8; ++q) __builtin_memcpy(dst + q * NC * 4, bytes + 4 * q, 4);
-      ps[b * NC + j] = rows.s[j][b * kQ8Block / QF::GROUP];
+  constexpr int Q = NC * 4;                     // bytes per quad of the panel
+  for (int h = 0; h < NC / W; ++h) {
+    const uint8_t* const* w = rows.w + h * W;
+    alignas(64) int32_t si[W], bi[W];  // each column's scales and biases
+    for (int j = 0; j < W; ++j) {
+      si[j] = static_cast<int32_t>(rows.s[h * W + j] - rows.s[0]);
+      bi[j] = static_cast<int32_t>(rows.b[h * W + j] - rows.b[0]);
     }
-    for (int g = 0; g < ng; ++g) pb[g * NC + j] = rows.b[j][g];
+    for (int b = 0; b < nb; ++b) {
+      uint8_t* dst = pw + static_cast<size_t>(b) * Q8G_BLOCK_BYTES + h * W * 4;
+      I q[4];
+      V::q8g_words16(w, static_cast<size_t>(b) * BB, q);
+      if constexpr (QF::BITS == 4) {  // words of packed k; low nibbles first
+        QMM_UNROLL
+        for (int t = 0; t < 4; ++t) {
+          V::q8g_store(dst + t * Q, V::q8g_low4(q[t]));
+          V::q8g_store(dst + (4 + t) * Q, V::q8g_high4(q[t]));
+        }
+      } else {
+        QMM_UNROLL
+        for (int t = 0; t < 4; ++t) V::q8g_store(dst + t * Q, q[t]);
+        V::q8g_words16(w, static_cast<size_t>(b) * BB + 16, q);
+        QMM_UNROLL
+        for (int t = 0; t < 4; ++t) V::q8g_store(dst + (4 + t) * Q, q[t]);
+      }
+      V::store(ps + b * NC + h * W, V::q8g_gather(rows.s[0] + b * kQ8Block / QF::GROUP, si));
+    }
+    for (int g = 0; g < ng; ++g) V::store(pb + g * NC + h * W, V::q8g_gather(rows.b[0] + g, bi));
   }
 }
 
@@ -826,6 +846,30 @@ QMM_Q8_FN void q8g_rows(const Problem& p, const uint8_t* pw, const float* ps, co
   tile_q8g<MR>(p, pw, ps, pb, nb, g0, ng, k0, m, n, cols, accumulate);
 }
 
+// Requests the next panel's weights, scales and biases while the tiles run
+// on this one: filling a panel reads NC short runs of rows (288 bytes each at
+// K = 576), too short for the hardware prefetchers, and at 32 rows of x the
+// fill waited on DRAM for most of its time. (always_inline: GCC drops a
+// call to a function that only prefetches.)
+template <class QF>
+QMM_Q8_FN __attribute__((always_inline)) inline void prefetch_panel(const Problem& p, int n, int k0, int k1) {
+  const size_t row_bytes = static_cast<size_t>(p.K) * QF::BITS / 8;
+  const size_t groups = static_cast<size_t>(p.K / QF::GROUP);
+  const size_t sb = p.stype == ScaleType::F32 ? 4 : 2;  // bytes per scale
+  const int wb = (k1 - k0) * QF::BITS / 8, gb = static_cast<int>((k1 - k0) / QF::GROUP * sb);
+  for (int j = 0; j < NC; ++j) {
+    const size_t row = static_cast<size_t>(min_i(n + j, p.N - 1));
+    const uint8_t* w = p.w + row * row_bytes + static_cast<size_t>(k0) * QF::BITS / 8;
+    for (int o = 0; o < wb; o += 64) __builtin_prefetch(w + o);
+    const size_t g = (row * groups + k0 / QF::GROUP) * sb;
+    for (int o = 0; o < gb + 63; o += 64) {  // + 63: a run that straddles a line
+      const size_t at = g + static_cast<size_t>(min_i(o, gb - 1));
+      __builtin_prefetch(static_cast<const uint8_t*>(p.scales) + at);
+      if (p.biases) __builtin_prefetch(static_cast<const uint8_t*>(p.biases) + at);
+    }
+  }
+}
+
 template <class QF, ScaleType ST>
 QMM_Q8_FN void run_q8_gemm_typed(const Problem& p, int n0, int n1, float* scratch) {
   uint8_t* pw = reinterpret_cast<uint8_t*>(scratch);
@@ -836,6 +880,7 @@ QMM_Q8_FN void run_q8_gemm_typed(const Problem& p, int n0, int n1, float* scratc
     const int nb = (k1 - k0) / kQ8Block, g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
     for (int n = n0; n < n1; n += NC) {
       fill_q8_panel<QF, ST>(p, n, k0, k1, pw, ps, pb);
+      if (n + NC < n1) prefetch_panel<QF>(p, n + NC, k0, k1);
       const int cols = min_i(NC, n1 - n);
       for (int m = 0; m < p.M; m += Q8G_MR)
         q8g_rows(p, pw, ps, pb, nb, g0, ng, k0, p.M - m, m, n, cols, k0 > 0);
