@@ -171,7 +171,9 @@ struct V {
   // panel's quads of 16 columns, one column per lane, by a 16 x 4 word
   // transpose (lanes of 128 bits hold columns c, 4 + c, 8 + c, 12 + c).
   QMM_Q8_FN static inline void q8g_words16(const uint8_t* const* src, size_t off, I (&out)[4]) {
-    auto at = [&](int j) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[j] + off)); };
+    auto at = [&](int j) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(src[j] + off));
+    };
     I y[4];
     for (int c = 0; c < 4; ++c) {
       const I v = _mm512_inserti32x4(_mm512_castsi128_si512(at(c)), at(4 + c), 1);

@@ -852,7 +852,8 @@ QMM_Q8_FN void q8g_rows(const Problem& p, const uint8_t* pw, const float* ps, co
 // fill waited on DRAM for most of its time. (always_inline: GCC drops a
 // call to a function that only prefetches.)
 template <class QF>
-QMM_Q8_FN __attribute__((always_inline)) inline void prefetch_panel(const Problem& p, int n, int k0, int k1) {
+QMM_Q8_FN __attribute__((always_inline)) inline void prefetch_panel(const Problem& p, int n,
+                                                                   int k0, int k1) {
   const size_t row_bytes = static_cast<size_t>(p.K) * QF::BITS / 8;
   const size_t groups = static_cast<size_t>(p.K / QF::GROUP);
   const size_t sb = p.stype == ScaleType::F32 ? 4 : 2;  // bytes per scale
