@@ -22,12 +22,14 @@ namespace {
 
 // Decode reads each key and value row once, straight from DRAM, one short
 // stream per (row, head); the hardware prefetchers do not keep ahead of it
-// (the loads stalled two thirds of the kernel's cycles at batch 32).
+// (the loads stalled two thirds of the kernel's cycles at batch 32). Into L2
+// (prefetcht1), as the quantized matmul's decode tiles do (qmm_impl.h,
+// kPrefetchLocality): more misses in flight than L1 keeps.
 constexpr int kPrefetchKeys = 8;
 template <typename E>
 QS_FN inline void prefetch_row(const E* r, int D) {
   const char* c = reinterpret_cast<const char*>(r);
-  for (size_t i = 0; i < D * sizeof(E); i += 64) __builtin_prefetch(c + i);
+  for (size_t i = 0; i < D * sizeof(E); i += 64) __builtin_prefetch(c + i, 0, 2);
 }
 
 // s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart). Up to 4 rows
