@@ -7,6 +7,8 @@
 #   scripts/bench.sh qmm_kernel [--rounds N] [--isa avx512|avx2|portable]
 #                                                 -> qmm_kernel.json (the
 #     quantized-matmul kernel alone: narrow vs wide decode tiles, from DRAM)
+#   scripts/bench.sh prefetch_pattern [--rounds N] -> prefetch_pattern.json (the
+#     decode tiles' memory access pattern alone: prefetch into L1, L2 or none)
 #   scripts/bench.sh prompt_cache [options]       -> prompt_cache.json
 #   scripts/bench.sh families [options]           -> families.json
 #   scripts/bench.sh kv_memory [options]          -> kv_memory.json
@@ -117,6 +119,13 @@ case "$which" in
     "$out/qmm_kernel" "$@" > bench/results/qmm_kernel.json
     cat bench/results/qmm_kernel.json
     ;;
+  prefetch_pattern)
+    out="$ROOT/target/prefetch_pattern"
+    mkdir -p "$out"
+    "${CXX:-g++}" -std=c++20 -O2 -o "$out/prefetch_pattern" bench/prefetch_pattern.cc -lpthread
+    "$out/prefetch_pattern" "$@" > bench/results/prefetch_pattern.json
+    cat bench/results/prefetch_pattern.json
+    ;;
   prompt_cache)
     cargo build --release --quiet --example mlxrt_prompt_cache
     "$VENV/bin/python" bench/prompt_cache.py --model "$MLXRT_MODEL" \
@@ -163,5 +172,5 @@ case "$which" in
     cargo build --release --quiet --example mlxrt_speculative
     MLXRT_DRAFT_MODEL="$DRAFT" target/release/examples/mlxrt_speculative "$MLXRT_MODEL" bench/results/speculative.json "$@"
     ;;
-  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, qmm_kernel, prompt_cache, families, kv_memory, scheduler, structured, speculative, media, vs_llama_cpp)" >&2; exit 2 ;;
+  *) echo "unknown benchmark $which (single_stream, batching, cpu_kernels, qmm_kernel, prefetch_pattern, prompt_cache, families, kv_memory, scheduler, structured, speculative, media, vs_llama_cpp)" >&2; exit 2 ;;
 esac
