@@ -91,7 +91,11 @@ int main(int argc, char** argv) {
               "{\"vendor\": \"%s\", \"family\": \"%s\", \"model\": \"%s\"}, "
               "\"compiler\": \"g++ %s -O2\", \"row_bytes\": %zu, \"buffer_bytes\": %zu, "
               "\"rounds\": %d, \"unit\": \"GB/s per thread, best of rounds\", "
-              "\"reference\": \"sequential\"",
+              "\"provenance\": {\"mlxrt\": {\"kernels\": \"the quantized matmul's decode-tile "
+              "access pattern, no arithmetic: tile4_* and tile8_* (prefetch t0 = L1, t1 and t2 = "
+              "L2, none)\", \"scale_dtype\": \"none (bytes only)\"}, \"reference\": "
+              "{\"kernels\": \"sequential: one row after another, no software prefetch\", "
+              "\"scale_dtype\": \"none (bytes only)\"}}",
               cpu_field("model name").c_str(), cpu_field("vendor_id").c_str(),
               cpu_field("cpu family").c_str(), cpu_field("model\t").c_str(), __VERSION__,
               kRowBytes, kBufferBytes, rounds);

@@ -220,9 +220,10 @@ constexpr int kPrefetchRows = prefetch_rows(NR);
 // One or two rows (decode) stream the weights at the memory's pace: into L2
 // (prefetcht1), whose misses the core keeps many more of in flight than
 // L1's. A tile's interleaved rows read 4-8 short streams, which the
-// prefetchers do not follow; into L1 (prefetcht0) that pattern read ~10
-// GB/s on one Zen 4 core, into L2 ~20, a sequential read ~22. More rows
-// are compute-bound and keep L1 (a batch of 8 measured 1-2% slower with L2).
+// prefetchers do not follow; into L1 (prefetcht0) that pattern read ~11
+// GB/s on one Zen 4 core, into L2 ~22, a sequential read ~27
+// (bench/prefetch_pattern.cc). More rows are compute-bound and keep L1 (a
+// batch of 8 measured 1-2% slower with L2).
 template <int MR>
 constexpr int kPrefetchLocality = MR <= 2 ? 2 : 3;
 
