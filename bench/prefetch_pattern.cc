@@ -10,6 +10,8 @@
 // Built and run by `scripts/bench.sh prefetch_pattern`; prints one JSON object.
 //
 //   prefetch_pattern [--rounds N]
+#include "cpuinfo.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -63,23 +65,6 @@ const Variant kVariants[] = {
 };
 constexpr int kNumVariants = sizeof(kVariants) / sizeof(kVariants[0]);
 
-std::string cpu_field(const char* key) {
-  std::string out = "unknown";
-  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
-    char line[512];
-    while (std::fgets(line, sizeof line, f)) {
-      if (std::strncmp(line, key, std::strlen(key)) == 0 && std::strchr(line, ':')) {
-        out = std::strchr(line, ':') + 1;
-        out.erase(0, out.find_first_not_of(" \t"));
-        out.erase(out.find_last_not_of("\n ") + 1);
-        break;
-      }
-    }
-    std::fclose(f);
-  }
-  return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -96,8 +81,8 @@ int main(int argc, char** argv) {
               "L2, none)\", \"scale_dtype\": \"none (bytes only)\"}, \"reference\": "
               "{\"kernels\": \"sequential: one row after another, no software prefetch\", "
               "\"scale_dtype\": \"none (bytes only)\"}}",
-              cpu_field("model name").c_str(), cpu_field("vendor_id").c_str(),
-              cpu_field("cpu family").c_str(), cpu_field("model\t").c_str(), __VERSION__,
+              cpuinfo_field("model name").c_str(), cpuinfo_field("vendor_id").c_str(),
+              cpuinfo_field("cpu family").c_str(), cpuinfo_field("model\t").c_str(), __VERSION__,
               kRowBytes, kBufferBytes, rounds);
   for (int threads : {1, 2}) {
     // Each thread its own buffer (decode's two threads read different rows).

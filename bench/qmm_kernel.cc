@@ -8,6 +8,7 @@
 //
 //   qmm_kernel [--isa avx512|avx2|portable] [--rounds N]
 #include "mlxrt/src/mlx/qmm_kernels.h"
+#include "cpuinfo.h"
 
 #include <algorithm>
 #include <chrono>
@@ -90,18 +91,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "no %s kernels in this build\n", isa.c_str());
     return 2;
   }
-  std::string cpu = "unknown";
-  if (FILE* f = std::fopen("/proc/cpuinfo", "r")) {
-    char line[512];
-    while (std::fgets(line, sizeof line, f)) {
-      if (std::strncmp(line, "model name", 10) == 0) {
-        cpu = std::strchr(line, ':') + 2;
-        cpu.erase(cpu.find_last_not_of("\n ") + 1);
-        break;
-      }
-    }
-    std::fclose(f);
-  }
+  const std::string cpu = cpuinfo_field("model name");
   // Both sides are this kernel; they differ in the decode tile only.
   std::printf("{\"benchmark\": \"qmm_kernel\", \"isa\": \"%s\", \"cpu\": \"%s\", "
               "\"compiler\": \"g++ %s -O2\", \"rows_of_x\": 1, \"rounds\": %d, "
