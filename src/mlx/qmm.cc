@@ -425,6 +425,7 @@ const float* prepare_x(const Kernels& k, const XView& x, int M, int K, int bits,
 // xq, and per weight group xs = sum of d * sum(xq) (the bias term uses the
 // quantized x: then the result is exactly dequant(w) . dequant(x), whose
 // error cancels better than with the exact sum of x, since b ~ -8 s).
+// xq and xd8 are laid out as Problem says (per block, or split).
 struct Q8X {
   int8_t* xq;
   float* xd8;
@@ -456,13 +457,19 @@ int32_t quantize_block(const float* xb, int64_t step, bool nibble_order, int8_t*
   return sum;
 }
 
-Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int group,
+// `gemm`: for the int8 GEMM (x per block, never split).
+Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int group, bool gemm,
                AlignedFloats& buf) {
   const int nb = K / kQ8Block, xs_stride = (K / group + 15) / 16 * 16;
+  // 4-bit weights on the dot-product tiles of a variant that takes x split
+  // (Q8Split); otherwise row-major blocks with each d 8 times.
+  const bool split = bits == 4 && k.q8_split4 && !gemm;
+  const size_t row_bytes = split ? Q8Split::row_bytes(K) : static_cast<size_t>(K);
+  const size_t row_floats = split ? Q8Split::row_floats(K) : static_cast<size_t>(nb) * 8;
   // Sizes in floats, each part a multiple of 16 floats (a cache line).
   auto line = [](size_t n) { return (n + 15) / 16 * 16; };
-  const size_t n_xq = line((static_cast<size_t>(M) * K + kQ8Pad + 3) / 4);
-  const size_t n_d8 = line(static_cast<size_t>(M) * nb * 8 + kQ8Pad);
+  const size_t n_xq = line((static_cast<size_t>(M) * row_bytes + kQ8Pad + 3) / 4);
+  const size_t n_d8 = line(static_cast<size_t>(M) * row_floats + kQ8Pad);
   const size_t n_sum = line(static_cast<size_t>(M) * nb);
   const size_t n_xs = static_cast<size_t>(M) * xs_stride;
   float* base = buf.get(n_xq + n_d8 + n_sum + n_xs);
@@ -470,18 +477,25 @@ Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int gro
         reinterpret_cast<int32_t*>(base + n_xq + n_d8), base + n_xq + n_d8 + n_sum, xs_stride};
   // The padding is read by whole-chunk loads at the last block; zeros keep
   // what it meets finite (it is multiplied by zero weights).
-  std::memset(q.xq + static_cast<size_t>(M) * K, 0, kQ8Pad);
-  std::memset(q.xd8 + static_cast<size_t>(M) * nb * 8, 0, sizeof(float) * kQ8Pad);
+  std::memset(q.xq + static_cast<size_t>(M) * row_bytes, 0, kQ8Pad);
+  std::memset(q.xd8 + static_cast<size_t>(M) * row_floats, 0, sizeof(float) * kQ8Pad);
   const int64_t sk = x.shape.empty() ? 1 : x.strides.back();
   const bool nibble_order = bits == 4;  // 4-bit weights: the order nibbles unpack in
   auto row = [&](int m) {
     const float* src = x.dense ? x.data + static_cast<size_t>(m) * K : row_ptr(x, m);
     const int64_t step = x.dense ? 1 : sk;
     float* xs = q.xs + static_cast<size_t>(m) * xs_stride;
+    int8_t* xrow = q.xq + static_cast<size_t>(m) * row_bytes;
+    float* drow = q.xd8 + static_cast<size_t>(m) * row_floats;
     std::memset(xs, 0, sizeof(float) * xs_stride);
+    if (split && nb % Q8Split::kBlocks != 0) {  // the last chunk's missing blocks
+      std::memset(xrow + row_bytes - Q8Split::kChunkBytes, 0, Q8Split::kChunkBytes);
+      std::fill(drow + row_floats - Q8Split::kChunkFloats, drow + row_floats, 0.0f);
+    }
     for (int b = 0; b < nb; ++b) {
       const float* xb = src + static_cast<int64_t>(b) * kQ8Block * step;
-      int8_t* dst = q.xq + static_cast<size_t>(m) * K + b * kQ8Block;
+      alignas(64) int8_t tmp[kQ8Block];
+      int8_t* dst = split ? tmp : xrow + b * kQ8Block;
       float d;
       int32_t sum;
       if (k.quantize_q8_block && step == 1) {
@@ -489,9 +503,16 @@ Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int gro
       } else {
         sum = quantize_block(xb, step, nibble_order, dst, &d);
       }
-      const size_t bi = static_cast<size_t>(m) * nb + b;
-      for (int i = 0; i < 8; ++i) q.xd8[bi * 8 + i] = d;
-      q.xqsum[bi] = sum;
+      if (split) {  // [even k | odd k] -> the chunk's even and odd halves
+        const int c = b / Q8Split::kBlocks, l = b % Q8Split::kBlocks, half = kQ8Block / 2;
+        int8_t* chunk = xrow + static_cast<size_t>(c) * Q8Split::kChunkBytes;
+        std::memcpy(chunk + l * half, tmp, half);
+        std::memcpy(chunk + Q8Split::kChunkBytes / 2 + l * half, tmp + half, half);
+        std::fill_n(drow + c * Q8Split::kChunkFloats + l * 4, 4, d);
+      } else {
+        std::fill_n(drow + static_cast<size_t>(b) * 8, 8, d);
+      }
+      q.xqsum[static_cast<size_t>(m) * nb + b] = sum;
       xs[b * kQ8Block / group] += d * static_cast<float>(sum);
     }
   };
@@ -576,10 +597,11 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
                 group = group_, bits = bits_, k = kernels_, q8 = q8_]() {
     thread_local AlignedFloats xbuf;
     if (q8) {
-      const Q8X xq = prepare_q8(*k, xv, M, K, bits, group, xbuf);
+      const bool gemm = k->run_q8_gemm && M >= kQ8GemmRows;
+      const Q8X xq = prepare_q8(*k, xv, M, K, bits, group, gemm, xbuf);
       Problem p{nullptr, w,        sp,       bp,    o,     M,           N, K, group, bits, st,
                 xq.xq,   xq.xd8, xq.xqsum, xq.xs, xq.xs_stride};
-      p.gemm = k->run_q8_gemm && M >= kQ8GemmRows;
+      p.gemm = gemm;
       run_problem(*k, p, true);
       return;
     }

@@ -18,6 +18,8 @@
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 // The column-interleaved int8 GEMM (qmm_impl.h) exists for this variant.
 #define QMM_Q8_GEMM 1
+// So do the split-nibble int8 dot tiles for 4-bit weights (qmm_impl.h).
+#define QMM_Q8_SPLIT4 1
 #define QMM_NS avx512
 #define QMM_ISA Isa::Avx512
 
@@ -122,30 +124,16 @@ struct V {
     }
   }
 
-  // Int8 activations: a chunk is two blocks of 32, one zmm of bytes; lanes
-  // 0-7 hold block 0, 8-15 block 1.
+  // Int8 activations, 8-bit weights: a chunk is two blocks of 32, one zmm
+  // of bytes; lanes 0-7 hold block 0, 8-15 block 1. (4-bit weights take
+  // the split-nibble chunks, q8s_* below.)
   static constexpr int Q8_BLOCKS = 2;
   // 6 x 4 accumulators; the rest hold weights, scales and products.
   static constexpr int Q8_MR = 6;
-  // 4-bit: 2 x 16 packed bytes -> [lo b0 | hi b0 | lo b1 | hi b1] (each
-  // block's even k then its odd k, the order x is permuted to).
   template <int BITS, bool HALF>
   QMM_Q8_FN static inline __m512i q8_load(const uint8_t* p) {
-    if constexpr (BITS == 4) {
-      const __m512i idx = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
-      const __m512i shift = _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4);
-      __m512i z;
-      if constexpr (HALF) {
-        z = _mm512_maskz_permutexvar_epi64(
-            0x0f, idx,
-            _mm512_zextsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-      } else {
-        z = _mm512_permutexvar_epi64(
-            idx,
-            _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-      }
-      return _mm512_and_si512(_mm512_srlv_epi64(z, shift), _mm512_set1_epi8(0x0f));
-    } else if constexpr (HALF) {
+    static_assert(BITS == 8, "4-bit weights run q8s_load");
+    if constexpr (HALF) {
       return _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     } else {
       return _mm512_loadu_si512(p);
@@ -227,6 +215,38 @@ struct V {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtepi32_epi8(hi));
     *d_out = d;
     return sum;
+  }
+  // Split-nibble chunks (4-bit weights; x in kQ8SplitChunk layout): four
+  // blocks, one per 128-bit lane. A block's two nibbles go to two vectors
+  // in the same lanes, so both `vpdpbusd` add into one int32 lane per 4
+  // values of a block and the conversion, scaling and FMA run once per
+  // 128 values (per 64 in the chunks above).
+  // `n` < 4 blocks: the rest of the chunk is zero (masked, never read).
+  QMM_Q8_FN static inline void q8s_load(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+    const __m512i raw = n == 4 ? _mm512_loadu_si512(p)
+                               : _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (4 * n)) - 1), p);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    lo = _mm512_and_si512(raw, low4);
+    hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+  }
+  // x: the chunk's 64 even-k bytes, then its 64 odd-k bytes.
+  QMM_Q8_FN static inline T q8s_dot(__m512i lo, __m512i hi, const int8_t* x) {
+    const __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x));
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(acc, hi, _mm512_loadu_si512(x + 64)));
+  }
+  // Lanes 4L..4L+3: the scale of block L, s[g + L * 32 / GROUP] (n blocks).
+  template <int GROUP>
+  QMM_Q8_FN static inline T q8s_wscale(const float* s, int g, int n) {
+    if constexpr (GROUP == 128) {
+      return _mm512_set1_ps(s[g]);
+    } else {
+      constexpr int per = GROUP / 32;  // blocks per group
+      const int groups = (n + per - 1) / per;
+      const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << groups) - 1), s + g);
+      const __m512i idx = per == 1 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+      return _mm512_permutexvar_ps(idx, v);
+    }
   }
   template <int GROUP, bool HALF>
   QMM_Q8_FN static inline T q8_wscale(const float* s, int g) {

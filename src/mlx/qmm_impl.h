@@ -608,6 +608,70 @@ QMM_Q8_FN __attribute__((always_inline)) inline void q8_chunk(
   }
 }
 
+// The bias term of an int8 tile: per weight group, b_w * xs (the biases'
+// last vector loaded partially, the rest zero).
+template <class QF, ScaleType ST, int MR>
+QMM_Q8_FN __attribute__((always_inline)) inline void q8_bias_term(
+    const Problem& p, const Q8Rows<QF, ST>& rows, T (&acc)[MR][NR], int m0, int k0, int k1) {
+  const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
+  for (int g = 0; g < ng; g += W) {
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) {
+      const T bw = g + W <= ng ? V::load(rows.b[j] + g) : V::load_n(rows.b[j] + g, ng - g);
+      QMM_UNROLL
+      for (int m = 0; m < MR; ++m)
+        acc[m][j] = V::fma(V::load(p.xs + static_cast<size_t>(m0 + m) * p.xs_stride + g0 + g),
+                           bw, acc[m][j]);
+    }
+  }
+}
+
+#if defined(QMM_Q8_SPLIT4)
+// 4-bit weights, x in the split layout (Q8Split, qmm_kernels.h): per chunk
+// of 4 blocks (n of them in the last chunk of a row), per weight row, the
+// nibbles unpacked once for the MR rows of x (the variant's q8s_*).
+template <class QF, ScaleType ST, int MR, bool FULL>
+QMM_Q8_FN __attribute__((always_inline)) inline void q8s_chunk(
+    const Q8Rows<QF, ST>& rows, T (&acc)[MR][NR], int b, int n, const int8_t* xq,
+    const float* xd, size_t ldx, size_t ldd) {
+  constexpr int BB = kQ8Block / 2;  // packed bytes per block
+  if constexpr (FULL) n = Q8Split::kBlocks;
+  QMM_UNROLL
+  for (int j = 0; j < NR; ++j) {
+    const uint8_t* wp = rows.w[j] + b * BB;
+    __builtin_prefetch(wp + kPrefetchRows * rows.row_bytes, 0, kPrefetchLocality<MR>);
+    __m512i lo, hi;
+    V::q8s_load(wp, n, lo, hi);
+    const T sc = V::template q8s_wscale<QF::GROUP>(rows.s[j], b * kQ8Block / QF::GROUP, n);
+    QMM_UNROLL
+    for (int m = 0; m < MR; ++m)
+      acc[m][j] = V::fma(V::q8s_dot(lo, hi, xq + m * ldx), V::mul(sc, V::load(xd + m * ldd)),
+                         acc[m][j]);
+  }
+}
+
+template <class QF, ScaleType ST, int MR>
+QMM_Q8_FN void tile_q8_split(const Problem& p, const Q8Rows<QF, ST>& rows, int m0, int n0,
+                             int k0, int k1, bool accumulate) {
+  constexpr int CB = Q8Split::kBlocks;
+  const size_t ldx = Q8Split::row_bytes(p.K), ldd = Q8Split::row_floats(p.K);
+  const int nb = (k1 - k0) / kQ8Block, c0 = k0 / (CB * kQ8Block);
+  const int8_t* xq = p.xq + m0 * ldx + c0 * Q8Split::kChunkBytes;
+  const float* xd = p.xd8 + m0 * ldd + c0 * Q8Split::kChunkFloats;
+  T acc[MR][NR];
+  QMM_UNROLL
+  for (int m = 0; m < MR; ++m)
+    QMM_UNROLL
+    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+  int b = 0;
+  for (; b + CB <= nb; b += CB, xq += Q8Split::kChunkBytes, xd += Q8Split::kChunkFloats)
+    q8s_chunk<QF, ST, MR, true>(rows, acc, b, CB, xq, xd, ldx, ldd);
+  if (b < nb) q8s_chunk<QF, ST, MR, false>(rows, acc, b, nb - b, xq, xd, ldx, ldd);
+  q8_bias_term<QF, ST, MR>(p, rows, acc, m0, k0, k1);
+  store_tile<MR>(p, m0, n0, accumulate, acc);
+}
+#endif
+
 // MR rows of x (quantized) from m0 against the NR weight rows in `rows`,
 // k in [k0, k1).
 template <class QF, ScaleType ST, int MR>
@@ -633,19 +697,7 @@ QMM_Q8_FN void tile_q8(const Problem& p, const Q8Rows<QF, ST>& rows, int m0, int
     if (b < nb) q8_chunk<QF, ST, MR, true>(rows, acc, b, xq, xd, xsum, ldx, ldb);
   }
 
-  // Bias term: sum over groups of b_w * xs (the biases' last vector loaded
-  // partially, the rest zero).
-  const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
-  for (int g = 0; g < ng; g += W) {
-    QMM_UNROLL
-    for (int j = 0; j < NR; ++j) {
-      const T bw = g + W <= ng ? V::load(rows.b[j] + g) : V::load_n(rows.b[j] + g, ng - g);
-      QMM_UNROLL
-      for (int m = 0; m < MR; ++m)
-        acc[m][j] = V::fma(V::load(p.xs + static_cast<size_t>(m0 + m) * p.xs_stride + g0 + g),
-                           bw, acc[m][j]);
-    }
-  }
+  q8_bias_term<QF, ST, MR>(p, rows, acc, m0, k0, k1);
   store_tile<MR>(p, m0, n0, accumulate, acc);
 }
 
@@ -655,7 +707,14 @@ QMM_Q8_FN void q8_rows(const Problem& p, const Q8Rows<QF, ST>& rows, int count, 
   if constexpr (MR > 1) {
     if (count < MR) return q8_rows<QF, ST, MR - 1>(p, rows, count, m, n, k0, k1, accumulate);
   }
-  tile_q8<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
+#if defined(QMM_Q8_SPLIT4)
+  if constexpr (QF::BITS == 4) {
+    tile_q8_split<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
+  } else
+#endif
+  {
+    tile_q8<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
+  }
 }
 
 // Rows of x in blocks of kBlockM, each split into near-equal groups of at
@@ -932,8 +991,14 @@ constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
 constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 
+#if defined(QMM_Q8_SPLIT4)
+constexpr bool kQ8Split4 = true;
+#else
+constexpr bool kQ8Split4 = false;
+#endif
+
 const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8,
-                       kRunQ8Gemm, kQuantizeQ8, &pack_x_tile};
+                       kRunQ8Gemm, kQuantizeQ8, &pack_x_tile, kQ8Split4};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS
