@@ -18,7 +18,8 @@
 //   unpack8(p)                W bytes of 8-bit data as floats
 //   convert_halves(src, n, bf16, dst)  n f16 (or bfloat16) values to f32
 //                             (may write up to 16 floats past dst + n)
-//   Q8_BLOCKS, Q8_MR, q8_*    the int8-activation path (see run_q8 below)
+//   Q8_BLOCKS, Q8_MR, q8_*    the int8-activation path (see run_q8 below);
+//                             q8s_* where the file defines QMM_Q8_SPLIT4
 //
 // Shape of the computation. The k order inside a block of 2W values is free
 // because the caller permutes x the way nibbles unpack.
@@ -646,9 +647,16 @@ QMM_Q8_FN __attribute__((always_inline)) inline void q8_bias_term(
 }
 
 #if defined(QMM_Q8_SPLIT4)
-// 4-bit weights, x in the split layout (Q8Split, qmm_kernels.h): per chunk
-// of 4 blocks (n of them in the last chunk of a row), per weight row, the
-// nibbles unpacked once for the MR rows of x (the variant's q8s_*).
+// 4-bit weights, x in the split layout (Q8Split, qmm_kernels.h), for a
+// variant that defines QMM_Q8_SPLIT4 and provides
+//   q8s_load(p, n, lo, hi)        n <= 4 blocks of packed weights (block L in
+//                                 128-bit lane L): low and high nibbles
+//   q8s_dot(lo, hi, x)            both nibbles' integer dot products with the
+//                                 chunk's even and odd x bytes, as f32 (lanes
+//                                 4L..4L+3: block L)
+//   q8s_wscale<GROUP>(s, g, n)    the weight scales over those lanes
+// Per chunk and weight row, the nibbles are unpacked once for the MR rows
+// of x; the conversion, scaling and FMA run once per 4 blocks.
 template <class QF, ScaleType ST, int MR, bool FULL>
 QMM_Q8_FN __attribute__((always_inline)) inline void q8s_chunk(
     const Q8Rows<QF, ST>& rows, T (&acc)[MR][NR], int b, int n, const int8_t* xq,
