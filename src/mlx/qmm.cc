@@ -463,9 +463,10 @@ Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int gro
   const int nb = K / kQ8Block, xs_stride = (K / group + 15) / 16 * 16;
   // 4-bit weights on the dot-product tiles of a variant that takes x split
   // (Q8Split); otherwise row-major blocks with each d 8 times.
-  const bool split = bits == 4 && k.q8_split4 && !gemm;
-  const size_t row_bytes = split ? Q8Split::row_bytes(K) : static_cast<size_t>(K);
-  const size_t row_floats = split ? Q8Split::row_floats(K) : static_cast<size_t>(nb) * 8;
+  const bool split = bits == 4 && k.q8_split_blocks > 0 && !gemm;
+  const Q8Split sl{k.q8_split_blocks};
+  const size_t row_bytes = split ? sl.row_bytes(K) : static_cast<size_t>(K);
+  const size_t row_floats = split ? sl.row_floats(K) : static_cast<size_t>(nb) * 8;
   // Sizes in floats, each part a multiple of 16 floats (a cache line).
   auto line = [](size_t n) { return (n + 15) / 16 * 16; };
   const size_t n_xq = line((static_cast<size_t>(M) * row_bytes + kQ8Pad + 3) / 4);
@@ -488,9 +489,9 @@ Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int gro
     int8_t* xrow = q.xq + static_cast<size_t>(m) * row_bytes;
     float* drow = q.xd8 + static_cast<size_t>(m) * row_floats;
     std::memset(xs, 0, sizeof(float) * xs_stride);
-    if (split && nb % Q8Split::kBlocks != 0) {  // the last chunk's missing blocks
-      std::memset(xrow + row_bytes - Q8Split::kChunkBytes, 0, Q8Split::kChunkBytes);
-      std::fill(drow + row_floats - Q8Split::kChunkFloats, drow + row_floats, 0.0f);
+    if (split && nb % sl.blocks != 0) {  // the last chunk's missing blocks
+      std::memset(xrow + row_bytes - sl.chunk_bytes(), 0, sl.chunk_bytes());
+      std::fill(drow + row_floats - sl.chunk_floats(), drow + row_floats, 0.0f);
     }
     for (int b = 0; b < nb; ++b) {
       const float* xb = src + static_cast<int64_t>(b) * kQ8Block * step;
@@ -504,11 +505,11 @@ Q8X prepare_q8(const Kernels& k, const XView& x, int M, int K, int bits, int gro
         sum = quantize_block(xb, step, nibble_order, dst, &d);
       }
       if (split) {  // [even k | odd k] -> the chunk's even and odd halves
-        const int c = b / Q8Split::kBlocks, l = b % Q8Split::kBlocks, half = kQ8Block / 2;
-        int8_t* chunk = xrow + static_cast<size_t>(c) * Q8Split::kChunkBytes;
+        const int c = b / sl.blocks, l = b % sl.blocks, half = kQ8Block / 2;
+        int8_t* chunk = xrow + c * sl.chunk_bytes();
         std::memcpy(chunk + l * half, tmp, half);
-        std::memcpy(chunk + Q8Split::kChunkBytes / 2 + l * half, tmp + half, half);
-        std::fill_n(drow + c * Q8Split::kChunkFloats + l * 4, 4, d);
+        std::memcpy(chunk + sl.chunk_bytes() / 2 + l * half, tmp + half, half);
+        std::fill_n(drow + c * sl.chunk_floats() + l * 4, 4, d);
       } else {
         std::fill_n(drow + static_cast<size_t>(b) * 8, 8, d);
       }

@@ -8,6 +8,8 @@
 
 #define QMM_FN __attribute__((target("avx2,fma,f16c")))
 #define QMM_Q8_FN QMM_FN
+// The split-nibble int8 dot tiles for 4-bit weights (qmm_impl.h).
+#define QMM_Q8_SPLIT 1
 #define QMM_NS avx2
 #define QMM_ISA Isa::Avx2
 
@@ -97,46 +99,72 @@ struct V {
     for (; i < n; ++i) dst[i] = bf16 ? bf16_to_float(src[i]) : _cvtsh_ss(src[i]);
   }
 
-  // Int8 activations: a chunk is one block of 32 bytes, all 8 lanes.
-  // vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd by 1.
-  // 4-bit: a pair is at most 2 * 15 * 127, no saturation. 8-bit: q up to 255
-  // could saturate (2 * 255 * 127), so the weights are taken as q - 128
-  // (|q - 128| <= 128 unsigned, the sign moved onto xq: pairs at most
-  // 2 * 128 * 127 < 32767) and 128 * sum(xq) is added back.
+  // Int8 activations, 8-bit weights: a chunk is one block of 32 bytes, all
+  // 8 lanes. vpmaddubsw (u8 x s8 pairs -> s16, saturating) then vpmaddwd by
+  // 1. q up to 255 could saturate (2 * 255 * 127), so the weights are taken
+  // as q - 128 (|q - 128| <= 128 unsigned, the sign moved onto xq: pairs at
+  // most 2 * 128 * 127 < 32767) and 128 * sum(xq) is added back. (4-bit
+  // weights take the split-nibble chunks, q8s_* below.)
   static constexpr int Q8_BLOCKS = 1;
   static constexpr int Q8_MR = 2;
   struct W8 {
-    __m256i a;  // unsigned bytes: q (4-bit) or |q - 128| (8-bit)
-    __m256i s;  // 8-bit: q - 128 as signed bytes (its sign goes onto xq)
+    __m256i a;  // unsigned bytes: |q - 128|
+    __m256i s;  // q - 128 as signed bytes (its sign goes onto xq)
   };
   template <int BITS, bool>
   QMM_FN static inline W8 q8_load(const uint8_t* p) {
-    if constexpr (BITS == 4) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-      const __m128i m = _mm_set1_epi8(0x0f);
-      const __m128i lo = _mm_and_si128(v, m), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m);
-      return {_mm256_set_m128i(hi, lo), _mm256_setzero_si256()};
-    } else {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-      const __m256i s = _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
-      return {_mm256_abs_epi8(s), s};
-    }
+    static_assert(BITS == 8, "4-bit weights run q8s_load");
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i s = _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80)));
+    return {_mm256_abs_epi8(s), s};
   }
   template <int BITS>
   QMM_FN static inline T q8_dot(const W8& w, const int8_t* x, const int32_t* xqsum) {
+    static_assert(BITS == 8, "4-bit weights run q8s_dot");
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    const __m256i ones = _mm256_set1_epi16(1);
-    if constexpr (BITS == 4) {
-      return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w.a, xv), ones));
-    } else {
-      const __m256i p = _mm256_maddubs_epi16(w.a, _mm256_sign_epi8(xv, w.s));
-      // 128 * sum(xq) over the block, spread over the 8 lanes.
-      const __m256i fix = _mm256_set1_epi32(16 * *xqsum);
-      return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(p, ones), fix));
-    }
+    const __m256i p = _mm256_maddubs_epi16(w.a, _mm256_sign_epi8(xv, w.s));
+    // 128 * sum(xq) over the block, spread over the 8 lanes.
+    const __m256i fix = _mm256_set1_epi32(16 * *xqsum);
+    return _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), fix));
   }
   template <int, bool>
   QMM_FN static inline T q8_wscale(const float* s, int g) { return _mm256_set1_ps(s[g]); }
+
+  // Split-nibble chunks (4-bit weights; x in the Q8Split layout): two
+  // blocks, one per 128-bit lane. A block's two nibbles go to two vectors
+  // in the same lanes; their `vpmaddubsw` pairs are added as int16 (at
+  // most 2 * 2 * 15 * 127, no saturation) before one `vpmaddwd`, so the
+  // conversion, scaling and FMA run once per 64 values (per 32 above).
+  static constexpr int Q8S_BLOCKS = 2;
+  struct Nibbles {
+    __m256i lo, hi;
+  };
+  // `n` = 1: the second block is zero (never read).
+  QMM_FN static inline Nibbles q8s_load(const uint8_t* p, int n) {
+    const __m256i raw =
+        n == 2 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+               : _mm256_set_m128i(_mm_setzero_si128(),
+                                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    return {_mm256_and_si256(raw, m), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m)};
+  }
+  // x: the chunk's 32 even-k bytes, then its 32 odd-k bytes.
+  QMM_FN static inline T q8s_dot(const Nibbles& w, const int8_t* x) {
+    const __m256i xe = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i xo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
+    const __m256i p =
+        _mm256_add_epi16(_mm256_maddubs_epi16(w.lo, xe), _mm256_maddubs_epi16(w.hi, xo));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
+  // Lanes 4L..4L+3: the scale of block L (n blocks).
+  template <int GROUP>
+  QMM_FN static inline T q8s_wscale(const float* s, int g, int n) {
+    if constexpr (GROUP == 32) {
+      return _mm256_set_m128(_mm_set1_ps(n == 2 ? s[g + 1] : 0.0f), _mm_set1_ps(s[g]));
+    } else {
+      return _mm256_set1_ps(s[g]);
+    }
+  }
 };
 
 }  // namespace

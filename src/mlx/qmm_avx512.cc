@@ -19,7 +19,7 @@
 // The column-interleaved int8 GEMM (qmm_impl.h) exists for this variant.
 #define QMM_Q8_GEMM 1
 // So do the split-nibble int8 dot tiles for 4-bit weights (qmm_impl.h).
-#define QMM_Q8_SPLIT4 1
+#define QMM_Q8_SPLIT 1
 #define QMM_NS avx512
 #define QMM_ISA Isa::Avx512
 
@@ -216,23 +216,26 @@ struct V {
     *d_out = d;
     return sum;
   }
-  // Split-nibble chunks (4-bit weights; x in kQ8SplitChunk layout): four
+  // Split-nibble chunks (4-bit weights; x in the Q8Split layout): four
   // blocks, one per 128-bit lane. A block's two nibbles go to two vectors
   // in the same lanes, so both `vpdpbusd` add into one int32 lane per 4
   // values of a block and the conversion, scaling and FMA run once per
   // 128 values (per 64 in the chunks above).
+  static constexpr int Q8S_BLOCKS = 4;
+  struct Nibbles {
+    __m512i lo, hi;
+  };
   // `n` < 4 blocks: the rest of the chunk is zero (masked, never read).
-  QMM_Q8_FN static inline void q8s_load(const uint8_t* p, int n, __m512i& lo, __m512i& hi) {
+  QMM_Q8_FN static inline Nibbles q8s_load(const uint8_t* p, int n) {
     const __m512i raw = n == 4 ? _mm512_loadu_si512(p)
                                : _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (4 * n)) - 1), p);
     const __m512i low4 = _mm512_set1_epi8(0x0f);
-    lo = _mm512_and_si512(raw, low4);
-    hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+    return {_mm512_and_si512(raw, low4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)};
   }
   // x: the chunk's 64 even-k bytes, then its 64 odd-k bytes.
-  QMM_Q8_FN static inline T q8s_dot(__m512i lo, __m512i hi, const int8_t* x) {
-    const __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x));
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(acc, hi, _mm512_loadu_si512(x + 64)));
+  QMM_Q8_FN static inline T q8s_dot(const Nibbles& w, const int8_t* x) {
+    const __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w.lo, _mm512_loadu_si512(x));
+    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(acc, w.hi, _mm512_loadu_si512(x + 64)));
   }
   // Lanes 4L..4L+3: the scale of block L, s[g + L * 32 / GROUP] (n blocks).
   template <int GROUP>

@@ -19,7 +19,7 @@
 //   convert_halves(src, n, bf16, dst)  n f16 (or bfloat16) values to f32
 //                             (may write up to 16 floats past dst + n)
 //   Q8_BLOCKS, Q8_MR, q8_*    the int8-activation path (see run_q8 below);
-//                             q8s_* where the file defines QMM_Q8_SPLIT4
+//                             Q8S_BLOCKS, q8s_* where the file defines QMM_Q8_SPLIT
 //
 // Shape of the computation. The k order inside a block of 2W values is free
 // because the caller permutes x the way nibbles unpack.
@@ -646,33 +646,36 @@ QMM_Q8_FN __attribute__((always_inline)) inline void q8_bias_term(
   }
 }
 
-#if defined(QMM_Q8_SPLIT4)
+#if defined(QMM_Q8_SPLIT)
 // 4-bit weights, x in the split layout (Q8Split, qmm_kernels.h), for a
-// variant that defines QMM_Q8_SPLIT4 and provides
-//   q8s_load(p, n, lo, hi)        n <= 4 blocks of packed weights (block L in
-//                                 128-bit lane L): low and high nibbles
-//   q8s_dot(lo, hi, x)            both nibbles' integer dot products with the
+// variant that defines QMM_Q8_SPLIT and provides
+//   Q8S_BLOCKS                    blocks per chunk
+//   q8s_load(p, n)                n <= Q8S_BLOCKS blocks of packed weights
+//                                 (block L in 128-bit lane L): their low and
+//                                 high nibbles
+//   q8s_dot(w, x)                 both nibbles' integer dot products with the
 //                                 chunk's even and odd x bytes, as f32 (lanes
 //                                 4L..4L+3: block L)
 //   q8s_wscale<GROUP>(s, g, n)    the weight scales over those lanes
 // Per chunk and weight row, the nibbles are unpacked once for the MR rows
-// of x; the conversion, scaling and FMA run once per 4 blocks.
+// of x; the conversion, scaling and FMA run once per chunk.
+constexpr Q8Split kQ8Split{V::Q8S_BLOCKS};
+
 template <class QF, ScaleType ST, int MR, bool FULL>
 QMM_Q8_FN __attribute__((always_inline)) inline void q8s_chunk(
     const Q8Rows<QF, ST>& rows, T (&acc)[MR][NR], int b, int n, const int8_t* xq,
     const float* xd, size_t ldx, size_t ldd) {
   constexpr int BB = kQ8Block / 2;  // packed bytes per block
-  if constexpr (FULL) n = Q8Split::kBlocks;
+  if constexpr (FULL) n = V::Q8S_BLOCKS;
   QMM_UNROLL
   for (int j = 0; j < NR; ++j) {
     const uint8_t* wp = rows.w[j] + b * BB;
     __builtin_prefetch(wp + kPrefetchRows * rows.row_bytes, 0, kPrefetchLocality<MR>);
-    __m512i lo, hi;
-    V::q8s_load(wp, n, lo, hi);
+    const auto w = V::q8s_load(wp, n);
     const T sc = V::template q8s_wscale<QF::GROUP>(rows.s[j], b * kQ8Block / QF::GROUP, n);
     QMM_UNROLL
     for (int m = 0; m < MR; ++m)
-      acc[m][j] = V::fma(V::q8s_dot(lo, hi, xq + m * ldx), V::mul(sc, V::load(xd + m * ldd)),
+      acc[m][j] = V::fma(V::q8s_dot(w, xq + m * ldx), V::mul(sc, V::load(xd + m * ldd)),
                          acc[m][j]);
   }
 }
@@ -680,18 +683,19 @@ QMM_Q8_FN __attribute__((always_inline)) inline void q8s_chunk(
 template <class QF, ScaleType ST, int MR>
 QMM_Q8_FN void tile_q8_split(const Problem& p, const Q8Rows<QF, ST>& rows, int m0, int n0,
                              int k0, int k1, bool accumulate) {
-  constexpr int CB = Q8Split::kBlocks;
-  const size_t ldx = Q8Split::row_bytes(p.K), ldd = Q8Split::row_floats(p.K);
+  constexpr int CB = V::Q8S_BLOCKS;
+  const size_t ldx = kQ8Split.row_bytes(p.K), ldd = kQ8Split.row_floats(p.K);
+  const size_t cb = kQ8Split.chunk_bytes(), cf = kQ8Split.chunk_floats();
   const int nb = (k1 - k0) / kQ8Block, c0 = k0 / (CB * kQ8Block);
-  const int8_t* xq = p.xq + m0 * ldx + c0 * Q8Split::kChunkBytes;
-  const float* xd = p.xd8 + m0 * ldd + c0 * Q8Split::kChunkFloats;
+  const int8_t* xq = p.xq + m0 * ldx + c0 * cb;
+  const float* xd = p.xd8 + m0 * ldd + c0 * cf;
   T acc[MR][NR];
   QMM_UNROLL
   for (int m = 0; m < MR; ++m)
     QMM_UNROLL
     for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
   int b = 0;
-  for (; b + CB <= nb; b += CB, xq += Q8Split::kChunkBytes, xd += Q8Split::kChunkFloats)
+  for (; b + CB <= nb; b += CB, xq += cb, xd += cf)
     q8s_chunk<QF, ST, MR, true>(rows, acc, b, CB, xq, xd, ldx, ldd);
   if (b < nb) q8s_chunk<QF, ST, MR, false>(rows, acc, b, nb - b, xq, xd, ldx, ldd);
   q8_bias_term<QF, ST, MR>(p, rows, acc, m0, k0, k1);
@@ -734,7 +738,7 @@ QMM_Q8_FN void q8_rows(const Problem& p, const Q8Rows<QF, ST>& rows, int count, 
   if constexpr (MR > 1) {
     if (count < MR) return q8_rows<QF, ST, MR - 1>(p, rows, count, m, n, k0, k1, accumulate);
   }
-#if defined(QMM_Q8_SPLIT4)
+#if defined(QMM_Q8_SPLIT)
   if constexpr (QF::BITS == 4) {
     tile_q8_split<QF, ST, MR>(p, rows, m, n, k0, k1, accumulate);
   } else
@@ -1018,14 +1022,14 @@ constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
 constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 
-#if defined(QMM_Q8_SPLIT4)
-constexpr bool kQ8Split4 = true;
+#if defined(QMM_Q8_SPLIT)
+constexpr int kQ8SplitBlocks = V::Q8S_BLOCKS;
 #else
-constexpr bool kQ8Split4 = false;
+constexpr int kQ8SplitBlocks = 0;
 #endif
 
 const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8,
-                       kRunQ8Gemm, kQuantizeQ8, &pack_x_tile, kQ8Split4};
+                       kRunQ8Gemm, kQuantizeQ8, &pack_x_tile, kQ8SplitBlocks};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

@@ -44,8 +44,8 @@ struct Problem {
   // Int8 activations (`run_q8` only): x quantized per block of 32 values,
   // xq = round(x / d) with d = max|x| / 127, permuted inside each block like
   // x above ([16 even k, 16 odd k]) for 4-bit weights; or, for 4-bit
-  // weights on the dot-product path of a variant with `q8_split4`, in the
-  // split layout (`Q8Split`).
+  // weights on the dot-product path of a variant with `q8_split_blocks`, in
+  // the split layout (`Q8Split`).
   const int8_t* xq = nullptr;      // M x K (+ kQ8Pad bytes); split: M x row_bytes(K)
   const float* xd8 = nullptr;      // M x K/32 blocks, each d 8 times; split: M x row_floats(K)
   const int32_t* xqsum = nullptr;  // M x K/32: sum of xq per block
@@ -65,21 +65,19 @@ constexpr int kQ8Block = 32;
 // vector load of a whole chunk at the last block stays inside them.
 constexpr int kQ8Pad = 64;
 
-// The split layout of int8 x for 4-bit weights (`Kernels::q8_split4`): per
-// row, chunks of kBlocks blocks of 32 values, each chunk the even-k bytes of
-// its blocks (16 per block, block after block), then their odd-k bytes, so
-// that a block's low and high nibbles meet their x in the same vector
-// lanes; and per chunk kChunkFloats floats, each block's d 4 times. A row's
+// The split layout of int8 x for 4-bit weights (`Kernels::q8_split_blocks`
+// = B > 0): per row, chunks of B blocks of 32 values, each chunk the even-k
+// bytes of its blocks (16 per block, block after block), then their odd-k
+// bytes, so that a block's low and high nibbles meet their x in the same
+// vector lanes; and per chunk 4 * B floats, each block's d 4 times. A row's
 // last chunk may have fewer blocks: its other bytes and d's are zero.
 struct Q8Split {
-  static constexpr int kBlocks = 4;
-  static constexpr int kChunkBytes = kBlocks * kQ8Block;
-  static constexpr int kChunkFloats = 16;
-  static constexpr int chunks(int K) { return (K / kQ8Block + kBlocks - 1) / kBlocks; }
-  static constexpr size_t row_bytes(int K) { return static_cast<size_t>(chunks(K)) * kChunkBytes; }
-  static constexpr size_t row_floats(int K) {
-    return static_cast<size_t>(chunks(K)) * kChunkFloats;
-  }
+  int blocks;
+  int chunks(int K) const { return (K / kQ8Block + blocks - 1) / blocks; }
+  size_t chunk_bytes() const { return static_cast<size_t>(blocks) * kQ8Block; }
+  size_t chunk_floats() const { return static_cast<size_t>(blocks) * 4; }
+  size_t row_bytes(int K) const { return chunks(K) * chunk_bytes(); }
+  size_t row_floats(int K) const { return chunks(K) * chunk_floats(); }
 };
 
 // What one instruction-set variant provides.
@@ -111,8 +109,9 @@ struct Kernels {
   // `gemm_rows` pointers, each to K contiguous floats, or null for a
   // padding row (zeros); `dst` receives K * gemm_rows floats.
   void (*pack_x_tile)(const float* const* rows, int K, int bits, float* dst);
-  // `run_q8` takes x for 4-bit weights in the split layout (`Q8Split`).
-  bool q8_split4;
+  // Blocks per chunk of the split layout in which `run_q8` takes x for
+  // 4-bit weights (`Q8Split`), or 0: per block.
+  int q8_split_blocks;
 };
 
 // Floats of per-thread scratch that `run` needs for a given K.
