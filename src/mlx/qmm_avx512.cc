@@ -227,8 +227,8 @@ struct V {
   };
   // `n` < 4 blocks: the rest of the chunk is zero (masked, never read).
   QMM_Q8_FN static inline Nibbles q8s_load(const uint8_t* p, int n) {
-    const __m512i raw = n == 4 ? _mm512_loadu_si512(p)
-                               : _mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (4 * n)) - 1), p);
+    const __mmask16 blocks = static_cast<__mmask16>((1u << (4 * n)) - 1);
+    const __m512i raw = n == 4 ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi32(blocks, p);
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     return {_mm512_and_si512(raw, low4), _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4)};
   }
@@ -246,8 +246,9 @@ struct V {
       constexpr int per = GROUP / 32;  // blocks per group
       const int groups = (n + per - 1) / per;
       const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << groups) - 1), s + g);
-      const __m512i idx = per == 1 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
-                                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+      const __m512i idx =
+          per == 1 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
       return _mm512_permutexvar_ps(idx, v);
     }
   }

@@ -152,6 +152,15 @@ QMM_FN inline void dequant_block(const uint8_t* p, const GroupTab<QF>& t, int i,
   }
 }
 
+// A tile's accumulators, zeroed.
+template <int MR, int R>
+QMM_FN inline void zero_tile(T (&acc)[MR][R]) {
+  QMM_UNROLL
+  for (int m = 0; m < MR; ++m)
+    QMM_UNROLL
+    for (int j = 0; j < R; ++j) acc[m][j] = V::zero();
+}
+
 // Writes (or adds, for later k-blocks) the horizontal sums of a tile.
 template <int MR, int R>
 QMM_FN inline void store_tile(const Problem& p, int m0, int n0, bool accumulate,
@@ -258,10 +267,7 @@ QMM_FN void tile_direct(const Problem& p, const TileRows<QF, ST, R>& rows, int m
                         int k0, int k1, bool accumulate) {
   const size_t ldx = static_cast<size_t>(p.K);
   T acc[MR][R];
-  QMM_UNROLL
-  for (int m = 0; m < MR; ++m)
-    QMM_UNROLL
-    for (int j = 0; j < R; ++j) acc[m][j] = V::zero();
+  zero_tile(acc);
 
   const int ng = (k1 - k0) / QF::GROUP;
   for (int g = 0; g < ng; ++g) {
@@ -690,10 +696,7 @@ QMM_Q8_FN void tile_q8_split(const Problem& p, const Q8Rows<QF, ST>& rows, int m
   const int8_t* xq = p.xq + m0 * ldx + c0 * cb;
   const float* xd = p.xd8 + m0 * ldd + c0 * cf;
   T acc[MR][NR];
-  QMM_UNROLL
-  for (int m = 0; m < MR; ++m)
-    QMM_UNROLL
-    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+  zero_tile(acc);
   int b = 0;
   for (; b + CB <= nb; b += CB, xq += cb, xd += cf)
     q8s_chunk<QF, ST, MR, true>(rows, acc, b, CB, xq, xd, ldx, ldd);
@@ -716,10 +719,7 @@ QMM_Q8_FN void tile_q8(const Problem& p, const Q8Rows<QF, ST>& rows, int m0, int
   const float* xd = p.xd8 + b0 * 8;
   const int32_t* xsum = p.xqsum + b0;
   T acc[MR][NR];
-  QMM_UNROLL
-  for (int m = 0; m < MR; ++m)
-    QMM_UNROLL
-    for (int j = 0; j < NR; ++j) acc[m][j] = V::zero();
+  zero_tile(acc);
 
   int b = 0;
   for (; b + CB <= nb; b += CB)
