@@ -177,23 +177,6 @@ QMM_FN inline void store_tile(const Problem& p, int m0, int n0, bool accumulate,
   }
 }
 
-// Prefetches the scales (and biases) of weight rows [row, row + rows) into
-// L2. A tile reads its own once, at its start: a run of a few cache lines
-// apart from the weights' stream, which the hardware prefetchers did not
-// fetch in time (the conversion waited on those loads: ~4% of int8 decode's
-// samples, Zen 4).
-template <ScaleType ST>
-QMM_FN inline void prefetch_scales(const Problem& p, size_t row, size_t rows, size_t groups) {
-  constexpr size_t es = ST == ScaleType::F32 ? 4 : 2;
-  const size_t end = (row + rows) * groups * es;
-  for (size_t o = row * groups * es & ~size_t{63}; o < end; o += 64) {
-    __builtin_prefetch(static_cast<const char*>(p.scales) + o, 0, 2);
-    if (p.biases) __builtin_prefetch(static_cast<const char*>(p.biases) + o, 0, 2);
-  }
-}
-// Tiles ahead whose scales a tile prefetches.
-constexpr int kScalePrefetchTiles = 4;
-
 // Where the R weight rows of the tile at n0 start, and their scales and
 // biases for k-block [k0, k1) as f32. Rows past N repeat the last row
 // (computed, never stored) so the inner loops need no bounds checks.
@@ -211,8 +194,6 @@ struct TileRows {
   QMM_FN TileRows(const Problem& p, int n0, int k0, int k1) {
     row_bytes = static_cast<size_t>(p.K) * QF::BITS / 8;
     const size_t groups = static_cast<size_t>(p.K / QF::GROUP);
-    if (n0 + (kScalePrefetchTiles + 1) * R <= p.N)
-      prefetch_scales<ST>(p, n0 + kScalePrefetchTiles * R, R, groups);
     const int g0 = k0 / QF::GROUP, ng = (k1 - k0) / QF::GROUP;
     // A k-block of whole rows and no row past N: the tile's scales (and
     // biases) are one contiguous run, converted in one pass rather than a
