@@ -85,9 +85,7 @@ pub fn fast_quantized_matmul_isa(
 /// `sum |x| |w|`); see docs/cpu-kernels.md. Where the f32 kernel measured
 /// faster it runs instead: 4-bit weights with more than
 /// [`INT8_MAX_ROWS_4BIT`] rows of x (its GEMM path) on a CPU without the
-/// int8 GEMM ([`int8_gemm_available`]: AVX-512 VNNI), 8-bit weights with
-/// fewer than [`INT8_MIN_ROWS_8BIT`] (a single row of x streaming a large
-/// 8-bit matrix, e.g. the LM head at decode).
+/// int8 GEMM ([`int8_gemm_available`]: AVX-512 VNNI).
 pub fn fast_quantized_matmul_int8(
     x: &Array,
     w: &Array,
@@ -98,7 +96,7 @@ pub fn fast_quantized_matmul_int8(
 ) -> Result<Array> {
     let k = x.shape().last().copied().unwrap_or(0).max(1) as usize;
     let m = x.size() / k;
-    let int8 = if bits == 4 { m <= INT8_MAX_ROWS_4BIT || int8_gemm_available() } else { m >= INT8_MIN_ROWS_8BIT };
+    let int8 = bits != 4 || m <= INT8_MAX_ROWS_4BIT || int8_gemm_available();
     fast_quantized_matmul_with(x, w, scales, biases, group_size, bits, QmmIsa::Auto, int8)
 }
 
@@ -114,8 +112,6 @@ pub fn int8_gemm_available() -> bool {
 /// activations with 4-bit weights where there is no int8 GEMM (measured on
 /// Zen 4, bench/cpu_kernels.rs).
 pub const INT8_MAX_ROWS_4BIT: usize = 32;
-/// Rows of x from which it uses them with 8-bit weights.
-pub const INT8_MIN_ROWS_8BIT: usize = 2;
 
 /// The general form: kernel variant and activation type (`int8_x`). With
 /// int8 activations, `Avx512` on a CPU without VNNI runs the AVX2 kernel.

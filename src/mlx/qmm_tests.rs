@@ -538,10 +538,11 @@ fn int8_tolerance_catches_a_wrong_weight() {
 #[test]
 fn int8_entry_point_keeps_the_f32_kernel_where_it_is_faster() {
     let x = |m: i32| randn(&[m, 64], 71);
-    let (max4, min8) = (INT8_MAX_ROWS_4BIT as i32, INT8_MIN_ROWS_8BIT as i32);
-    // Above max4 rows, 4-bit weights take int8 only where its GEMM exists.
+    let max4 = INT8_MAX_ROWS_4BIT as i32;
+    // Above max4 rows, 4-bit weights take int8 only where its GEMM exists;
+    // 8-bit weights take it at every M.
     let gemm = int8_gemm_available();
-    for (bits, m, int8) in [(4, 1, true), (4, max4, true), (4, max4 + 1, gemm), (8, min8 - 1, false), (8, min8, true), (8, 70, true)] {
+    for (bits, m, int8) in [(4, 1, true), (4, max4, true), (4, max4 + 1, gemm), (8, 1, true), (8, 2, true), (8, 70, true)] {
         let q = quantized(8, 64, 32, bits, Dtype::F32, 72);
         let out = fast_quantized_matmul_int8(&x(m), &q.w, &q.scales, Some(&q.biases), 32, bits).unwrap();
         assert!(fast_qmm_isa_of(&out).is_some());
