@@ -24,12 +24,29 @@ namespace {
 // stream per (row, head); the hardware prefetchers do not keep ahead of it
 // (the loads stalled two thirds of the kernel's cycles at batch 32). Into L2
 // (prefetcht1), as the quantized matmul's decode tiles do (qmm_impl.h,
-// kPrefetchLocality): more misses in flight than L1 keeps.
-constexpr int kPrefetchKeys = 8;
+// kPrefetchLocality): more misses in flight than L1 keeps. The distance is
+// ~4 KiB of rows, at least 8 rows: 8 rows of 64 f16 values (1 KiB) arrived
+// late (decode after a 4,096-token prompt with an f16 cache, Zen 4: 32 rows
+// ahead decoded 1.15x as fast; with an f32 cache 8 and 16 rows were level).
+// A chunk requests its own first rows as it starts and nothing past its
+// last row (at short contexts those bytes would be a tenth of the reads).
+constexpr int kPrefetchBytes = 4096;
+template <typename E>
+QS_FN inline int prefetch_distance(int D) {
+  const int rows = kPrefetchBytes / (D * static_cast<int>(sizeof(E)));
+  return rows > 8 ? rows : 8;
+}
 template <typename E>
 QS_FN inline void prefetch_row(const E* r, int D) {
   const char* c = reinterpret_cast<const char*>(r);
   for (size_t i = 0; i < D * sizeof(E); i += 64) __builtin_prefetch(c + i, 0, 2);
+}
+// Rows [t0, min(t1, t0 + ahead)) of `rows` (D elements each): a chunk's head.
+// (always_inline: GCC drops a call to a function that only prefetches.)
+template <typename E>
+QS_FN __attribute__((always_inline)) inline void prefetch_head(const E* rows, int D, int t0, int t1, int ahead) {
+  const int end = t1 < t0 + ahead ? t1 : t0 + ahead;
+  for (int t = t0; t < end; ++t) prefetch_row(rows + static_cast<size_t>(t) * D, D);
 }
 
 // s[m][t - t0] = q_m . k_t for MR rows (S rows kChunk apart). Up to 4 rows
@@ -47,13 +64,15 @@ QS_FN void float_scores(const Problem& p, const float* q, int b, int h, int t0, 
                         float* S) {
   const int D = p.k.dim;
   const E* k = reinterpret_cast<const E*>(p.k.w_at(b, h));
+  const int ahead = prefetch_distance<E>(D);
+  prefetch_head(k, D, t0, t1, ahead);
   if constexpr (MR <= 4) {
     for (int t = t0; t < t1; t += 4) {
       const E* kr[4];
       QS_UNROLL
       for (int j = 0; j < 4; ++j) {
         kr[j] = k + static_cast<size_t>(t + j < t1 ? t + j : t1 - 1) * D;
-        prefetch_row(kr[j] + kPrefetchKeys * D, D);
+        if (t + j + ahead < t1) prefetch_row(kr[j] + static_cast<size_t>(ahead) * D, D);
       }
       T acc[MR][4];
       QS_UNROLL
@@ -78,7 +97,7 @@ QS_FN void float_scores(const Problem& p, const float* q, int b, int h, int t0, 
   }
   for (int t = t0; t < t1; ++t) {
     const E* kr = k + static_cast<size_t>(t) * D;
-    prefetch_row(kr + kPrefetchKeys * D, D);
+    if (t + ahead < t1) prefetch_row(kr + static_cast<size_t>(ahead) * D, D);
     T acc[MR];
     QS_UNROLL
     for (int m = 0; m < MR; ++m) acc[m] = V::zero();
@@ -133,10 +152,12 @@ QS_FN void float_values_slice(const E* v, int D, int d0, int t0, int t1, const f
   for (int m = 0; m < MR; ++m)
     QS_UNROLL
     for (int j = 0; j < NV; ++j) a[m][j] = V::zero();
+  // The first slice fetches whole rows ahead; later slices find them in cache.
+  const int ahead = prefetch_distance<E>(D);
+  if (d0 == 0) prefetch_head(v, D, t0, t1, ahead);
   for (int t = t0; t < t1; ++t) {
     const E* vr = v + static_cast<size_t>(t) * D + d0;
-    // The first slice fetches whole rows ahead; later slices find them in cache.
-    if (d0 == 0) prefetch_row(vr + kPrefetchKeys * D, D);
+    if (d0 == 0 && t + ahead < t1) prefetch_row(vr + static_cast<size_t>(ahead) * D, D);
     T vv[NV];
     QS_UNROLL
     for (int j = 0; j < NV; ++j) vv[j] = V::load(vr + j * W);
