@@ -26,10 +26,10 @@ namespace {
 // (prefetcht1), as the quantized matmul's decode tiles do (qmm_impl.h,
 // kPrefetchLocality): more misses in flight than L1 keeps. The distance is
 // ~4 KiB of rows, at least 8 rows: 8 rows of 64 f16 values (1 KiB) arrived
-// late (decode after a 4,096-token prompt with an f16 cache, Zen 4: 32 rows
-// ahead decoded 1.15x as fast; with an f32 cache 8 and 16 rows were level).
-// A chunk requests its own first rows as it starts and nothing past its
-// last row (at short contexts those bytes would be a tenth of the reads).
+// late (Zen 4, f16 cache: decode after a 4,096-token prompt 1.09x with 32
+// rows; f32 caches were level at 8 and 16; docs/cpu-kernels.md 1e). A chunk
+// requests its own first rows as it starts and nothing past its last row
+// (at short contexts those bytes would be a tenth of the reads).
 constexpr int kPrefetchBytes = 4096;
 template <typename E>
 QS_FN inline int prefetch_distance(int D) {
@@ -44,7 +44,8 @@ QS_FN inline void prefetch_row(const E* r, int D) {
 // Rows [t0, min(t1, t0 + ahead)) of `rows` (D elements each): a chunk's head.
 // (always_inline: GCC drops a call to a function that only prefetches.)
 template <typename E>
-QS_FN __attribute__((always_inline)) inline void prefetch_head(const E* rows, int D, int t0, int t1, int ahead) {
+QS_FN __attribute__((always_inline)) inline void prefetch_head(const E* rows, int D, int t0,
+                                                               int t1, int ahead) {
   const int end = t1 < t0 + ahead ? t1 : t0 + ahead;
   for (int t = t0; t < end; ++t) prefetch_row(rows + static_cast<size_t>(t) * D, D);
 }
