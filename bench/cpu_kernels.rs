@@ -14,8 +14,8 @@
 //! bench/results/cpu_kernels.json); ratios are stock time / mlxrt time.
 
 use mlxrt::mlx::{
-    blas_info, eval, fast_quantized_matmul_isa, fast_quantized_matmul_with, qmm_threads, quantize,
-    quantized_matmul, Array, Dtype, QmmIsa,
+    blas_info, eval, fast_quantized_matmul_isa, fast_quantized_matmul_packed, fast_quantized_matmul_with, pack_q4,
+    packable, qmm_threads, quantize, quantized_matmul, Array, Dtype, QmmIsa,
 };
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -258,6 +258,14 @@ fn main() {
     for (name, k, n, bits) in SHAPES {
         eprintln!("{name}");
         let wt = weights(k, n, bits);
+        // 4-bit layers as the int8 mode loads them where the CPU runs packed
+        // panels (mlx::pack_q4), with the same f32 scales as mlxrt_int8_f32.
+        let packed = packable(n, k, GROUP, bits).then(|| {
+            let (w, s, b) = pack_q4(&wt.w, &wt.s32, Some(&wt.b32)).unwrap();
+            let b = b.expect("stored biases stay stored");
+            eval(&[&w, &s, &b]).unwrap();
+            (w, s, b)
+        });
         let qbytes = |sbytes: f64| (n as f64 * k as f64 * bits as f64 / 8.0) + 2.0 * sbytes * (n * k / GROUP) as f64;
         let mut prev = BTreeMap::new();
         for &m in &rows {
@@ -313,6 +321,15 @@ fn main() {
                     linear_in_m: false,
                 },
             ];
+            let mut variants = variants;
+            if let Some((pw, ps, pb)) = &packed {
+                variants.push(Variant {
+                    name: "mlxrt_int8_packed_f32",
+                    op: Box::new(|| fast_quantized_matmul_packed(&x, pw, ps, Some(pb), GROUP).unwrap()),
+                    bytes: qbytes(4.0),
+                    linear_in_m: false,
+                });
+            }
             let variants: Vec<Variant> = if quick {
                 variants.into_iter().filter(|v| !v.name.starts_with("stock")).collect()
             } else {
@@ -398,7 +415,7 @@ fn point(
     };
     eprintln!(
         "  M={m:<4} {}",
-        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "mlxrt_int8_f32", "stock_f32", "dense_openblas", "dense_reference"]
+        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "mlxrt_int8_f32", "mlxrt_int8_packed_f32", "stock_f32", "dense_openblas", "dense_reference"]
             .iter()
             .filter_map(|k| line(k))
             .collect::<Vec<_>>()
@@ -412,6 +429,7 @@ fn point(
             "qmm_f32_time_ratio": ratio("stock_f32", "mlxrt_f32"),
             "qmm_f16_vs_stock_f32_time_ratio": ratio("stock_f32", "mlxrt_f16"),
             "int8_vs_f32_activations_time_ratio": ratio("mlxrt_f32", "mlxrt_int8_f32"),
+            "int8_packed_vs_int8_time_ratio": ratio("mlxrt_int8_f32", "mlxrt_int8_packed_f32"),
             "dense_openblas_time_ratio": ratio("dense_reference", "dense_openblas"),
         },
     })

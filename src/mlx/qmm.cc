@@ -28,6 +28,13 @@ namespace mx = mlx::core;
 
 namespace mlxrt::qmm {
 
+// Widest x of a packed layer: its scales and biases, as floats, fit the
+// scratch (qmm_impl.h, run_q8_packed).
+constexpr int kMaxPackedK = 65536;
+static_assert(2 * (kMaxPackedK / kQ8Block) * kPackedCols <=
+                  2 * kMaxLanes * kGemmRowStride + kPanelCacheFloats,
+              "a packed tile's scales and biases fit scratch_floats()");
+
 size_t scratch_floats(int K) {
   (void)K;  // panels are blocked to kBlockK whatever K is
   // The rows a GEMM panel is transposed from, and a group of panels.
@@ -306,7 +313,9 @@ void run_problem(const Kernels& k, const Problem& p, bool q8) {
   // A few chunks per thread balance uneven progress (other load, SMT).
   int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
   auto range = [&](int n0, int n1) {
-    if (q8 && p.gemm) {
+    if (p.packed) {
+      k.run_q8_packed(p, n0, n1, thread_scratch());
+    } else if (q8 && p.gemm) {
       k.run_q8_gemm(p, n0, n1, thread_scratch());
     } else if (q8) {
       k.run_q8(p, n0, n1);
@@ -560,6 +569,18 @@ bool consistent(const array& x, const array& w, const array& s, const array* b, 
          s.shape(0) == N && s.shape(1) == K / group && (!b || b->shape() == s.shape());
 }
 
+// The packed form (Problem::packed): w [N/32, K/32, 4, 32] words, scales
+// and biases [N/32, K/group, 32].
+bool consistent_packed(const array& x, const array& w, const array& s, const array* b,
+                       int group) {
+  const int64_t K = x.shape(-1);
+  return x.ndim() >= 1 && K > 0 && K % group == 0 && K <= kMaxPackedK && w.ndim() == 4 &&
+         w.shape(1) * kQ8Block == K && w.shape(2) == 4 && w.shape(3) == kPackedCols &&
+         s.ndim() == 3 && s.shape(0) == w.shape(0) && s.shape(1) == K / group &&
+         s.shape(2) == kPackedCols && (!b || b->shape() == s.shape()) &&
+         static_cast<int64_t>(x.size()) / K * w.shape(0) * kPackedCols < INT32_MAX;
+}
+
 // Weights are normally evaluated, dense arrays loaded from a file; anything
 // else gets MLX's contiguous copy first, because eval_cpu reads them raw.
 array dense(const array& a) {
@@ -582,9 +603,9 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
   if (!w.flags().row_contiguous || !s.flags().row_contiguous ||
       (b && !b->flags().row_contiguous))
     throw std::invalid_argument("FastQuantizedMatmul: weights must be row-contiguous");
-  if (!consistent(x, w, s, b, group_, bits_))
+  if (packed_ ? !consistent_packed(x, w, s, b, group_) : !consistent(x, w, s, b, group_, bits_))
     throw std::invalid_argument("FastQuantizedMatmul: inconsistent shapes");
-  const int K = x.shape(-1), N = w.shape(0);
+  const int K = x.shape(-1), N = packed_ ? w.shape(0) * kPackedCols : w.shape(0);
   const int M = static_cast<int>(x.size() / K);
 
   out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -595,8 +616,16 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
                 w = w.data<uint8_t>(), sp = s.data<void>(),
                 bp = b ? b->data<void>() : nullptr,
                 st = scale_type(s.dtype()), o = out.data<float>(), M, N, K,
-                group = group_, bits = bits_, k = kernels_, q8 = q8_]() {
+                group = group_, bits = bits_, k = kernels_, q8 = q8_, packed = packed_]() {
     thread_local AlignedFloats xbuf;
+    if (packed) {
+      const Q8X xq = prepare_q8(*k, xv, M, K, bits, group, true, xbuf);
+      Problem p{nullptr, w,        sp,       bp,    o,     M,           N, K, group, bits, st,
+                xq.xq,   xq.xd8, xq.xqsum, xq.xs, xq.xs_stride};
+      p.gemm = p.packed = true;
+      run_problem(*k, p, true);
+      return;
+    }
     if (q8) {
       const bool gemm = k->run_q8_gemm && M >= kQ8GemmRows;
       const Q8X xq = prepare_q8(*k, xv, M, K, bits, group, gemm, xbuf);
@@ -622,12 +651,12 @@ void FastQuantizedMatmul::eval_gpu(const std::vector<array>&, array&) {
 bool FastQuantizedMatmul::is_equivalent(const mx::Primitive& other) const {
   auto* o = dynamic_cast<const FastQuantizedMatmul*>(&other);
   return o && o->group_ == group_ && o->bits_ == bits_ && o->kernels_ == kernels_ &&
-         o->q8_ == q8_;
+         o->q8_ == q8_ && o->packed_ == packed_;
 }
 
 std::vector<mx::Shape> FastQuantizedMatmul::output_shapes(const std::vector<array>& inputs) {
   mx::Shape shape = inputs[0].shape();
-  shape.back() = inputs[1].shape(0);
+  shape.back() = inputs[1].shape(0) * (packed_ ? kPackedCols : 1);
   return {shape};
 }
 
@@ -685,6 +714,68 @@ std::unique_ptr<array> fast_quantized_matmul_symmetric(const array& x, const arr
                                                        const array& scales, int32_t group_size,
                                                        int32_t bits, uint8_t isa, bool int8_x) {
   return build(x, w, scales, nullptr, group_size, bits, isa, int8_x);
+}
+
+namespace {
+
+const Kernels* packed_kernels() {
+  const Kernels* k = q8_kernels(best_kernels());
+  return k && k->run_q8_packed && k->gemm_cols == kPackedCols ? k : nullptr;
+}
+
+// Packed panels back to MLX's layout: w [N, K/8], scales [N, K/group].
+array unpack_words(const array& w) {
+  return mx::reshape(mx::transpose(w, {0, 3, 1, 2}), {w.shape(0) * kPackedCols, -1});
+}
+array unpack_groups(const array& s) {
+  return mx::reshape(mx::transpose(s, {0, 2, 1}), {s.shape(0) * kPackedCols, -1});
+}
+
+std::unique_ptr<array> build_packed(const array& x, const array& w, const array& scales,
+                                    const array* biases, int32_t group_size) {
+  if (w.ndim() != 4 || scales.ndim() != 3 || (biases && biases->ndim() != 3))
+    throw std::invalid_argument("fast_quantized_matmul_packed: w must be 4-D, scales 3-D");
+  const Kernels* k = packed_kernels();
+  if (mx::default_device() == mx::Device::cpu && k && x.dtype() == mx::float32 &&
+      w.dtype() == mx::uint32 && is_float_type(scales.dtype()) &&
+      (!biases || biases->dtype() == scales.dtype()) &&
+      (group_size == 32 || group_size == 64 || group_size == 128) &&
+      consistent_packed(x, w, scales, biases, group_size)) {
+    auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
+                                                      group_size, 4, k, true, true);
+    std::vector<array> inputs{x, dense(w), dense(scales)};
+    if (biases) inputs.push_back(dense(*biases));
+    mx::Shape shape = x.shape();
+    shape.back() = w.shape(0) * kPackedCols;
+    return std::make_unique<array>(std::move(shape), mx::float32, std::move(prim),
+                                   std::move(inputs));
+  }
+  // Anything else (another device, half-precision x, a bad shape, which
+  // MLX's op then reports): the layers in MLX's layout.
+  const array wr = unpack_words(w), sr = unpack_groups(scales);
+  if (!biases) return build(x, wr, sr, nullptr, group_size, 4, 0, true);
+  const array br = unpack_groups(*biases);
+  return build(x, wr, sr, &br, group_size, 4, 0, true);
+}
+
+}  // namespace
+
+std::unique_ptr<array> fast_quantized_matmul_packed(const array& x, const array& w,
+                                                    const array& scales, const array& biases,
+                                                    int32_t group_size) {
+  return build_packed(x, w, scales, &biases, group_size);
+}
+
+std::unique_ptr<array> fast_quantized_matmul_packed_symmetric(const array& x, const array& w,
+                                                              const array& scales,
+                                                              int32_t group_size) {
+  return build_packed(x, w, scales, nullptr, group_size);
+}
+
+bool packed_weights_usable() {
+  // MLXRT_QMM_PACKED=0 keeps MLX's layout (A/B runs of the same binary).
+  static const bool on = env_int("MLXRT_QMM_PACKED", 1, 0) != 0;
+  return on && mx::default_device() == mx::Device::cpu && packed_kernels() != nullptr;
 }
 
 uint8_t best_isa() { return static_cast<uint8_t>(best_kernels()->isa); }

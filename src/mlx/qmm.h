@@ -21,8 +21,11 @@ using mlx::core::array;
 class FastQuantizedMatmul : public mlx::core::UnaryPrimitive {
  public:
   // `q8`: quantize x to int8 per block of 32 and run `Kernels::run_q8`.
-  FastQuantizedMatmul(mlx::core::Stream s, int group, int bits, const Kernels* k, bool q8)
-      : UnaryPrimitive(s), group_(group), bits_(bits), kernels_(k), q8_(q8) {}
+  // `packed`: the weights are packed column panels (see Problem::packed;
+  // implies q8 and 4 bits).
+  FastQuantizedMatmul(mlx::core::Stream s, int group, int bits, const Kernels* k, bool q8,
+                      bool packed = false)
+      : UnaryPrimitive(s), group_(group), bits_(bits), kernels_(k), q8_(q8), packed_(packed) {}
 
   void eval_cpu(const std::vector<array>& inputs, array& out) override;
   void eval_gpu(const std::vector<array>& inputs, array& out) override;
@@ -36,7 +39,7 @@ class FastQuantizedMatmul : public mlx::core::UnaryPrimitive {
  private:
   int group_, bits_;
   const Kernels* kernels_;
-  bool q8_;
+  bool q8_, packed_;
 };
 
 // ---- bridged to Rust (qmm_sys.rs) ----
@@ -58,6 +61,22 @@ std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
 std::unique_ptr<array> fast_quantized_matmul_symmetric(const array& x, const array& w,
                                                        const array& scales, int32_t group_size,
                                                        int32_t bits, uint8_t isa, bool int8_x);
+// 4-bit weights packed at load into column panels (see Problem::packed:
+// w [N/32, K/32, 4, 32] uint32 words, scales and biases [N/32, K/group,
+// 32]) times x with int8 activations: the primitive on the CPU where
+// `packed_weights_usable()`; elsewhere MLX's op on the unpacked arrays.
+std::unique_ptr<array> fast_quantized_matmul_packed(const array& x, const array& w,
+                                                    const array& scales, const array& biases,
+                                                    int32_t group_size);
+// The same for a symmetric format (biases implied by the scales).
+std::unique_ptr<array> fast_quantized_matmul_packed_symmetric(const array& x, const array& w,
+                                                              const array& scales,
+                                                              int32_t group_size);
+// Whether packing pays here: the default device is the CPU and its best
+// int8 kernel runs packed panels (AVX-512 VNNI).
+bool packed_weights_usable();
+// Output columns per packed panel.
+constexpr int kPackedCols = 32;
 // The best instruction set this CPU runs (an `Isa` code, never Auto).
 uint8_t best_isa();
 bool isa_available(uint8_t isa);

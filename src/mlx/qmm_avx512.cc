@@ -153,6 +153,7 @@ struct V {
   QMM_Q8_FN static inline I q8g_dot(I acc, I w, int32_t x4) {
     return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(x4));
   }
+  QMM_Q8_FN static inline I q8g_add(I a, I b) { return _mm512_add_epi32(a, b); }
   QMM_Q8_FN static inline T q8g_float(I a) { return _mm512_cvtepi32_ps(a); }
   QMM_Q8_FN static inline void q8g_store(uint8_t* p, I v) { _mm512_storeu_si512(p, v); }
   // out[t] lane j = 32-bit word t of the 16 bytes at src[j] + off: the

@@ -816,6 +816,7 @@ QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
 // The variant's V provides
 //   I, q8g_zero(), q8g_load(p)    int32 vectors, 64 bytes of panel
 //   q8g_dot(acc, w, x4)           acc += per-lane dot of 4 u8 (w) x 4 s8 (x4)
+//   q8g_add(a, b)                 lane-wise int32 sum
 //   q8g_float(acc)                the int32 lanes as f32
 //   q8g_store(p, v)               64 bytes of panel
 //   q8g_words16(src, off, out)    16 columns' 16 bytes at src[j] + off as 4
@@ -1018,10 +1019,145 @@ QMM_Q8_FN void run_q8_gemm(const Problem& p, int n0, int n1, float* scratch) {
     run_q8_gemm_bits<8>(p, n0, n1, scratch);
   }
 }
+
+// ---------------------------------------------------------------------------
+// Int8 activations against 4-bit weights packed at load (Problem::packed).
+// The packed panel holds the same bytes as the packed words of
+// fill_q8_panel, already transposed: a tile of NC columns is one sequential
+// stream of (K / 32) x 4 x NC words, so the tiles read their weights with
+// no per-call fill (the transposes, gathers and stores that made the GEMM
+// path slower than the dot-product tiles below 24 rows). Each 64-byte load
+// is word t of 16 columns; its low nibbles are k 8t, 8t + 2, .. (x's bytes
+// 4t .. 4t + 3 in nibble order), its high nibbles the odd k (16 + 4t ..).
+// The arithmetic is the int8 GEMM's: exact integer sums per block, f32
+// scaling per block.
+constexpr int Q8P_BLOCK_BYTES = 4 * NC * 4;  // one block of 32 k for NC columns
+
+// MR rows of x from m0 against packed column tile `t`; `ps` and `pb` hold
+// the tile's scales and biases as floats, [group][NC].
+template <int MR, int GROUP>
+QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int t, int m0) {
+  const int nb = p.K / kQ8Block, ng = p.K / GROUP;
+  const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
+  const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * Q8P_BLOCK_BYTES;
+  const int8_t* xq = p.xq + m0 * ldx;
+  const float* xd = p.xd8 + m0 * ldb * 8;
+  T f[MR][2];
+  QMM_UNROLL
+  for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = V::zero();
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* wb = wt + static_cast<size_t>(b) * Q8P_BLOCK_BYTES;
+    // At one or two rows the low and high nibbles add into separate int32
+    // accumulators: 4 dependent `vpdpbusd` per chain and block, not 8
+    // (their latency, not their throughput, bounded the tile).
+    constexpr int A = MR <= 2 ? 2 : 1;
+    I a[A][MR][2];
+    QMM_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      QMM_UNROLL
+      for (int j = 0; j < A; ++j) a[j][r][0] = a[j][r][1] = V::q8g_zero();
+    }
+    QMM_UNROLL
+    for (int q = 0; q < 4; ++q) {
+      const I v0 = V::q8g_load(wb + q * NC * 4), v1 = V::q8g_load(wb + q * NC * 4 + W * 4);
+      const I l0 = V::q8g_low4(v0), l1 = V::q8g_low4(v1);
+      const I h0 = V::q8g_high4(v0), h1 = V::q8g_high4(v1);
+      QMM_UNROLL
+      for (int r = 0; r < MR; ++r) {
+        const int8_t* xb = xq + r * ldx + b * kQ8Block + 4 * q;
+        int32_t xl, xh;
+        __builtin_memcpy(&xl, xb, 4);
+        __builtin_memcpy(&xh, xb + kQ8Block / 2, 4);
+        a[0][r][0] = V::q8g_dot(a[0][r][0], l0, xl);
+        a[0][r][1] = V::q8g_dot(a[0][r][1], l1, xl);
+        a[A - 1][r][0] = V::q8g_dot(a[A - 1][r][0], h0, xh);
+        a[A - 1][r][1] = V::q8g_dot(a[A - 1][r][1], h1, xh);
+      }
+    }
+    if constexpr (A == 2) {
+      QMM_UNROLL
+      for (int r = 0; r < MR; ++r) {
+        a[0][r][0] = V::q8g_add(a[0][r][0], a[1][r][0]);
+        a[0][r][1] = V::q8g_add(a[0][r][1], a[1][r][1]);
+      }
+    }
+    const float* sb = ps + b * kQ8Block / GROUP * NC;
+    const T s0 = V::load(sb), s1 = V::load(sb + W);
+    QMM_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      const T d = V::set1(xd[(r * ldb + b) * 8]);
+      f[r][0] = V::fma(V::q8g_float(a[0][r][0]), V::mul(s0, d), f[r][0]);
+      f[r][1] = V::fma(V::q8g_float(a[0][r][1]), V::mul(s1, d), f[r][1]);
+    }
+  }
+  // Bias term: b_w * sum(d * xq) per group.
+  for (int g = 0; g < ng; ++g) {
+    const T b0 = V::load(pb + g * NC), b1 = V::load(pb + g * NC + W);
+    QMM_UNROLL
+    for (int r = 0; r < MR; ++r) {
+      const T xs = V::set1(p.xs[static_cast<size_t>(m0 + r) * p.xs_stride + g]);
+      f[r][0] = V::fma(b0, xs, f[r][0]);
+      f[r][1] = V::fma(b1, xs, f[r][1]);
+    }
+  }
+  QMM_UNROLL
+  for (int r = 0; r < MR; ++r) {
+    float* o = p.out + static_cast<size_t>(m0 + r) * p.N + static_cast<size_t>(t) * NC;
+    V::store(o, f[r][0]);
+    V::store(o + W, f[r][1]);
+  }
+}
+
+template <int GROUP, int MR = Q8G_MR>
+QMM_Q8_FN void q8p_rows(const Problem& p, const float* ps, const float* pb, int rows, int t,
+                        int m) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return q8p_rows<GROUP, MR - 1>(p, ps, pb, rows, t, m);
+  }
+  tile_q8p<MR, GROUP>(p, ps, pb, t, m);
+}
+
+// A tile's scales (or biases) as floats: n values from element `at`.
+QMM_Q8_FN void widen_scales(const void* src, ScaleType st, size_t at, int n, float* dst) {
+  if (st == ScaleType::F32) {
+    __builtin_memcpy(dst, static_cast<const float*>(src) + at, sizeof(float) * n);
+  } else {
+    V::convert_halves(static_cast<const uint16_t*>(src) + at, n, st == ScaleType::BF16, dst);
+  }
+}
+
+template <int GROUP>
+QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1, float* scratch) {
+  const int ng = p.K / GROUP;
+  float* ps = scratch;
+  float* pb = scratch + ng * NC;
+  const T implied = V::set1(-static_cast<float>(1 << (p.bits - 1)));
+  for (int t = n0 / NC; t < n1 / NC; ++t) {
+    const size_t at = static_cast<size_t>(t) * ng * NC;
+    widen_scales(p.scales, p.stype, at, ng * NC, ps);
+    if (p.biases) {
+      widen_scales(p.biases, p.stype, at, ng * NC, pb);
+    } else {  // a symmetric format: -2^(bits-1) * scale, exact
+      for (int i = 0; i < ng * NC; i += W) V::store(pb + i, V::mul(V::load(ps + i), implied));
+    }
+    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<GROUP>(p, ps, pb, p.M - m, t, m);
+  }
+}
+
+QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1, float* scratch) {
+  switch (p.group) {
+    case 32: return run_q8_packed_group<32>(p, n0, n1, scratch);
+    case 64: return run_q8_packed_group<64>(p, n0, n1, scratch);
+    default: return run_q8_packed_group<128>(p, n0, n1, scratch);
+  }
+}
+
 constexpr auto kRunQ8Gemm = &run_q8_gemm;
+constexpr auto kRunQ8Packed = &run_q8_packed;
 constexpr auto kQuantizeQ8 = &V::q8_quantize_block;
 #else
 constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
+constexpr void (*kRunQ8Packed)(const Problem&, int, int, float*) = nullptr;
 constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 
@@ -1032,7 +1168,7 @@ constexpr int kQ8SplitBlocks = 0;
 #endif
 
 const Kernels kKernels{QMM_ISA, V::W, &run, V::NR_WIDE, V::DIRECT_ROWS, MG, NC, &run_q8,
-                       kRunQ8Gemm, kQuantizeQ8, &pack_x_tile, kQ8SplitBlocks};
+                       kRunQ8Gemm, kRunQ8Packed, kQuantizeQ8, &pack_x_tile, kQ8SplitBlocks};
 
 }  // namespace
 }  // namespace mlxrt::qmm::QMM_NS

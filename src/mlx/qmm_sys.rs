@@ -28,6 +28,20 @@ pub(crate) mod ffi {
             isa: u8,
             int8_x: bool,
         ) -> Result<UniquePtr<array>>;
+        fn fast_quantized_matmul_packed(
+            x: &array,
+            w: &array,
+            scales: &array,
+            biases: &array,
+            group_size: i32,
+        ) -> Result<UniquePtr<array>>;
+        fn fast_quantized_matmul_packed_symmetric(
+            x: &array,
+            w: &array,
+            scales: &array,
+            group_size: i32,
+        ) -> Result<UniquePtr<array>>;
+        fn packed_weights_usable() -> bool;
         fn best_isa() -> u8;
         fn isa_available(isa: u8) -> bool;
         fn int8_gemm_available() -> bool;

@@ -5,8 +5,9 @@
 use crate::cache::Positions;
 use crate::error::{Error, Result};
 use crate::mlx::{
-    dequantize, fast, fast_quantized_matmul, fast_quantized_matmul_int8, fast_swiglu, fast_swiglu_packed, fused_add_rms_norm, fused_heads, fused_rms_norm, fused_rope,
-    fused_rope_at, quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, Array, Dtype, HeadPart, HeadRope,
+    dequantize, fast, fast_quantized_matmul, fast_quantized_matmul_int8, fast_quantized_matmul_packed, fast_swiglu, fast_swiglu_packed, fused_add_rms_norm, fused_heads, fused_rms_norm, fused_rope,
+    fused_rope_at, pack_q4, quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, unpack_q4, Array, Dtype, HeadPart, HeadRope,
+    PACKED_COLS,
 };
 use serde_json::Value;
 
@@ -101,8 +102,11 @@ pub fn gated_mlp_hidden(gate_up: &LinearGroup, x: &Array, kernels: Kernels) -> R
 pub enum Linear {
     /// `kernels` only decides stacking (see `FusedLinear::new`).
     Dense { w: Array, b: Option<Array>, kernels: Kernels },
-    /// `biases` None: a symmetric format's, implied by the scales.
-    Quantized { w: Array, scales: Array, biases: Option<Array>, b: Option<Array>, spec: QuantSpec, kernels: Kernels },
+    /// `biases` None: a symmetric format's, implied by the scales. `packed`:
+    /// `w`, `scales` and `biases` in `mlx::pack_q4`'s layout (4-bit layers
+    /// under `Kernels::Int8` where the CPU runs packed panels; see
+    /// `Weights::linear`).
+    Quantized { w: Array, scales: Array, biases: Option<Array>, b: Option<Array>, spec: QuantSpec, kernels: Kernels, packed: bool },
 }
 
 impl Linear {
@@ -111,7 +115,10 @@ impl Linear {
             // With a bias, mlx's nn.Linear uses addmm (one rounding).
             Linear::Dense { w, b: Some(b), .. } => return Ok(x.addmm(&w.transpose(&[1, 0])?, b)?),
             Linear::Dense { w, b, .. } => (x.matmul(&w.transpose(&[1, 0])?)?, b),
-            Linear::Quantized { w, scales, biases, b, spec, kernels } => (qmm(x, w, scales, biases.as_ref(), *spec, *kernels)?, b),
+            Linear::Quantized { w, scales, biases, b, spec, packed: true, .. } => {
+                (fast_quantized_matmul_packed(x, w, scales, biases.as_ref(), spec.group_size)?, b)
+            }
+            Linear::Quantized { w, scales, biases, b, spec, kernels, .. } => (qmm(x, w, scales, biases.as_ref(), *spec, *kernels)?, b),
         };
         match b {
             Some(b) => Ok(y.add(b)?),
@@ -125,14 +132,15 @@ impl Linear {
         let t = |a: Array| -> Result<Array> { Ok(a.take(&idx, 0)?) };
         Ok(match self {
             Linear::Dense { w, b, kernels } => Linear::Dense { w: t(w)?, b: b.map(t).transpose()?, kernels },
-            Linear::Quantized { w, scales, biases, b, spec, kernels } => Linear::Quantized {
-                w: t(w)?,
-                scales: t(scales)?,
-                biases: biases.map(t).transpose()?,
-                b: b.map(t).transpose()?,
-                spec,
-                kernels,
-            },
+            Linear::Quantized { w, scales, biases, b, spec, kernels, packed } => {
+                // A packed layer's rows are taken in MLX's layout, then packed
+                // again if they still make whole panels (load time only).
+                let (w, scales, biases) = if packed { unpack_q4(&w, &scales, biases.as_ref())? } else { (w, scales, biases) };
+                let (w, scales, biases) = (t(w)?, t(scales)?, biases.map(t).transpose()?);
+                let repack = packed && rows.len() as i32 % PACKED_COLS == 0;
+                let (w, scales, biases) = if repack { pack_q4(&w, &scales, biases.as_ref())? } else { (w, scales, biases) };
+                Linear::Quantized { w, scales, biases, b: b.map(t).transpose()?, spec, kernels, packed: repack }
+            }
         })
     }
 
@@ -168,9 +176,9 @@ impl Linear {
                 ka.except_qmm() == Kernels::Auto && kb.except_qmm() == Kernels::Auto && same_bias && same_dtype
             }
             (
-                Linear::Quantized { spec: a, kernels: ka, scales: sa, biases: ba, .. },
-                Linear::Quantized { spec: b, kernels: kb, scales: sb, biases: bb, .. },
-            ) => same_bias && a == b && ka == kb && sa.dtype() == sb.dtype() && ba.is_some() == bb.is_some(),
+                Linear::Quantized { spec: a, kernels: ka, scales: sa, biases: ba, packed: pa, .. },
+                Linear::Quantized { spec: b, kernels: kb, scales: sb, biases: bb, packed: pb, .. },
+            ) => same_bias && a == b && ka == kb && sa.dtype() == sb.dtype() && ba.is_some() == bb.is_some() && pa == pb,
             _ => false,
         }
     }
@@ -213,7 +221,9 @@ impl FusedLinear {
             Linear::Dense { kernels, .. } => {
                 Linear::Dense { w: cat(&|l| Some(l.weight()))?.expect("all parts have weights"), b, kernels: *kernels }
             }
-            Linear::Quantized { spec, kernels, .. } => Linear::Quantized {
+            // Packed parts stack the same way: whole panels along axis 0.
+            Linear::Quantized { spec, kernels, packed, .. } => Linear::Quantized {
+                packed: *packed,
                 w: cat(&|l| l.quantized().map(|q| q.0))?.expect("stackable parts are quantized"),
                 scales: cat(&|l| l.quantized().map(|q| q.1))?.expect("stackable parts are quantized"),
                 biases: cat(&|l| l.quantized().and_then(|q| q.2))?,

@@ -5,7 +5,7 @@
 use super::layers::{implied_biases, Embedding, Kernels, Linear, QuantSpec};
 use super::moe::SwitchLinear;
 use crate::error::{Error, Result};
-use crate::mlx::{Array, Dtype};
+use crate::mlx::{pack_q4, packable, Array, Dtype};
 use std::collections::HashMap;
 
 /// Per-checkpoint quantization settings: a default and per-module overrides
@@ -120,7 +120,13 @@ impl Weights {
             return Ok(Linear::Dense { w, b, kernels: self.kernels });
         }
         let (w, scales, biases, spec) = self.quantized(prefix, in_dim, out_dim)?;
-        Ok(Linear::Quantized { w, scales, biases, b, spec, kernels: self.kernels })
+        // Int8 activations on a CPU that runs packed panels: rearranged once
+        // here (docs/cpu-kernels.md, 1f).
+        if self.kernels == Kernels::Int8 && packable(out_dim, in_dim, spec.group_size, spec.bits) {
+            let (w, scales, biases) = pack_q4(&w, &scales, biases.as_ref())?;
+            return Ok(Linear::Quantized { w, scales, biases, b, spec, kernels: self.kernels, packed: true });
+        }
+        Ok(Linear::Quantized { w, scales, biases, b, spec, kernels: self.kernels, packed: false })
     }
 
     /// A token embedding table `prefix` of `vocab` rows × `dim`.
