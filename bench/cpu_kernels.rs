@@ -14,7 +14,7 @@
 //! bench/results/cpu_kernels.json); ratios are stock time / mlxrt time.
 
 use mlxrt::mlx::{
-    blas_info, eval, fast_quantized_matmul_isa, fast_quantized_matmul_packed, fast_quantized_matmul_with, pack_q4,
+    blas_info, eval, fast_quantized_matmul_isa, fast_quantized_matmul_packed, fast_quantized_matmul_with, pack_panels,
     packable, qmm_threads, quantize, quantized_matmul, Array, Dtype, QmmIsa,
 };
 use serde_json::{json, Map, Value};
@@ -258,10 +258,11 @@ fn main() {
     for (name, k, n, bits) in SHAPES {
         eprintln!("{name}");
         let wt = weights(k, n, bits);
-        // 4-bit layers as the int8 mode loads them where the CPU runs packed
-        // panels (mlx::pack_q4), with the same f32 scales as mlxrt_int8_f32.
+        // The layers as the int8 mode loads them where the CPU runs packed
+        // panels (mlx::pack_panels), with f16 scales as in GGUF files (compare
+        // mlxrt_int8_f16).
         let packed = packable(n, k, GROUP, bits).then(|| {
-            let (w, s, b) = pack_q4(&wt.w, &wt.s32, Some(&wt.b32)).unwrap();
+            let (w, s, b) = pack_panels(&wt.w, &wt.s16, Some(&wt.b16), bits).unwrap();
             let b = b.expect("stored biases stay stored");
             eval(&[&w, &s, &b]).unwrap();
             (w, s, b)
@@ -307,6 +308,15 @@ fn main() {
                     linear_in_m: false,
                 },
                 Variant {
+                    name: "mlxrt_int8_f16",
+                    op: Box::new(|| {
+                        fast_quantized_matmul_with(&x, &wt.w, &wt.s16, Some(&wt.b16), GROUP, bits, isa, true)
+                            .unwrap()
+                    }),
+                    bytes: qbytes(2.0),
+                    linear_in_m: false,
+                },
+                Variant {
                     name: "stock_f32",
                     op: Box::new(|| {
                         quantized_matmul(&x, &wt.w, &wt.s32, &wt.b32, true, GROUP, bits).unwrap()
@@ -324,9 +334,9 @@ fn main() {
             let mut variants = variants;
             if let Some((pw, ps, pb)) = &packed {
                 variants.push(Variant {
-                    name: "mlxrt_int8_packed_f32",
+                    name: "mlxrt_int8_packed_f16",
                     op: Box::new(|| fast_quantized_matmul_packed(&x, pw, ps, Some(pb), GROUP).unwrap()),
-                    bytes: qbytes(4.0),
+                    bytes: qbytes(2.0),
                     linear_in_m: false,
                 });
             }
@@ -415,7 +425,7 @@ fn point(
     };
     eprintln!(
         "  M={m:<4} {}",
-        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "mlxrt_int8_f32", "mlxrt_int8_packed_f32", "stock_f32", "dense_openblas", "dense_reference"]
+        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "mlxrt_int8_f32", "mlxrt_int8_f16", "mlxrt_int8_packed_f16", "stock_f32", "dense_openblas", "dense_reference"]
             .iter()
             .filter_map(|k| line(k))
             .collect::<Vec<_>>()
@@ -429,7 +439,7 @@ fn point(
             "qmm_f32_time_ratio": ratio("stock_f32", "mlxrt_f32"),
             "qmm_f16_vs_stock_f32_time_ratio": ratio("stock_f32", "mlxrt_f16"),
             "int8_vs_f32_activations_time_ratio": ratio("mlxrt_f32", "mlxrt_int8_f32"),
-            "int8_packed_vs_int8_time_ratio": ratio("mlxrt_int8_f32", "mlxrt_int8_packed_f32"),
+            "int8_packed_vs_int8_time_ratio": ratio("mlxrt_int8_f16", "mlxrt_int8_packed_f16"),
             "dense_openblas_time_ratio": ratio("dense_reference", "dense_openblas"),
         },
     })

@@ -569,13 +569,13 @@ bool consistent(const array& x, const array& w, const array& s, const array* b, 
          s.shape(0) == N && s.shape(1) == K / group && (!b || b->shape() == s.shape());
 }
 
-// The packed form (Problem::packed): w [N/32, K/32, 4, 32] words, scales
-// and biases [N/32, K/group, 32].
+// The packed form (Problem::packed): w [N/32, K/32, bits, 32] words,
+// scales and biases [N/32, K/group, 32].
 bool consistent_packed(const array& x, const array& w, const array& s, const array* b,
-                       int group) {
+                       int group, int bits) {
   const int64_t K = x.shape(-1);
   return x.ndim() >= 1 && K > 0 && K % group == 0 && K <= kMaxPackedK && w.ndim() == 4 &&
-         w.shape(1) * kQ8Block == K && w.shape(2) == 4 && w.shape(3) == kPackedCols &&
+         w.shape(1) * kQ8Block == K && w.shape(2) == bits && w.shape(3) == kPackedCols &&
          s.ndim() == 3 && s.shape(0) == w.shape(0) && s.shape(1) == K / group &&
          s.shape(2) == kPackedCols && (!b || b->shape() == s.shape()) &&
          static_cast<int64_t>(x.size()) / K * w.shape(0) * kPackedCols < INT32_MAX;
@@ -603,7 +603,8 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
   if (!w.flags().row_contiguous || !s.flags().row_contiguous ||
       (b && !b->flags().row_contiguous))
     throw std::invalid_argument("FastQuantizedMatmul: weights must be row-contiguous");
-  if (packed_ ? !consistent_packed(x, w, s, b, group_) : !consistent(x, w, s, b, group_, bits_))
+  if (packed_ ? !consistent_packed(x, w, s, b, group_, bits_)
+              : !consistent(x, w, s, b, group_, bits_))
     throw std::invalid_argument("FastQuantizedMatmul: inconsistent shapes");
   const int K = x.shape(-1), N = packed_ ? w.shape(0) * kPackedCols : w.shape(0);
   const int M = static_cast<int>(x.size() / K);
@@ -736,13 +737,14 @@ std::unique_ptr<array> build_packed(const array& x, const array& w, const array&
   if (w.ndim() != 4 || scales.ndim() != 3 || (biases && biases->ndim() != 3))
     throw std::invalid_argument("fast_quantized_matmul_packed: w must be 4-D, scales 3-D");
   const Kernels* k = packed_kernels();
+  const int bits = w.shape(2);  // words per block of 32 values
   if (mx::default_device() == mx::Device::cpu && k && x.dtype() == mx::float32 &&
       w.dtype() == mx::uint32 && is_float_type(scales.dtype()) &&
-      (!biases || biases->dtype() == scales.dtype()) &&
+      (!biases || biases->dtype() == scales.dtype()) && (bits == 4 || bits == 8) &&
       (group_size == 32 || group_size == 64 || group_size == 128) &&
-      consistent_packed(x, w, scales, biases, group_size)) {
+      consistent_packed(x, w, scales, biases, group_size, bits)) {
     auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
-                                                      group_size, 4, k, true, true);
+                                                      group_size, bits, k, true, true);
     std::vector<array> inputs{x, dense(w), dense(scales)};
     if (biases) inputs.push_back(dense(*biases));
     mx::Shape shape = x.shape();
@@ -753,9 +755,9 @@ std::unique_ptr<array> build_packed(const array& x, const array& w, const array&
   // Anything else (another device, half-precision x, a bad shape, which
   // MLX's op then reports): the layers in MLX's layout.
   const array wr = unpack_words(w), sr = unpack_groups(scales);
-  if (!biases) return build(x, wr, sr, nullptr, group_size, 4, 0, true);
+  if (!biases) return build(x, wr, sr, nullptr, group_size, bits, 0, true);
   const array br = unpack_groups(*biases);
-  return build(x, wr, sr, &br, group_size, 4, 0, true);
+  return build(x, wr, sr, &br, group_size, bits, 0, true);
 }
 
 }  // namespace
@@ -772,10 +774,11 @@ std::unique_ptr<array> fast_quantized_matmul_packed_symmetric(const array& x, co
   return build_packed(x, w, scales, nullptr, group_size);
 }
 
-bool packed_weights_usable() {
+bool packed_weights_usable(int32_t bits) {
   // MLXRT_QMM_PACKED=0 keeps MLX's layout (A/B runs of the same binary).
   static const bool on = env_int("MLXRT_QMM_PACKED", 1, 0) != 0;
-  return on && mx::default_device() == mx::Device::cpu && packed_kernels() != nullptr;
+  return on && (bits == 4 || bits == 8) && mx::default_device() == mx::Device::cpu &&
+         packed_kernels() != nullptr;
 }
 
 uint8_t best_isa() { return static_cast<uint8_t>(best_kernels()->isa); }

@@ -22,7 +22,7 @@ class FastQuantizedMatmul : public mlx::core::UnaryPrimitive {
  public:
   // `q8`: quantize x to int8 per block of 32 and run `Kernels::run_q8`.
   // `packed`: the weights are packed column panels (see Problem::packed;
-  // implies q8 and 4 bits).
+  // implies q8).
   FastQuantizedMatmul(mlx::core::Stream s, int group, int bits, const Kernels* k, bool q8,
                       bool packed = false)
       : UnaryPrimitive(s), group_(group), bits_(bits), kernels_(k), q8_(q8), packed_(packed) {}
@@ -61,10 +61,10 @@ std::unique_ptr<array> fast_quantized_matmul(const array& x, const array& w,
 std::unique_ptr<array> fast_quantized_matmul_symmetric(const array& x, const array& w,
                                                        const array& scales, int32_t group_size,
                                                        int32_t bits, uint8_t isa, bool int8_x);
-// 4-bit weights packed at load into column panels (see Problem::packed:
-// w [N/32, K/32, 4, 32] uint32 words, scales and biases [N/32, K/group,
-// 32]) times x with int8 activations: the primitive on the CPU where
-// `packed_weights_usable()`; elsewhere MLX's op on the unpacked arrays.
+// 4- or 8-bit weights packed at load into column panels (see
+// Problem::packed: w [N/32, K/32, bits, 32] uint32 words, scales and biases
+// [N/32, K/group, 32]) times x with int8 activations: the primitive on the
+// CPU where `packed_weights_usable()`; elsewhere the unpacked arrays.
 std::unique_ptr<array> fast_quantized_matmul_packed(const array& x, const array& w,
                                                     const array& scales, const array& biases,
                                                     int32_t group_size);
@@ -72,9 +72,9 @@ std::unique_ptr<array> fast_quantized_matmul_packed(const array& x, const array&
 std::unique_ptr<array> fast_quantized_matmul_packed_symmetric(const array& x, const array& w,
                                                               const array& scales,
                                                               int32_t group_size);
-// Whether packing pays here: the default device is the CPU and its best
-// int8 kernel runs packed panels (AVX-512 VNNI).
-bool packed_weights_usable();
+// Whether packing `bits`-bit layers pays here: the default device is the
+// CPU and its best int8 kernel runs packed panels (AVX-512 VNNI).
+bool packed_weights_usable(int32_t bits);
 // Output columns per packed panel.
 constexpr int kPackedCols = 32;
 // The best instruction set this CPU runs (an `Isa` code, never Auto).

@@ -103,7 +103,8 @@ pub fn fast_quantized_matmul_int8(
 /// Whether int8 activations have a GEMM on this CPU (AVX-512 VNNI): weights
 /// unpacked per call into a column-interleaved panel, 2.5-2.8x the f32 GEMM
 /// at 512 rows (Zen 5, one thread, bench/cpu_kernels.rs). It runs from 24
-/// rows of x; fewer run the int8 dot-product tiles.
+/// rows of x; fewer run the int8 dot-product tiles. (Layers packed at load,
+/// [`pack_panels`], skip the per-call unpacking and run it at every M.)
 pub fn int8_gemm_available() -> bool {
     ffi::int8_gemm_available()
 }
@@ -133,12 +134,15 @@ pub fn fast_quantized_matmul_with(
     })
 }
 
-/// Output columns per panel of [`pack_q4`]'s layout.
+/// Output columns per panel of [`pack_panels`]'s layout.
 pub const PACKED_COLS: i32 = 32;
 
-/// Whether [`pack_q4`] pays for a layer of `n` outputs: the default device
-/// is the CPU, its int8 kernels run packed panels (AVX-512 VNNI), and the
-/// layer is 4-bit with `n` and `k` multiples of the panel and its group.
+/// Whether [`pack_panels`] pays for a layer of `n` outputs and `k` inputs:
+/// the default device is the CPU, its int8 kernels run packed panels
+/// (AVX-512 VNNI), and the layer is 4-bit with `n` a multiple of the panel
+/// and `k` of the group. (8-bit panels work, but an 8-bit LM head read them
+/// ~1.5x slower at one row of x than its direct tiles; see
+/// docs/cpu-kernels.md.)
 pub fn packable(n: i32, k: i32, group_size: i32, bits: i32) -> bool {
     bits == 4
         && matches!(group_size, 32 | 64 | 128)
@@ -147,46 +151,45 @@ pub fn packable(n: i32, k: i32, group_size: i32, bits: i32) -> bool {
         && k > 0
         && k % group_size == 0
         && k <= 65536
-        && ffi::packed_weights_usable()
+        && ffi::packed_weights_usable(bits)
 }
 
-/// A 4-bit layer's weights `w` `[N, K/8]` (MLX's packed words) and its
-/// scales and biases `[N, K/group]` rearranged for
-/// [`fast_quantized_matmul_packed`]: `w` as `[N/32, K/32, 4, 32]` (for each
-/// panel of 32 output columns and block of 32 inputs, each word of the
-/// block for the 32 columns in turn), scales and biases as
+/// A 4- or 8-bit layer's weights `w` `[N, K * bits / 32]` (MLX's packed
+/// words) and its scales and biases `[N, K/group]` rearranged for
+/// [`fast_quantized_matmul_packed`]: `w` as `[N/32, K/32, bits, 32]` (for
+/// each panel of 32 output columns and block of 32 inputs, each of the
+/// block's `bits` words for the 32 columns in turn), scales and biases as
 /// `[N/32, K/group, 32]`. The same bytes, reordered once (at load) so the
 /// int8 kernel reads each panel as one stream instead of transposing it on
 /// every call. Lazy, like any MLX op: evaluate the result to drop `w`.
-pub fn pack_q4(w: &Array, scales: &Array, biases: Option<&Array>) -> Result<(Array, Array, Option<Array>)> {
+pub fn pack_panels(w: &Array, scales: &Array, biases: Option<&Array>, bits: i32) -> Result<(Array, Array, Option<Array>)> {
     let (ws, ss) = (w.shape(), scales.shape());
     let (&[n, words], &[sn, groups]) = (&ws[..], &ss[..]) else {
-        return Err(MlxError(format!("pack_q4: w {ws:?} and scales {ss:?} must be 2-D")));
+        return Err(MlxError(format!("pack_panels: w {ws:?} and scales {ss:?} must be 2-D")));
     };
-    if n % PACKED_COLS != 0 || words % 4 != 0 || sn != n {
-        return Err(MlxError(format!(
-            "pack_q4: w {ws:?} and scales {ss:?} are not a 4-bit layer of whole panels"
-        )));
+    if !matches!(bits, 4 | 8) || n % PACKED_COLS != 0 || words % bits != 0 || sn != n {
+        return Err(MlxError(format!("pack_panels: w {ws:?} and scales {ss:?} are not a {bits}-bit layer of whole panels")));
     }
     let p = n / PACKED_COLS;
-    let wp = w.reshape(&[p, PACKED_COLS, words / 4, 4])?.transpose(&[0, 2, 3, 1])?.contiguous()?;
+    let wp = w.reshape(&[p, PACKED_COLS, words / bits, bits])?.transpose(&[0, 2, 3, 1])?.contiguous()?;
     let by_group = |a: &Array| -> Result<Array> { a.reshape(&[p, PACKED_COLS, groups])?.transpose(&[0, 2, 1])?.contiguous() };
     Ok((wp, by_group(scales)?, biases.map(by_group).transpose()?))
 }
 
-/// [`pack_q4`] undone: `(w, scales, biases)` in MLX's layout.
-pub fn unpack_q4(w: &Array, scales: &Array, biases: Option<&Array>) -> Result<(Array, Array, Option<Array>)> {
+/// [`pack_panels`] undone: `(w, scales, biases)` in MLX's layout.
+pub fn unpack_panels(w: &Array, scales: &Array, biases: Option<&Array>) -> Result<(Array, Array, Option<Array>)> {
     let n = w.dim(0) * PACKED_COLS;
     let rows = |a: &Array| -> Result<Array> { a.transpose(&[0, 2, 1])?.reshape(&[n, -1])?.contiguous() };
     let wr = w.transpose(&[0, 3, 1, 2])?.reshape(&[n, -1])?.contiguous()?;
     Ok((wr, rows(scales)?, biases.map(rows).transpose()?))
 }
 
-/// `x @ dequantize(w, scales, biases).T` for a 4-bit layer in [`pack_q4`]'s
-/// layout, with int8 activations (as [`fast_quantized_matmul_int8`], the
-/// arithmetic of its GEMM path at every M). Where the packed kernel does
-/// not run (another device, half-precision x) it is the same product on the
-/// unpacked layer. `biases` None: a symmetric format.
+/// `x @ dequantize(w, scales, biases).T` for a 4- or 8-bit layer in
+/// [`pack_panels`]'s layout, with int8 activations (as
+/// [`fast_quantized_matmul_int8`], the arithmetic of its GEMM path at every
+/// M). Where the packed kernel does not run (another device,
+/// half-precision x) it is the same product on the unpacked layer.
+/// `biases` None: a symmetric format.
 pub fn fast_quantized_matmul_packed(
     x: &Array,
     w: &Array,

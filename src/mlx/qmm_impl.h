@@ -1021,35 +1021,38 @@ QMM_Q8_FN void run_q8_gemm(const Problem& p, int n0, int n1, float* scratch) {
 }
 
 // ---------------------------------------------------------------------------
-// Int8 activations against 4-bit weights packed at load (Problem::packed).
-// The packed panel holds the same bytes as the packed words of
-// fill_q8_panel, already transposed: a tile of NC columns is one sequential
-// stream of (K / 32) x 4 x NC words, so the tiles read their weights with
-// no per-call fill (the transposes, gathers and stores that made the GEMM
+// Int8 activations against weights packed at load (Problem::packed).
+// The packed panel holds the same words that fill_q8_panel transposes,
+// already transposed: a tile of NC columns is one sequential stream of
+// (K / 32) x BITS x NC words, so the tiles read their weights with no
+// per-call fill (the transposes, gathers and stores that made the GEMM
 // path slower than the dot-product tiles below 24 rows). Each 64-byte load
-// is word t of 16 columns; its low nibbles are k 8t, 8t + 2, .. (x's bytes
-// 4t .. 4t + 3 in nibble order), its high nibbles the odd k (16 + 4t ..).
-// The arithmetic is the int8 GEMM's: exact integer sums per block, f32
-// scaling per block.
-constexpr int Q8P_BLOCK_BYTES = 4 * NC * 4;  // one block of 32 k for NC columns
+// is word t of 16 columns. 4-bit: its low nibbles are k 8t, 8t + 2, ..
+// (x's bytes 4t .. 4t + 3 in nibble order), its high nibbles the odd k
+// (x's 16 + 4t ..); 8-bit: its bytes are k 4t .. 4t + 3, and words t and
+// t + 4 meet the same x bytes as the 4-bit nibbles. The arithmetic is the
+// int8 GEMM's: exact integer sums per block, f32 scaling per block.
+template <int BITS>
+constexpr int kQ8pBlockBytes = BITS * NC * 4;  // one block of 32 k for NC columns
 
 // MR rows of x from m0 against packed column tile `t`; `ps` and `pb` hold
 // the tile's scales and biases as floats, [group][NC].
-template <int MR, int GROUP>
+template <int BITS, int MR, int GROUP>
 QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int t, int m0) {
+  constexpr int BB = kQ8pBlockBytes<BITS>;
   const int nb = p.K / kQ8Block, ng = p.K / GROUP;
   const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
-  const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * Q8P_BLOCK_BYTES;
+  const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * BB;
   const int8_t* xq = p.xq + m0 * ldx;
   const float* xd = p.xd8 + m0 * ldb * 8;
   T f[MR][2];
   QMM_UNROLL
   for (int r = 0; r < MR; ++r) f[r][0] = f[r][1] = V::zero();
   for (int b = 0; b < nb; ++b) {
-    const uint8_t* wb = wt + static_cast<size_t>(b) * Q8P_BLOCK_BYTES;
-    // At one or two rows the low and high nibbles add into separate int32
-    // accumulators: 4 dependent `vpdpbusd` per chain and block, not 8
-    // (their latency, not their throughput, bounded the tile).
+    const uint8_t* wb = wt + static_cast<size_t>(b) * BB;
+    // At one or two rows the low and high halves of the block add into
+    // separate int32 accumulators: 4 dependent `vpdpbusd` per chain and
+    // block, not 8 (their latency, not their throughput, bounded the tile).
     constexpr int A = MR <= 2 ? 2 : 1;
     I a[A][MR][2];
     QMM_UNROLL
@@ -1059,9 +1062,15 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int 
     }
     QMM_UNROLL
     for (int q = 0; q < 4; ++q) {
-      const I v0 = V::q8g_load(wb + q * NC * 4), v1 = V::q8g_load(wb + q * NC * 4 + W * 4);
-      const I l0 = V::q8g_low4(v0), l1 = V::q8g_low4(v1);
-      const I h0 = V::q8g_high4(v0), h1 = V::q8g_high4(v1);
+      const uint8_t* wq = wb + q * NC * 4;
+      I l0, l1, h0, h1;
+      if constexpr (BITS == 4) {
+        const I v0 = V::q8g_load(wq), v1 = V::q8g_load(wq + W * 4);
+        l0 = V::q8g_low4(v0), l1 = V::q8g_low4(v1), h0 = V::q8g_high4(v0), h1 = V::q8g_high4(v1);
+      } else {
+        l0 = V::q8g_load(wq), l1 = V::q8g_load(wq + W * 4);
+        h0 = V::q8g_load(wq + 4 * NC * 4), h1 = V::q8g_load(wq + 4 * NC * 4 + W * 4);
+      }
       QMM_UNROLL
       for (int r = 0; r < MR; ++r) {
         const int8_t* xb = xq + r * ldx + b * kQ8Block + 4 * q;
@@ -1108,13 +1117,13 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int 
   }
 }
 
-template <int GROUP, int MR = Q8G_MR>
+template <int BITS, int GROUP, int MR = Q8G_MR>
 QMM_Q8_FN void q8p_rows(const Problem& p, const float* ps, const float* pb, int rows, int t,
                         int m) {
   if constexpr (MR > 1) {
-    if (rows < MR) return q8p_rows<GROUP, MR - 1>(p, ps, pb, rows, t, m);
+    if (rows < MR) return q8p_rows<BITS, GROUP, MR - 1>(p, ps, pb, rows, t, m);
   }
-  tile_q8p<MR, GROUP>(p, ps, pb, t, m);
+  tile_q8p<BITS, MR, GROUP>(p, ps, pb, t, m);
 }
 
 // A tile's scales (or biases) as floats: n values from element `at`.
@@ -1126,7 +1135,7 @@ QMM_Q8_FN void widen_scales(const void* src, ScaleType st, size_t at, int n, flo
   }
 }
 
-template <int GROUP>
+template <int BITS, int GROUP>
 QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1, float* scratch) {
   const int ng = p.K / GROUP;
   float* ps = scratch;
@@ -1140,15 +1149,24 @@ QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1, float* scra
     } else {  // a symmetric format: -2^(bits-1) * scale, exact
       for (int i = 0; i < ng * NC; i += W) V::store(pb + i, V::mul(V::load(ps + i), implied));
     }
-    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<GROUP>(p, ps, pb, p.M - m, t, m);
+    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP>(p, ps, pb, p.M - m, t, m);
+  }
+}
+
+template <int BITS>
+QMM_Q8_FN void run_q8_packed_bits(const Problem& p, int n0, int n1, float* scratch) {
+  switch (p.group) {
+    case 32: return run_q8_packed_group<BITS, 32>(p, n0, n1, scratch);
+    case 64: return run_q8_packed_group<BITS, 64>(p, n0, n1, scratch);
+    default: return run_q8_packed_group<BITS, 128>(p, n0, n1, scratch);
   }
 }
 
 QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1, float* scratch) {
-  switch (p.group) {
-    case 32: return run_q8_packed_group<32>(p, n0, n1, scratch);
-    case 64: return run_q8_packed_group<64>(p, n0, n1, scratch);
-    default: return run_q8_packed_group<128>(p, n0, n1, scratch);
+  if (p.bits == 4) {
+    run_q8_packed_bits<4>(p, n0, n1, scratch);
+  } else {
+    run_q8_packed_bits<8>(p, n0, n1, scratch);
   }
 }
 

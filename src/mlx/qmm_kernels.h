@@ -57,9 +57,9 @@ struct Problem {
   // Whether the direct path may use the variant's wide decode tiles (see
   // qmm_impl.h); the same bits either way.
   bool wide = true;
-  // 4-bit weights packed at load into column panels (`run_q8_packed`):
-  // `w` [N / gemm_cols][K / 32][4][gemm_cols] words (word t of a column's
-  // block holds k 8t .. 8t + 7, MLX's nibble order), `scales` and `biases`
+  // Weights packed at load into column panels (`run_q8_packed`): `w`
+  // [N / gemm_cols][K / 32][bits][gemm_cols] words (word t of a column's
+  // block: MLX's word t of that block), `scales` and `biases`
   // [N / gemm_cols][K / group][gemm_cols]. x as on the GEMM path.
   bool packed = false;
 };
@@ -106,9 +106,9 @@ struct Kernels {
   // with the weights unpacked into a column-interleaved panel. Null when
   // this variant has none (then `run_q8` takes every M).
   void (*run_q8_gemm)(const Problem& p, int n0, int n1, float* scratch);
-  // The same against weights packed at load (`p.packed`, 4-bit; N a
-  // multiple of `gemm_cols`): no panel to fill per call, so it runs at
-  // every M. Null where `run_q8_gemm` is.
+  // The same against weights packed at load (`p.packed`; N a multiple of
+  // `gemm_cols`): no panel to fill per call, so it runs at every M. Null
+  // where `run_q8_gemm` is.
   void (*run_q8_packed)(const Problem& p, int n0, int n1, float* scratch);
   // 32 contiguous values of x quantized for the int8 path, the same bytes
   // as the portable code in qmm.cc (`nibble_order`: stored [even k, odd k]);

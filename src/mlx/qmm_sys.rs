@@ -41,7 +41,7 @@ pub(crate) mod ffi {
             scales: &array,
             group_size: i32,
         ) -> Result<UniquePtr<array>>;
-        fn packed_weights_usable() -> bool;
+        fn packed_weights_usable(bits: i32) -> bool;
         fn best_isa() -> u8;
         fn isa_available(isa: u8) -> bool;
         fn int8_gemm_available() -> bool;

@@ -550,15 +550,15 @@ fn int8_entry_point_keeps_the_f32_kernel_where_it_is_faster() {
     }
 }
 
-/// `x` against `q` packed by `pack_q4` (stored biases, or none: symmetric).
-fn run_packed(x: &Array, q: &Quantized, group: i32, stored_biases: bool) -> Array {
+/// `x` against `q` packed by `pack_panels` (stored biases, or none: symmetric).
+fn run_packed(x: &Array, q: &Quantized, group: i32, bits: i32, stored_biases: bool) -> Array {
     let biases = stored_biases.then_some(&q.biases);
-    let (w, s, b) = pack_q4(&q.w, &q.scales, biases).unwrap();
+    let (w, s, b) = pack_panels(&q.w, &q.scales, biases, bits).unwrap();
     fast_quantized_matmul_packed(x, &w, &s, b.as_ref(), group).unwrap()
 }
 
 #[test]
-fn packed_4bit_matches_exact_reference_across_shapes_groups_and_scales() {
+fn packed_panels_match_exact_reference_across_bits_shapes_groups_and_scales() {
     // The packed kernel where the CPU has it (AVX-512 VNNI), else the same
     // product on the unpacked layer: within Q8_TOL of the exact int8 sum
     // either way, and the int8 path's kernel.
@@ -566,62 +566,72 @@ fn packed_4bit_matches_exact_reference_across_shapes_groups_and_scales() {
     eprintln!("packed panels {}", if usable { "run" } else { "not available here: the fallback runs" });
     let scale_types = [Dtype::F32, Dtype::F16, Dtype::BF16];
     let mut cases = 0;
-    for group in [32, 64, 128] {
-        // K = 3 groups, 576 (1,152 for groups of 128) and > kBlockK; N = one
-        // panel, three, many.
-        for (i, (n, k)) in [(32, group * 3), (96, group.max(64) * 9), (1056, 2304)].into_iter().enumerate() {
-            let st = scale_types[i];
-            for stored in [true, false] {
-                let q = if stored { quantized(n, k, group, 4, st, (group + n) as u64) } else { symmetric(n, k, group, 4, st, (group + n + 1) as u64) };
-                for m in [1, 2, 3, 4, 5, 8, 9, 17, 31, 70] {
-                    if n == 1056 && m > 9 {
-                        continue; // the reference is slow; the small shapes cover M
+    for bits in [4, 8] {
+        for group in [32, 64, 128] {
+            // K = 3 groups, 576 (1,152 for groups of 128) and > kBlockK; N =
+            // one panel, three, many.
+            for (i, (n, k)) in [(32, group * 3), (96, group.max(64) * 9), (1056, 2304)].into_iter().enumerate() {
+                let st = scale_types[i];
+                for stored in [true, false] {
+                    let seed = (bits * 1000 + group + n + stored as i32) as u64;
+                    let q = if stored { quantized(n, k, group, bits, st, seed) } else { symmetric(n, k, group, bits, st, seed) };
+                    for m in [1, 2, 3, 4, 5, 8, 9, 17, 31, 70] {
+                        if n == 1056 && m > 9 {
+                            continue; // the reference is slow; the small shapes cover M
+                        }
+                        let x = randn(&[m, k], (m * 13 + i as i32) as u64);
+                        let got = run_packed(&x, &q, group, bits, stored);
+                        let what = format!("bits={bits} group={group} N={n} K={k} M={m} scales={st:?} stored={stored}");
+                        assert!(fast_qmm_is_int8(&got), "{what}: not the int8 path");
+                        let err = q8_error(&got, &q8_reference(&x, &q, group, bits));
+                        assert!(err <= Q8_TOL, "{what}: {err:e}");
+                        cases += 1;
                     }
-                    let x = randn(&[m, k], (m * 13 + i as i32) as u64);
-                    let got = run_packed(&x, &q, group, stored);
-                    assert!(fast_qmm_is_int8(&got), "group={group} N={n} K={k} M={m}: not the int8 path");
-                    let err = q8_error(&got, &q8_reference(&x, &q, group, 4));
-                    assert!(err <= Q8_TOL, "group={group} N={n} K={k} M={m} scales={st:?} stored={stored}: {err:e}");
-                    cases += 1;
                 }
             }
         }
     }
-    assert!(cases >= 3 * 2 * (2 * 10 + 6));
+    assert!(cases >= 2 * 3 * 2 * (2 * 10 + 6));
 }
 
 #[test]
 fn packed_layout_round_trips_and_rejects_partial_panels() {
-    let q = quantized(64, 96, 32, 4, Dtype::F16, 81);
-    let (w, s, b) = pack_q4(&q.w, &q.scales, Some(&q.biases)).unwrap();
-    assert_eq!((w.shape(), s.shape()), (vec![2, 3, 4, 32], vec![2, 3, 32]));
-    let (w2, s2, b2) = unpack_q4(&w, &s, b.as_ref()).unwrap();
-    assert_eq!(w2.astype(Dtype::F32).unwrap().to_vec_f32().unwrap(), q.w.astype(Dtype::F32).unwrap().to_vec_f32().unwrap());
-    assert_eq!(s2.astype(Dtype::F32).unwrap().to_vec_f32().unwrap(), q.scales.astype(Dtype::F32).unwrap().to_vec_f32().unwrap());
-    assert_eq!(b2.unwrap().astype(Dtype::F32).unwrap().to_vec_f32().unwrap(), q.biases.astype(Dtype::F32).unwrap().to_vec_f32().unwrap());
-    // 33 outputs are not whole panels; a 3-D weight is no layer.
-    let odd = quantized(33, 96, 32, 4, Dtype::F32, 82);
-    assert!(pack_q4(&odd.w, &odd.scales, None).is_err());
-    assert!(pack_q4(&w, &s, None).is_err());
+    for bits in [4, 8] {
+        let q = quantized(64, 96, 32, bits, Dtype::F16, 81);
+        let (w, s, b) = pack_panels(&q.w, &q.scales, Some(&q.biases), bits).unwrap();
+        assert_eq!((w.shape(), s.shape()), (vec![2, 3, bits, 32], vec![2, 3, 32]));
+        let f32s = |a: &Array| a.astype(Dtype::F32).unwrap().to_vec_f32().unwrap();
+        let (w2, s2, b2) = unpack_panels(&w, &s, b.as_ref()).unwrap();
+        assert_eq!(f32s(&w2), f32s(&q.w));
+        assert_eq!(f32s(&s2), f32s(&q.scales));
+        assert_eq!(f32s(&b2.unwrap()), f32s(&q.biases));
+        // 33 outputs are not whole panels; a 3-D weight is no layer.
+        let odd = quantized(33, 96, 32, bits, Dtype::F32, 82);
+        assert!(pack_panels(&odd.w, &odd.scales, None, bits).is_err());
+        assert!(pack_panels(&w, &s, None, bits).is_err());
+        assert!(pack_panels(&q.w, &q.scales, None, 3).is_err());
+        // A wrong x width is an error, not a crash.
+        let x = randn(&[2, 64], 83);
+        assert!(fast_quantized_matmul_packed(&x, &w, &s, b.as_ref(), 32).and_then(|o| eval(&[&o])).is_err());
+    }
     assert!(!packable(33, 96, 32, 4) && !packable(64, 96, 32, 8) && !packable(64, 100, 32, 4));
-    // A wrong x width is an error, not a crash.
-    let x = randn(&[2, 64], 83);
-    assert!(fast_quantized_matmul_packed(&x, &w, &s, b.as_ref(), 32).and_then(|o| eval(&[&o])).is_err());
 }
 
 #[test]
 fn packed_tolerance_catches_a_wrong_scale() {
     let (group, k, n) = (32, 128, 64);
-    let q = quantized(n, k, group, 4, Dtype::F32, 91);
-    let x = randn(&[3, k], 92);
-    let want = q8_reference(&x, &q, group, 4);
-    let mut s = q.scales.to_vec_f32().unwrap();
-    s[5 * (k / group) as usize + 2] *= 1.01;
-    let bad = Quantized {
-        w: q.w.share(),
-        scales: Array::from_f32(&s, &q.scales.shape()).unwrap(),
-        biases: q.biases.share(),
-        dense: q.dense.share(),
-    };
-    assert!(q8_error(&run_packed(&x, &bad, group, true), &want) > 100.0 * Q8_TOL);
+    for bits in [4, 8] {
+        let q = quantized(n, k, group, bits, Dtype::F32, 91);
+        let x = randn(&[3, k], 92);
+        let want = q8_reference(&x, &q, group, bits);
+        let mut s = q.scales.to_vec_f32().unwrap();
+        s[5 * (k / group) as usize + 2] *= 1.01;
+        let bad = Quantized {
+            w: q.w.share(),
+            scales: Array::from_f32(&s, &q.scales.shape()).unwrap(),
+            biases: q.biases.share(),
+            dense: q.dense.share(),
+        };
+        assert!(q8_error(&run_packed(&x, &bad, group, bits, true), &want) > 100.0 * Q8_TOL);
+    }
 }

@@ -6,7 +6,7 @@ use crate::cache::Positions;
 use crate::error::{Error, Result};
 use crate::mlx::{
     dequantize, fast, fast_quantized_matmul, fast_quantized_matmul_int8, fast_quantized_matmul_packed, fast_swiglu, fast_swiglu_packed, fused_add_rms_norm, fused_heads, fused_rms_norm, fused_rope,
-    fused_rope_at, pack_q4, quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, unpack_q4, Array, Dtype, HeadPart, HeadRope,
+    fused_rope_at, pack_panels, quantized_matmul, rope_inv_freqs, rope_inv_freqs_of, unpack_panels, Array, Dtype, HeadPart, HeadRope,
     PACKED_COLS,
 };
 use serde_json::Value;
@@ -103,7 +103,7 @@ pub enum Linear {
     /// `kernels` only decides stacking (see `FusedLinear::new`).
     Dense { w: Array, b: Option<Array>, kernels: Kernels },
     /// `biases` None: a symmetric format's, implied by the scales. `packed`:
-    /// `w`, `scales` and `biases` in `mlx::pack_q4`'s layout (4-bit layers
+    /// `w`, `scales` and `biases` in `mlx::pack_panels`'s layout (4-bit layers
     /// under `Kernels::Int8` where the CPU runs packed panels; see
     /// `Weights::linear`).
     Quantized { w: Array, scales: Array, biases: Option<Array>, b: Option<Array>, spec: QuantSpec, kernels: Kernels, packed: bool },
@@ -135,10 +135,10 @@ impl Linear {
             Linear::Quantized { w, scales, biases, b, spec, kernels, packed } => {
                 // A packed layer's rows are taken in MLX's layout, then packed
                 // again if they still make whole panels (load time only).
-                let (w, scales, biases) = if packed { unpack_q4(&w, &scales, biases.as_ref())? } else { (w, scales, biases) };
+                let (w, scales, biases) = if packed { unpack_panels(&w, &scales, biases.as_ref())? } else { (w, scales, biases) };
                 let (w, scales, biases) = (t(w)?, t(scales)?, biases.map(t).transpose()?);
                 let repack = packed && rows.len() as i32 % PACKED_COLS == 0;
-                let (w, scales, biases) = if repack { pack_q4(&w, &scales, biases.as_ref())? } else { (w, scales, biases) };
+                let (w, scales, biases) = if repack { pack_panels(&w, &scales, biases.as_ref(), spec.bits)? } else { (w, scales, biases) };
                 Linear::Quantized { w, scales, biases, b: b.map(t).transpose()?, spec, kernels, packed: repack }
             }
         })

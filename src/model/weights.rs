@@ -5,7 +5,7 @@
 use super::layers::{implied_biases, Embedding, Kernels, Linear, QuantSpec};
 use super::moe::SwitchLinear;
 use crate::error::{Error, Result};
-use crate::mlx::{pack_q4, packable, Array, Dtype};
+use crate::mlx::{pack_panels, packable, Array, Dtype};
 use std::collections::HashMap;
 
 /// Per-checkpoint quantization settings: a default and per-module overrides
@@ -121,9 +121,9 @@ impl Weights {
         }
         let (w, scales, biases, spec) = self.quantized(prefix, in_dim, out_dim)?;
         // Int8 activations on a CPU that runs packed panels: rearranged once
-        // here (docs/cpu-kernels.md, 1f).
+        // here (docs/cpu-kernels.md, "Packed panels").
         if self.kernels == Kernels::Int8 && packable(out_dim, in_dim, spec.group_size, spec.bits) {
-            let (w, scales, biases) = pack_q4(&w, &scales, biases.as_ref())?;
+            let (w, scales, biases) = pack_panels(&w, &scales, biases.as_ref(), spec.bits)?;
             return Ok(Linear::Quantized { w, scales, biases, b, spec, kernels: self.kernels, packed: true });
         }
         Ok(Linear::Quantized { w, scales, biases, b, spec, kernels: self.kernels, packed: false })
