@@ -738,22 +738,26 @@ std::unique_ptr<array> build_packed(const array& x, const array& w, const array&
     throw std::invalid_argument("fast_quantized_matmul_packed: w must be 4-D, scales 3-D");
   const Kernels* k = packed_kernels();
   const int bits = w.shape(2);  // words per block of 32 values
-  if (mx::default_device() == mx::Device::cpu && k && x.dtype() == mx::float32 &&
+  if (mx::default_device() == mx::Device::cpu && k && is_float_type(x.dtype()) &&
       w.dtype() == mx::uint32 && is_float_type(scales.dtype()) &&
       (!biases || biases->dtype() == scales.dtype()) && (bits == 4 || bits == 8) &&
       (group_size == 32 || group_size == 64 || group_size == 128) &&
       consistent_packed(x, w, scales, biases, group_size, bits)) {
     auto prim = std::make_shared<FastQuantizedMatmul>(mx::default_stream(mx::Device::cpu),
                                                       group_size, bits, k, true, true);
-    std::vector<array> inputs{x, dense(w), dense(scales)};
+    // Half-precision x: the primitive on an f32 copy, cast back to the
+    // type MLX's op would give (as `build` does).
+    const bool half = x.dtype() != mx::float32;
+    std::vector<array> inputs{half ? mx::astype(x, mx::float32) : x, dense(w), dense(scales)};
     if (biases) inputs.push_back(dense(*biases));
     mx::Shape shape = x.shape();
     shape.back() = w.shape(0) * kPackedCols;
-    return std::make_unique<array>(std::move(shape), mx::float32, std::move(prim),
-                                   std::move(inputs));
+    array out(std::move(shape), mx::float32, std::move(prim), std::move(inputs));
+    if (half) out = mx::astype(out, mx::promote_types(x.dtype(), scales.dtype()));
+    return std::make_unique<array>(std::move(out));
   }
-  // Anything else (another device, half-precision x, a bad shape, which
-  // MLX's op then reports): the layers in MLX's layout.
+  // Anything else (another device, a bad shape, which MLX's op then
+  // reports): the layers in MLX's layout.
   const array wr = unpack_words(w), sr = unpack_groups(scales);
   if (!biases) return build(x, wr, sr, nullptr, group_size, bits, 0, true);
   const array br = unpack_groups(*biases);

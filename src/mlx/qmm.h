@@ -72,8 +72,8 @@ std::unique_ptr<array> fast_quantized_matmul_packed(const array& x, const array&
 std::unique_ptr<array> fast_quantized_matmul_packed_symmetric(const array& x, const array& w,
                                                               const array& scales,
                                                               int32_t group_size);
-// Whether packing `bits`-bit layers pays here: the default device is the
-// CPU and its best int8 kernel runs packed panels (AVX-512 VNNI).
+// Whether packed `bits`-bit panels run here: the default device is the
+// CPU and its best int8 kernel runs them (AVX-512 VNNI).
 bool packed_weights_usable(int32_t bits);
 // Output columns per packed panel.
 constexpr int kPackedCols = 32;

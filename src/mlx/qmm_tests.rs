@@ -635,3 +635,16 @@ fn packed_tolerance_catches_a_wrong_scale() {
         assert!(q8_error(&run_packed(&x, &bad, group, bits, true), &want) > 100.0 * Q8_TOL);
     }
 }
+
+#[test]
+fn packed_half_x_runs_on_an_f32_copy() {
+    // bf16 x: the f32 result cast to MLX's output type for these inputs.
+    let q = quantized(64, 96, 32, 4, Dtype::F16, 84);
+    let x = randn(&[3, 96], 85).astype(Dtype::BF16).unwrap();
+    let got = run_packed(&x, &q, 32, 4, true);
+    let want_dtype = quantized_matmul(&x, &q.w, &q.scales, &q.biases, true, 32, 4).unwrap().dtype();
+    assert_eq!(got.dtype(), want_dtype);
+    let full = run_packed(&x.astype(Dtype::F32).unwrap(), &q, 32, 4, true).astype(want_dtype).unwrap();
+    let f32s = |a: &Array| a.astype(Dtype::F32).unwrap().to_vec_f32().unwrap();
+    assert_eq!(f32s(&got), f32s(&full));
+}
