@@ -187,9 +187,9 @@ pub fn unpack_panels(w: &Array, scales: &Array, biases: Option<&Array>) -> Resul
 /// `x @ dequantize(w, scales, biases).T` for a 4- or 8-bit layer in
 /// [`pack_panels`]'s layout, with int8 activations (as
 /// [`fast_quantized_matmul_int8`], the arithmetic of its GEMM path at every
-/// M). Where the packed kernel does not run (another device,
-/// half-precision x) it is the same product on the unpacked layer.
-/// `biases` None: a symmetric format.
+/// M; half-precision x on an f32 copy). Where the packed kernel does not
+/// run (another device, a CPU without AVX-512 VNNI) it is the same product
+/// on the unpacked layer. `biases` None: a symmetric format.
 pub fn fast_quantized_matmul_packed(
     x: &Array,
     w: &Array,
