@@ -1,5 +1,6 @@
-//! CPU kernel microbenchmark: mlxrt's quantized matmul (f32 activations, and
-//! int8 activations with f32 scales) vs MLX's stock
+//! CPU kernel microbenchmark: mlxrt's quantized matmul (f32 activations;
+//! int8 activations with f32 and f16 scales, and against weights packed into
+//! column panels where the CPU runs them) vs MLX's stock
 //! `quantized_matmul` (f16 and f32 scales), and MLX's dense f32 matmul with
 //! OpenBLAS vs the wheel's reference BLAS, on SmolLM2-135M's linear shapes.
 //!
@@ -273,7 +274,7 @@ fn main() {
             let x = randn(&[m, k], 1000 + m as u64);
             eval(&[&x]).unwrap();
             let wd = wt.dense.transpose(&[1, 0]).unwrap();
-            let variants = vec![
+            let mut variants = vec![
                 Variant {
                     name: "mlxrt_f16",
                     op: Box::new(|| {
@@ -331,7 +332,6 @@ fn main() {
                     linear_in_m: false,
                 },
             ];
-            let mut variants = variants;
             if let Some((pw, ps, pb)) = &packed {
                 variants.push(Variant {
                     name: "mlxrt_int8_packed_f16",
