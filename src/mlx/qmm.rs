@@ -135,7 +135,7 @@ pub fn fast_quantized_matmul_with(
 }
 
 /// Output columns per panel of [`pack_panels`]'s layout.
-pub const PACKED_COLS: i32 = 32;
+pub(crate) const PACKED_COLS: i32 = 32;
 
 /// Whether [`pack_panels`] pays for a layer of `n` outputs and `k` inputs:
 /// the default device is the CPU, its int8 kernels run packed panels
