@@ -1126,30 +1126,33 @@ QMM_Q8_FN void q8p_rows(const Problem& p, const float* ps, const float* pb, int 
   tile_q8p<BITS, MR, GROUP>(p, ps, pb, t, m);
 }
 
-// A tile's scales (or biases) as floats: n values from element `at`.
-QMM_Q8_FN void widen_scales(const void* src, ScaleType st, size_t at, int n, float* dst) {
-  if (st == ScaleType::F32) {
-    __builtin_memcpy(dst, static_cast<const float*>(src) + at, sizeof(float) * n);
-  } else {
-    V::convert_halves(static_cast<const uint16_t*>(src) + at, n, st == ScaleType::BF16, dst);
+// Each panel's scales and biases as floats (scales_f32: f32 ones read in
+// place, half ones converted into the scratch).
+template <int BITS, int GROUP, ScaleType ST>
+QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1, float* scratch) {
+  const int ng = p.K / GROUP;
+  float* sbuf = scratch;
+  float* bbuf = scratch + ng * NC;
+  const T implied = V::set1(-static_cast<float>(1 << (p.bits - 1)));
+  for (int t = n0 / NC; t < n1 / NC; ++t) {
+    const size_t at = static_cast<size_t>(t) * ng * NC;
+    const float* ps = scales_f32<ST>(p.scales, at, ng * NC, sbuf);
+    const float* pb = bbuf;
+    if (p.biases) {
+      pb = scales_f32<ST>(p.biases, at, ng * NC, bbuf);
+    } else {  // a symmetric format: -2^(bits-1) * scale, exact
+      for (int i = 0; i < ng * NC; i += W) V::store(bbuf + i, V::mul(V::load(ps + i), implied));
+    }
+    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP>(p, ps, pb, p.M - m, t, m);
   }
 }
 
 template <int BITS, int GROUP>
 QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1, float* scratch) {
-  const int ng = p.K / GROUP;
-  float* ps = scratch;
-  float* pb = scratch + ng * NC;
-  const T implied = V::set1(-static_cast<float>(1 << (p.bits - 1)));
-  for (int t = n0 / NC; t < n1 / NC; ++t) {
-    const size_t at = static_cast<size_t>(t) * ng * NC;
-    widen_scales(p.scales, p.stype, at, ng * NC, ps);
-    if (p.biases) {
-      widen_scales(p.biases, p.stype, at, ng * NC, pb);
-    } else {  // a symmetric format: -2^(bits-1) * scale, exact
-      for (int i = 0; i < ng * NC; i += W) V::store(pb + i, V::mul(V::load(ps + i), implied));
-    }
-    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP>(p, ps, pb, p.M - m, t, m);
+  switch (p.stype) {
+    case ScaleType::F32: return run_q8_packed_typed<BITS, GROUP, ScaleType::F32>(p, n0, n1, scratch);
+    case ScaleType::F16: return run_q8_packed_typed<BITS, GROUP, ScaleType::F16>(p, n0, n1, scratch);
+    case ScaleType::BF16: return run_q8_packed_typed<BITS, GROUP, ScaleType::BF16>(p, n0, n1, scratch);
   }
 }
 
