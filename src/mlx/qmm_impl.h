@@ -177,18 +177,6 @@ QMM_FN inline void store_tile(const Problem& p, int m0, int n0, bool accumulate,
   }
 }
 
-// Groups [off, off + n) of a scale or bias array (null: none stored) into
-// L2, every cache line they touch.
-template <ScaleType ST>
-QMM_FN inline void prefetch_groups(const void* base, size_t off, size_t n) {
-  if (!base || n == 0) return;
-  constexpr size_t kBytes = ST == ScaleType::F32 ? 4 : 2;
-  const uintptr_t first = reinterpret_cast<uintptr_t>(base) + off * kBytes;
-  const uintptr_t last = first + n * kBytes - 1;
-  for (uintptr_t a = first & ~uintptr_t{63}; a <= last; a += 64)
-    __builtin_prefetch(reinterpret_cast<const void*>(a), 0, 2);
-}
-
 // Where the R weight rows of the tile at n0 start, and their scales and
 // biases for k-block [k0, k1) as f32. Rows past N repeat the last row
 // (computed, never stored) so the inner loops need no bounds checks.
@@ -212,16 +200,6 @@ struct TileRows {
     // pass per row (the per-row passes' bookkeeping was ~a fifth of the
     // 4-bit decode kernel's time at K = 576).
     const bool whole = ng == static_cast<int>(groups) && n0 + R <= p.N;
-    // The scales and biases of the tile two on: a tile reads only a few
-    // cache lines of each, too few for the hardware prefetchers, and their
-    // loads stalled on DRAM (~2% of decode's samples, in convert_halves).
-    for (int j = 0, ahead = n0 + 2 * R; j < R && ahead + j < p.N; ++j) {
-      const size_t off = static_cast<size_t>(ahead + j) * groups + g0;
-      const size_t n = static_cast<size_t>(whole ? min_i(R, p.N - ahead) * ng : ng);
-      prefetch_groups<ST>(p.scales, off, n);
-      prefetch_groups<ST>(p.biases, off, n);
-      if (whole) break;  // one contiguous run
-    }
     const float* s_all = nullptr;
     const float* b_all = nullptr;
     if (whole) {
