@@ -214,7 +214,7 @@ bool is_f32_plane(const array& s, int B, int H, int T, int cols) {
 }  // namespace
 
 float* aligned(std::vector<float>& buf, size_t n) {
-  if (buf.size() < n + 16) buf.resize(n + 16);  // grows only: no refill of reused buffers
+  if (buf.size() < n + 16) buf.resize(n + 16);
   const auto p = reinterpret_cast<uintptr_t>(buf.data());
   return reinterpret_cast<float*>((p + 63) & ~uintptr_t{63});
 }

@@ -56,7 +56,8 @@ struct Rows {
   explicit Rows(const array& a);
 };
 
-// A float buffer of n floats starting on a cache line, inside `buf`.
+// A float buffer of n floats starting on a cache line, inside `buf` (grown
+// when too small, never shrunk; its contents are not reset).
 float* aligned(std::vector<float>& buf, size_t n);
 
 // q [B, Hq, L, D] f32 times `scale`, as [B][H][rep * L][D] dense in `buf`
