@@ -1104,23 +1104,18 @@ QMM_Q8_FN void q8p_rows(const Problem& p, const float* ps, const float* pb, int 
   tile_q8p<BITS, MR, GROUP>(p, ps, pb, t, m);
 }
 
-// Each panel's scales and biases as floats (scales_f32: f32 ones read in
-// place, half ones converted into the scratch).
+// Each panel's scales and biases as floats (scales_f32 / biases_f32: f32
+// ones read in place, half ones converted, a symmetric format's implied
+// biases derived, into the scratch).
 template <int BITS, int GROUP, ScaleType ST>
 QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1, float* scratch) {
   const int ng = p.K / GROUP;
   float* sbuf = scratch;
   float* bbuf = scratch + ng * NC;
-  const T implied = V::set1(-static_cast<float>(1 << (p.bits - 1)));
   for (int t = n0 / NC; t < n1 / NC; ++t) {
     const size_t at = static_cast<size_t>(t) * ng * NC;
     const float* ps = scales_f32<ST>(p.scales, at, ng * NC, sbuf);
-    const float* pb = bbuf;
-    if (p.biases) {
-      pb = scales_f32<ST>(p.biases, at, ng * NC, bbuf);
-    } else {  // a symmetric format: -2^(bits-1) * scale, exact
-      for (int i = 0; i < ng * NC; i += W) V::store(bbuf + i, V::mul(V::load(ps + i), implied));
-    }
+    const float* pb = biases_f32<BITS, ST>(p.biases, at, ng * NC, ps, bbuf);
     for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP>(p, ps, pb, p.M - m, t, m);
   }
 }
