@@ -51,6 +51,12 @@ impl Planes {
         self.0.first().map_or(0, |a| a.dim(2))
     }
 
+    /// The dtype the first plane stores writes in (None: as written); a
+    /// dense cache's planes (keys, values) share it.
+    fn dtype(&self) -> Option<Dtype> {
+        self.0.first().map(|a| a.dtype()).or(self.2)
+    }
+
     /// Writes `new` (one array per plane, `[B, H, L, X]`) at positions
     /// `prev..prev + L`, growing first if needed; returns views of
     /// positions `0..prev + L`.
@@ -531,6 +537,15 @@ impl KvCache {
     /// including them.
     pub fn update(&mut self, k: &Array, v: &Array) -> Result<KvView> {
         self.update_with(k, v, Kernels::Auto)
+    }
+
+    /// The dtype a dense cache stores its keys and values in, so that they
+    /// can be computed in it (None: as written, or a quantized cache).
+    pub fn write_dtype(&self) -> Option<Dtype> {
+        match (&self.dense, &self.quant) {
+            (Some(d), None) => d.dtype(),
+            _ => None,
+        }
     }
 
     /// `update`, encoding quantized KV with `kernels`' implementation

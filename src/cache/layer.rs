@@ -12,7 +12,7 @@ use super::scheme::KvScheme;
 use super::state::StateCheckpoint;
 use super::{KvCache, Positions, RingCache, StateCache, Timeline};
 use crate::error::{Error, Result};
-use crate::mlx::Array;
+use crate::mlx::{Array, Dtype};
 
 pub enum LayerCache {
     Kv(KvCache),
@@ -199,6 +199,14 @@ impl LayerCache {
             LayerCache::Ring(_) => Err(Error::internal("a full-attention layer got a sliding-window cache")),
             LayerCache::State(_) => Err(Error::internal("an attention layer got a recurrent-state cache")),
             LayerCache::Paged(_) => Err(Error::internal("a paged layer read as a contiguous KV cache")),
+        }
+    }
+
+    /// The dtype a contiguous KV cache stores writes in (`KvCache::write_dtype`).
+    pub fn kv_write_dtype(&self) -> Option<Dtype> {
+        match self {
+            LayerCache::Kv(c) => c.write_dtype(),
+            _ => None,
         }
     }
 

@@ -155,6 +155,13 @@ const float* rope_table(const int32_t* offp, int64_t os, int64_t n_starts, int64
   return table.get(offp, os, n_starts, t_len, offset, scale, ip, is, half);
 }
 
+// A row of d floats into f16 or bf16, rounded as MLX's astype rounds (its
+// own conversion types).
+template <typename T>
+void cast_row(const float* src, T* dst, int64_t d) {
+  for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<T>(src[i]);
+}
+
 // One row of d values (element stride xs) rotated over its first `dims`
 // features with a table row `cs`, into `op`; the rest copied.
 void rope_row(const float* xp, int64_t xs, const float* cs, float* op, int64_t d, int64_t dims,
@@ -329,13 +336,13 @@ void FastHeads::eval_cpu(const std::vector<array>& inputs, std::vector<array>& o
   struct Job {
     const float* norm;  // per-head RMSNorm weights, or null
     int64_t norm_stride;
-    float* out;
+    void* out;
   };
   std::vector<Job> jobs;
   for (size_t i = 0; i < parts_.size(); ++i) {
     const int n = parts_[i].norm;
     jobs.push_back({n >= 0 ? inputs[n].data<float>() : nullptr, n >= 0 ? inputs[n].strides(0) : 0,
-                    outputs[i].data<float>()});
+                    outputs[i].data<void>()});
   }
   const array* offs = has_offsets_ ? &inputs[2] : nullptr;
   enc.dispatch([xv = view(x), ip = inv.data<float>(), is = inv.strides(0), jobs = std::move(jobs),
@@ -348,8 +355,9 @@ void FastHeads::eval_cpu(const std::vector<array>& inputs, std::vector<array>& o
     const float inv_d = static_cast<float>(1.0 / static_cast<double>(d));
     const float* tab = rope_table(offp, os, n_starts, t_len, offset, scale, ip, is, dims / 2);
     parallel_ranges(batch * t_len, grain_for(c), [&](int64_t bt0, int64_t bt1) {
-      thread_local std::vector<float> normed;  // per pool thread
+      thread_local std::vector<float> normed, row_out;  // per pool thread
       normed.resize(d);
+      row_out.resize(d);
       for (int64_t bt = bt0; bt < bt1; ++bt) {
         const int64_t b = bt / t_len, t = bt % t_len;
         const float* row = xv.row(bt, c);
@@ -364,11 +372,18 @@ void FastHeads::eval_cpu(const std::vector<array>& inputs, std::vector<array>& o
               src = normed.data();
               src_stride = 1;
             }
-            float* dst = jobs[p].out + ((b * part.heads + h) * t_len + t) * d;
+            const int64_t at = ((b * part.heads + h) * t_len + t) * d;
+            const bool f32 = part.dtype == mx::float32;
+            float* dst = f32 ? static_cast<float*>(jobs[p].out) + at : row_out.data();
             if (part.rotate) {
               rope_row(src, src_stride, cs, dst, d, dims, trad);
             } else {
               for (int64_t i = 0; i < d; ++i) dst[i] = src[i * src_stride];
+            }
+            if (part.dtype == mx::float16) {
+              cast_row(dst, static_cast<mx::float16_t*>(jobs[p].out) + at, d);
+            } else if (part.dtype == mx::bfloat16) {
+              cast_row(dst, static_cast<mx::bfloat16_t*>(jobs[p].out) + at, d);
             }
           }
         }
@@ -386,7 +401,9 @@ bool FastHeads::is_equivalent(const mx::Primitive& other) const {
   if (!o || o->parts_.size() != parts_.size()) return false;
   for (size_t i = 0; i < parts_.size(); ++i) {
     const Part &a = parts_[i], &b = o->parts_[i];
-    if (a.col != b.col || a.heads != b.heads || a.rotate != b.rotate || a.norm != b.norm) return false;
+    if (a.col != b.col || a.heads != b.heads || a.rotate != b.rotate || a.norm != b.norm ||
+        a.dtype != b.dtype)
+      return false;
   }
   return o->head_dim_ == head_dim_ && o->dims_ == dims_ && o->traditional_ == traditional_ &&
          o->scale_ == scale_ && o->offset_ == offset_ && o->has_offsets_ == has_offsets_ &&
@@ -454,12 +471,13 @@ std::unique_ptr<array> fused_rope_at(const array& x, int32_t dims, bool traditio
 
 std::unique_ptr<ArrVec> fused_heads(const array& x, rust::Slice<const int32_t> cols,
                                     rust::Slice<const int32_t> heads,
-                                    rust::Slice<const uint8_t> rotate, int32_t head_dim,
+                                    rust::Slice<const uint8_t> rotate,
+                                    rust::Slice<const uint8_t> dtypes, int32_t head_dim,
                                     int32_t dims, bool traditional, float scale, int32_t offset,
                                     const array* offsets, const array& inv_freqs,
                                     const array* q_norm, const array* k_norm, float eps) {
   const size_t n = cols.size();
-  if (n == 0 || heads.size() != n || rotate.size() != n) return nullptr;
+  if (n == 0 || heads.size() != n || rotate.size() != n || dtypes.size() != n) return nullptr;
   if (!runs_here(x) || x.ndim() != 3 || head_dim <= 0 || dims <= 0 || dims % 2 != 0 ||
       dims > head_dim || inv_freqs.dtype() != mx::float32 || inv_freqs.ndim() != 1 ||
       inv_freqs.shape(0) != dims / 2)
@@ -482,15 +500,19 @@ std::unique_ptr<ArrVec> fused_heads(const array& x, rust::Slice<const int32_t> c
   for (size_t i = 0; i < n; ++i) {
     if (heads[i] <= 0 || cols[i] < 0 || cols[i] + int64_t{heads[i]} * head_dim > x.shape(2))
       return nullptr;
-    parts.push_back({cols[i], heads[i], rotate[i] != 0, i < 2 ? norm_at[i] : -1});
+    const mx::Dtype dt = to_dtype(dtypes[i]);
+    if (dt != mx::float32 && dt != mx::float16 && dt != mx::bfloat16) return nullptr;
+    parts.push_back({cols[i], heads[i], rotate[i] != 0, i < 2 ? norm_at[i] : -1, dt});
   }
   auto prim = std::make_shared<FastHeads>(mx::default_stream(mx::Device::cpu), std::move(parts),
                                           head_dim, dims, traditional, scale, offset,
                                           offsets != nullptr, eps);
   std::vector<mx::Shape> shapes = prim->output_shapes(inputs);
   auto out = std::make_unique<ArrVec>();
-  out->v = array::make_arrays(std::move(shapes), std::vector<mx::Dtype>(n, mx::float32),
-                              std::move(prim), std::move(inputs));
+  std::vector<mx::Dtype> types;
+  for (auto& p : prim->parts()) types.push_back(p.dtype);
+  out->v = array::make_arrays(std::move(shapes), std::move(types), std::move(prim),
+                              std::move(inputs));
   return out;
 }
 

@@ -78,9 +78,11 @@ class FastRope : public mlx::core::UnaryPrimitive {
 // The heads of a packed projection x [B, L, C] (f32, any strides: the
 // stacked q/k/v matmul's output): part i is the column range [col, col +
 // heads * D) as [B, heads, L, D], optionally RMS-normed per head (as
-// FastRmsNorm) and then rotated (as FastRope); one node instead of a slice,
-// a reshape and a transpose per part, and a RoPE per rotated part (a decode
-// step's graph had ~11 nodes per layer for this). Inputs {x, inv_freqs},
+// FastRmsNorm) and then rotated (as FastRope), in f32 or cast to the KV
+// cache's f16 / bf16 (as MLX's astype rounds); one node instead of a slice,
+// a reshape and a transpose per part, a RoPE per rotated part and a cast per
+// cached part (a decode step's graph had ~13 nodes per layer for this).
+// Inputs {x, inv_freqs},
 // then offsets [B] (int32) if `has_offsets`, then the norm weights the parts
 // name by input index.
 class FastHeads : public mlx::core::Primitive {
@@ -89,6 +91,7 @@ class FastHeads : public mlx::core::Primitive {
     int col, heads;
     bool rotate;
     int norm;  // input index of the per-head norm weight [D], or -1
+    mlx::core::Dtype dtype;  // of the output: f32, f16 or bf16
   };
   FastHeads(mlx::core::Stream s, std::vector<Part> parts, int head_dim, int dims, bool traditional,
             float scale, int offset, bool has_offsets, float eps)
@@ -101,6 +104,7 @@ class FastHeads : public mlx::core::Primitive {
   const char* name() const override { return "FastHeads"; }
   bool is_equivalent(const mlx::core::Primitive& other) const override;
   std::vector<mlx::core::Shape> output_shapes(const std::vector<array>& inputs) override;
+  const std::vector<Part>& parts() const { return parts_; }
 
  private:
   std::vector<Part> parts_;
@@ -128,12 +132,14 @@ std::unique_ptr<array> fused_rope(const array& x, int32_t dims, bool traditional
 // The same with one start position per batch row (`offsets` [B]).
 std::unique_ptr<array> fused_rope_at(const array& x, int32_t dims, bool traditional, float scale,
                                      const array& offsets, const array& inv_freqs);
-// FastHeads: parts (cols[i], heads[i], rotate[i] != 0) of x, RoPE at
+// FastHeads: parts (cols[i], heads[i], rotate[i] != 0, output dtype code
+// dtypes[i]: f32, f16 or bf16, else null is returned) of x, RoPE at
 // `offset` or per row at `offsets` (null: none); `q_norm` / `k_norm` (null:
 // none) normalize the first / second part per head with `eps` first.
 std::unique_ptr<ArrVec> fused_heads(const array& x, rust::Slice<const int32_t> cols,
                                     rust::Slice<const int32_t> heads,
-                                    rust::Slice<const uint8_t> rotate, int32_t head_dim,
+                                    rust::Slice<const uint8_t> rotate,
+                                    rust::Slice<const uint8_t> dtypes, int32_t head_dim,
                                     int32_t dims, bool traditional, float scale, int32_t offset,
                                     const array* offsets, const array& inv_freqs,
                                     const array* q_norm, const array* k_norm, float eps);

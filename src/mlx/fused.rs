@@ -4,7 +4,7 @@
 //! same bits (see fused.cc; tested in fused_tests.rs); other devices and
 //! dtypes get MLX's `fast::rms_norm` / `fast::rope`.
 
-use super::array::{wrap, ArrVec, Array, Result};
+use super::array::{wrap, ArrVec, Array, Dtype, Result};
 use super::fused_sys::ffi;
 use super::ops::fast;
 
@@ -66,12 +66,14 @@ pub fn fused_rope_at(
 }
 
 /// One part of a packed projection for [`fused_heads`]: `heads` heads from
-/// column `col`, rotated by RoPE or not.
+/// column `col`, rotated by RoPE or not, in `dtype` (f32, or the f16 / bf16
+/// of a KV cache: rounded as `astype` rounds, so a cache's cast is no node).
 #[derive(Debug, Clone, Copy)]
 pub struct HeadPart {
     pub col: i32,
     pub heads: i32,
     pub rotate: bool,
+    pub dtype: Dtype,
 }
 
 /// The RoPE of [`fused_heads`]: over the first `dims` features, positions
@@ -103,6 +105,7 @@ pub fn fused_heads(
     let cols: Vec<i32> = parts.iter().map(|p| p.col).collect();
     let heads: Vec<i32> = parts.iter().map(|p| p.heads).collect();
     let rotate: Vec<u8> = parts.iter().map(|p| p.rotate as u8).collect();
+    let dtypes: Vec<u8> = parts.iter().map(|p| p.dtype as u8).collect();
     let ptr = |a: Option<&Array>| a.map_or(std::ptr::null(), |a| a.raw() as *const _);
     let (offset, offsets) = match rope.start {
         Ok(o) => (o, std::ptr::null()),
@@ -115,6 +118,7 @@ pub fn fused_heads(
             &cols,
             &heads,
             &rotate,
+            &dtypes,
             head_dim,
             rope.dims,
             rope.traditional,

@@ -36,6 +36,7 @@ pub(crate) mod ffi {
             cols: &[i32],
             heads: &[i32],
             rotate: &[u8],
+            dtypes: &[u8],
             head_dim: i32,
             dims: i32,
             traditional: bool,

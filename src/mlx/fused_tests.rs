@@ -151,13 +151,16 @@ fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
     // prefill shapes, one start or one per row, half-split or traditional,
     // partial rotation, per-head norms, and a strided x (a slice of a wider
     // projection, as a mixed pass hands its groups); L = 100 splits its rows
-    // over the thread pool.
+    // over the thread pool. Keys and values also in a cache's f16 / bf16:
+    // the same bits as `astype` of the f32 result.
     let d = 64;
-    let parts = [
-        HeadPart { col: 0, heads: 4, rotate: true },
-        HeadPart { col: 4 * d, heads: 2, rotate: true },
-        HeadPart { col: 6 * d, heads: 2, rotate: false },
-    ];
+    let parts = |kv| {
+        [
+            HeadPart { col: 0, heads: 4, rotate: true, dtype: Dtype::F32 },
+            HeadPart { col: 4 * d, heads: 2, rotate: true, dtype: kv },
+            HeadPart { col: 6 * d, heads: 2, rotate: false, dtype: kv },
+        ]
+    };
     let offsets = Array::from_i32(&[3, 0, 900], &[3]).unwrap();
     let (qn, kn) = (randn(&[d], 41), randn(&[d], 42));
     let mut cases = 0;
@@ -174,9 +177,10 @@ fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
                     if per_row && b != 3 {
                         continue;
                     }
-                    for norms in [[None, None], [Some(&qn), Some(&kn)]] {
+                    for (norms, kv) in [([None, None], Dtype::F32), ([Some(&qn), Some(&kn)], Dtype::F32), ([None, None], Dtype::F16), ([Some(&qn), Some(&kn)], Dtype::BF16)] {
                         let start = if per_row { Err(&offsets) } else { Ok(57) };
                         let rope = HeadRope { dims, traditional, scale: 1.0, start, inv_freqs: &inv };
+                        let parts = parts(kv);
                         let got = fused_heads(&x, &parts, d, &rope, norms, 1e-6).unwrap().expect("fast path");
                         assert!(got.iter().all(is_fused_node));
                         let want = heads_by_ops(&x, &parts, d, norms, |y| match per_row {
@@ -184,8 +188,9 @@ fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
                             false => fast::rope(y, dims, traditional, 10_000.0, 1.0, 57).unwrap(),
                         });
                         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                            let what = format!("part {i} b {b} l {l} strided {strided} trad {traditional} dims {dims} per_row {per_row} norms {}", norms[0].is_some());
-                            same_bits(g, w, &what);
+                            let what = format!("part {i} b {b} l {l} strided {strided} trad {traditional} dims {dims} per_row {per_row} norms {} {kv:?}", norms[0].is_some());
+                            assert_eq!(g.dtype(), parts[i].dtype, "{what}");
+                            same_bits(g, &w.astype(parts[i].dtype).unwrap(), &what);
                         }
                         cases += 1;
                     }
@@ -193,19 +198,22 @@ fn heads_of_a_packed_projection_match_the_ops_bit_for_bit() {
             }
         }
     }
-    assert_eq!(cases, 84);
+    assert_eq!(cases, 168);
 }
 
 #[test]
 fn heads_leave_what_they_do_not_take_to_the_ops() {
     let inv = rope_inv_freqs(64, 10_000.0).unwrap();
     let rope = HeadRope { dims: 64, traditional: false, scale: 1.0, start: Ok(0), inv_freqs: &inv };
-    let part = [HeadPart { col: 0, heads: 2, rotate: true }];
+    let part = [HeadPart { col: 0, heads: 2, rotate: true, dtype: Dtype::F32 }];
     let x16 = randn(&[1, 1, 128], 1).astype(Dtype::F16).unwrap();
     assert!(fused_heads(&x16, &part, 64, &rope, [None, None], 1e-6).unwrap().is_none());
     // A part past the end of the projection.
     let x = randn(&[1, 1, 96], 2);
     assert!(fused_heads(&x, &part, 64, &rope, [None, None], 1e-6).unwrap().is_none());
+    // An output dtype other than f32, f16 or bf16.
+    let part = [HeadPart { dtype: Dtype::I32, ..part[0] }];
+    assert!(fused_heads(&randn(&[1, 1, 128], 3), &part, 64, &rope, [None, None], 1e-6).unwrap().is_none());
 }
 
 #[test]

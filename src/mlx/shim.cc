@@ -14,27 +14,6 @@ mx::Shape to_shape(rust::Slice<const int32_t> s) { return mx::Shape(s.begin(), s
 
 std::string str(rust::Str s) { return std::string(s.data(), s.size()); }
 
-// Codes shared with `Dtype` in src/mlx/array.rs; never renumber.
-mx::Dtype to_dtype(uint8_t code) {
-  switch (code) {
-    case 0: return mx::bool_;
-    case 1: return mx::uint8;
-    case 2: return mx::uint16;
-    case 3: return mx::uint32;
-    case 4: return mx::uint64;
-    case 5: return mx::int8;
-    case 6: return mx::int16;
-    case 7: return mx::int32;
-    case 8: return mx::int64;
-    case 9: return mx::float16;
-    case 10: return mx::float32;
-    case 11: return mx::float64;
-    case 12: return mx::bfloat16;
-    case 13: return mx::complex64;
-  }
-  throw std::invalid_argument("unknown dtype code " + std::to_string(code));
-}
-
 uint8_t from_dtype(mx::Dtype d) {
   switch (d.val()) {
     case mx::Dtype::Val::bool_: return 0;
@@ -78,6 +57,27 @@ rust::Vec<T> copy_out(const array& a, mx::Dtype dt) {
 }
 
 }  // namespace
+
+// Codes shared with `Dtype` in src/mlx/array.rs; never renumber.
+mx::Dtype to_dtype(uint8_t code) {
+  switch (code) {
+    case 0: return mx::bool_;
+    case 1: return mx::uint8;
+    case 2: return mx::uint16;
+    case 3: return mx::uint32;
+    case 4: return mx::uint64;
+    case 5: return mx::int8;
+    case 6: return mx::int16;
+    case 7: return mx::int32;
+    case 8: return mx::int64;
+    case 9: return mx::float16;
+    case 10: return mx::float32;
+    case 11: return mx::float64;
+    case 12: return mx::bfloat16;
+    case 13: return mx::complex64;
+  }
+  throw std::invalid_argument("unknown dtype code " + std::to_string(code));
+}
 
 ArrPtr from_f32(rust::Slice<const float> data, rust::Slice<const int32_t> shape) {
   auto s = to_shape(shape);

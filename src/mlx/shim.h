@@ -29,6 +29,9 @@ struct TensorFile {
   std::unordered_map<std::string, array> arr_meta;
 };
 
+// The MLX dtype of a `Dtype` code (src/mlx/array.rs).
+mlx::core::Dtype to_dtype(uint8_t code);
+
 // ---- creation and inspection ----
 ArrPtr from_f32(rust::Slice<const float> data, rust::Slice<const int32_t> shape);
 ArrPtr from_i32(rust::Slice<const int32_t> data, rust::Slice<const int32_t> shape);

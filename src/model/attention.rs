@@ -13,7 +13,7 @@ use crate::cache::scheme::KvLayer;
 use crate::cache::{AttnMask, KvView, LayerCache, Positions};
 use crate::error::{Error, Result};
 use crate::mlx::fast::Mask;
-use crate::mlx::{fused_sdpa_merged, Array, HeadPart};
+use crate::mlx::{fused_sdpa_merged, Array, Dtype, HeadPart};
 use std::rc::Rc;
 
 /// The masks of one forward pass, computed once for all layers (the layers'
@@ -142,7 +142,7 @@ impl Attention {
     pub fn forward(&self, x: &Array, pass: &mut Pass, layer: usize) -> Result<Array> {
         let (parts, gate) = self.project(x)?;
         let o = pass.each(parts, |_, parts, cache, ctx| {
-            let [q, k, v] = self.heads(parts, &ctx.pos)?;
+            let [q, k, v] = self.heads(parts, &ctx.pos, cache[layer].kv_write_dtype())?;
             self.attend(q, k, v, &mut cache[layer], &ctx.masks)
         })?;
         self.output(o, gate)
@@ -172,14 +172,19 @@ impl Attention {
     /// Queries, keys and values `[b, heads, l, head_dim]`, per-head norms
     /// applied and rotated at `pos`, from `project`'s arrays (`[b, l, …]`).
     /// From a stacked projection this is one mlxrt node on the CPU
-    /// (`Rope::heads`, the same bits as the ops).
-    fn heads(&self, mut parts: Vec<Array>, pos: &Positions) -> Result<[Array; 3]> {
+    /// (`Rope::heads`, the same bits as the ops), which also gives keys and
+    /// values in the cache's `kv_dtype` (f16 / bf16) instead of its cast.
+    fn heads(&self, mut parts: Vec<Array>, pos: &Positions, kv_dtype: Option<Dtype>) -> Result<[Array; 3]> {
         let (hd, nq, nkv) = (self.head_dim, self.heads, self.kv_heads);
         if let [qkv] = parts.as_slice() {
+            let kv = match kv_dtype {
+                Some(d @ (Dtype::F16 | Dtype::BF16)) => d,
+                _ => Dtype::F32,
+            };
             let spec = [
-                HeadPart { col: 0, heads: nq, rotate: true },
-                HeadPart { col: nq * hd, heads: nkv, rotate: true },
-                HeadPart { col: (nq + nkv) * hd, heads: nkv, rotate: false },
+                HeadPart { col: 0, heads: nq, rotate: true, dtype: Dtype::F32 },
+                HeadPart { col: nq * hd, heads: nkv, rotate: true, dtype: kv },
+                HeadPart { col: (nq + nkv) * hd, heads: nkv, rotate: false, dtype: kv },
             ];
             if let Some(h) = self.rope.heads(qkv, &spec, hd, pos, [self.q_norm.as_ref(), self.k_norm.as_ref()])? {
                 return Ok(h.try_into().expect("three parts"));
