@@ -28,13 +28,6 @@ namespace mx = mlx::core;
 
 namespace mlxrt::qmm {
 
-// Widest x of a packed layer: its scales and biases, as floats, fit the
-// scratch (qmm_impl.h, run_q8_packed).
-constexpr int kMaxPackedK = 65536;
-static_assert(2 * (kMaxPackedK / kQ8Block) * kPackedCols <=
-                  2 * kMaxLanes * kGemmRowStride + kPanelCacheFloats,
-              "a packed tile's scales and biases fit scratch_floats()");
-
 size_t scratch_floats(int K) {
   (void)K;  // panels are blocked to kBlockK whatever K is
   // The rows a GEMM panel is transposed from, and a group of panels.
@@ -314,7 +307,7 @@ void run_problem(const Kernels& k, const Problem& p, bool q8) {
   int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
   auto range = [&](int n0, int n1) {
     if (p.packed) {
-      k.run_q8_packed(p, n0, n1, thread_scratch());
+      k.run_q8_packed(p, n0, n1);
     } else if (q8 && p.gemm) {
       k.run_q8_gemm(p, n0, n1, thread_scratch());
     } else if (q8) {
@@ -574,7 +567,7 @@ bool consistent(const array& x, const array& w, const array& s, const array* b, 
 bool consistent_packed(const array& x, const array& w, const array& s, const array* b,
                        int group, int bits) {
   const int64_t K = x.shape(-1);
-  return x.ndim() >= 1 && K > 0 && K % group == 0 && K <= kMaxPackedK && w.ndim() == 4 &&
+  return x.ndim() >= 1 && K > 0 && K % group == 0 && w.ndim() == 4 &&
          w.shape(1) * kQ8Block == K && w.shape(2) == bits && w.shape(3) == kPackedCols &&
          s.ndim() == 3 && s.shape(0) == w.shape(0) && s.shape(1) == K / group &&
          s.shape(2) == kPackedCols && (!b || b->shape() == s.shape()) &&

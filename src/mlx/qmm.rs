@@ -150,7 +150,6 @@ pub fn packable(n: i32, k: i32, group_size: i32, bits: i32) -> bool {
         && n % PACKED_COLS == 0
         && k > 0
         && k % group_size == 0
-        && k <= 65536
         && ffi::packed_weights_usable(bits)
 }
 

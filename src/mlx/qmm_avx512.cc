@@ -112,6 +112,9 @@ struct V {
     if (!bf16) return _mm512_cvtph_ps(h);
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   }
+  QMM_FN static inline T load_halves(const uint16_t* src, bool bf16) {
+    return from_halves(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)), bf16);
+  }
   QMM_FN static inline void convert_halves(const uint16_t* src, int n, bool bf16, float* dst) {
     int i = 0;
     for (; i + W <= n; i += W)

@@ -1013,10 +1013,36 @@ QMM_Q8_FN void run_q8_gemm(const Problem& p, int n0, int n1, float* scratch) {
 template <int BITS>
 constexpr int kQ8pBlockBytes = BITS * NC * 4;  // one block of 32 k for NC columns
 
-// MR rows of x from m0 against packed column tile `t`; `ps` and `pb` hold
-// the tile's scales and biases as floats, [group][NC].
-template <int BITS, int MR, int GROUP>
-QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int t, int m0) {
+// A packed tile's scales and biases ([group][NC] from `at`), read where the
+// tile uses them, W at a time: f32 in place, f16 / bf16 converted per
+// vector, a symmetric format's implied biases -2^(BITS-1) * s (exact, as
+// biases_f32 derives them). Converting a whole tile's worth into a scratch
+// buffer first cost ~30% of the packed path's samples in int8 decode (the
+// loop stalled on the two extra streams); read per block, their loads
+// overlap the tile's arithmetic.
+template <int BITS, ScaleType ST>
+struct PanelScales {
+  const void* s;
+  const void* b;  // null: implied
+  size_t at;
+  QMM_Q8_FN T load(const void* base, int i) const {
+    if constexpr (ST == ScaleType::F32) {
+      return V::load(static_cast<const float*>(base) + at + i);
+    } else {
+      return V::load_halves(static_cast<const uint16_t*>(base) + at + i, ST == ScaleType::BF16);
+    }
+  }
+  QMM_Q8_FN T scale(int i) const { return load(s, i); }
+  QMM_Q8_FN T bias(int i) const {
+    if (b) return load(b, i);
+    return V::mul(load(s, i), V::set1(-static_cast<float>(1 << (BITS - 1))));
+  }
+};
+
+// MR rows of x from m0 against packed column tile `t` with its scales and
+// biases `sc`.
+template <int BITS, int MR, int GROUP, ScaleType ST>
+QMM_Q8_FN void tile_q8p(const Problem& p, const PanelScales<BITS, ST>& sc, int t, int m0) {
   constexpr int BB = kQ8pBlockBytes<BITS>;
   const int nb = p.K / kQ8Block, ng = p.K / GROUP;
   const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
@@ -1068,8 +1094,8 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int 
         a[0][r][1] = V::q8g_add(a[0][r][1], a[1][r][1]);
       }
     }
-    const float* sb = ps + b * kQ8Block / GROUP * NC;
-    const T s0 = V::load(sb), s1 = V::load(sb + W);
+    const int sb = b * kQ8Block / GROUP * NC;
+    const T s0 = sc.scale(sb), s1 = sc.scale(sb + W);
     QMM_UNROLL
     for (int r = 0; r < MR; ++r) {
       const T d = V::set1(xd[(r * ldb + b) * 8]);
@@ -1079,7 +1105,7 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int 
   }
   // Bias term: b_w * sum(d * xq) per group.
   for (int g = 0; g < ng; ++g) {
-    const T b0 = V::load(pb + g * NC), b1 = V::load(pb + g * NC + W);
+    const T b0 = sc.bias(g * NC), b1 = sc.bias(g * NC + W);
     QMM_UNROLL
     for (int r = 0; r < MR; ++r) {
       const T xs = V::set1(p.xs[static_cast<size_t>(m0 + r) * p.xs_stride + g]);
@@ -1095,54 +1121,46 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const float* ps, const float* pb, int 
   }
 }
 
-template <int BITS, int GROUP, int MR = Q8G_MR>
-QMM_Q8_FN void q8p_rows(const Problem& p, const float* ps, const float* pb, int rows, int t,
-                        int m) {
+template <int BITS, int GROUP, ScaleType ST, int MR = Q8G_MR>
+QMM_Q8_FN void q8p_rows(const Problem& p, const PanelScales<BITS, ST>& sc, int rows, int t, int m) {
   if constexpr (MR > 1) {
-    if (rows < MR) return q8p_rows<BITS, GROUP, MR - 1>(p, ps, pb, rows, t, m);
+    if (rows < MR) return q8p_rows<BITS, GROUP, ST, MR - 1>(p, sc, rows, t, m);
   }
-  tile_q8p<BITS, MR, GROUP>(p, ps, pb, t, m);
+  tile_q8p<BITS, MR, GROUP, ST>(p, sc, t, m);
 }
 
-// Each panel's scales and biases as floats (scales_f32 / biases_f32: f32
-// ones read in place, half ones converted, a symmetric format's implied
-// biases derived, into the scratch).
 template <int BITS, int GROUP, ScaleType ST>
-QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1, float* scratch) {
+QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1) {
   const int ng = p.K / GROUP;
-  float* sbuf = scratch;
-  float* bbuf = scratch + ng * NC;
   for (int t = n0 / NC; t < n1 / NC; ++t) {
-    const size_t at = static_cast<size_t>(t) * ng * NC;
-    const float* ps = scales_f32<ST>(p.scales, at, ng * NC, sbuf);
-    const float* pb = biases_f32<BITS, ST>(p.biases, at, ng * NC, ps, bbuf);
-    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP>(p, ps, pb, p.M - m, t, m);
+    const PanelScales<BITS, ST> sc{p.scales, p.biases, static_cast<size_t>(t) * ng * NC};
+    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP, ST>(p, sc, p.M - m, t, m);
   }
 }
 
 template <int BITS, int GROUP>
-QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1, float* scratch) {
+QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1) {
   switch (p.stype) {
-    case ScaleType::F32: return run_q8_packed_typed<BITS, GROUP, ScaleType::F32>(p, n0, n1, scratch);
-    case ScaleType::F16: return run_q8_packed_typed<BITS, GROUP, ScaleType::F16>(p, n0, n1, scratch);
-    case ScaleType::BF16: return run_q8_packed_typed<BITS, GROUP, ScaleType::BF16>(p, n0, n1, scratch);
+    case ScaleType::F32: return run_q8_packed_typed<BITS, GROUP, ScaleType::F32>(p, n0, n1);
+    case ScaleType::F16: return run_q8_packed_typed<BITS, GROUP, ScaleType::F16>(p, n0, n1);
+    case ScaleType::BF16: return run_q8_packed_typed<BITS, GROUP, ScaleType::BF16>(p, n0, n1);
   }
 }
 
 template <int BITS>
-QMM_Q8_FN void run_q8_packed_bits(const Problem& p, int n0, int n1, float* scratch) {
+QMM_Q8_FN void run_q8_packed_bits(const Problem& p, int n0, int n1) {
   switch (p.group) {
-    case 32: return run_q8_packed_group<BITS, 32>(p, n0, n1, scratch);
-    case 64: return run_q8_packed_group<BITS, 64>(p, n0, n1, scratch);
-    default: return run_q8_packed_group<BITS, 128>(p, n0, n1, scratch);
+    case 32: return run_q8_packed_group<BITS, 32>(p, n0, n1);
+    case 64: return run_q8_packed_group<BITS, 64>(p, n0, n1);
+    default: return run_q8_packed_group<BITS, 128>(p, n0, n1);
   }
 }
 
-QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1, float* scratch) {
+QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1) {
   if (p.bits == 4) {
-    run_q8_packed_bits<4>(p, n0, n1, scratch);
+    run_q8_packed_bits<4>(p, n0, n1);
   } else {
-    run_q8_packed_bits<8>(p, n0, n1, scratch);
+    run_q8_packed_bits<8>(p, n0, n1);
   }
 }
 
@@ -1151,7 +1169,7 @@ constexpr auto kRunQ8Packed = &run_q8_packed;
 constexpr auto kQuantizeQ8 = &V::q8_quantize_block;
 #else
 constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
-constexpr void (*kRunQ8Packed)(const Problem&, int, int, float*) = nullptr;
+constexpr void (*kRunQ8Packed)(const Problem&, int, int) = nullptr;
 constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 

@@ -109,7 +109,7 @@ struct Kernels {
   // The same against weights packed at load (`p.packed`; N a multiple of
   // `gemm_cols`): no panel to fill per call, so it runs at every M. Null
   // where `run_q8_gemm` is.
-  void (*run_q8_packed)(const Problem& p, int n0, int n1, float* scratch);
+  void (*run_q8_packed)(const Problem& p, int n0, int n1);
   // 32 contiguous values of x quantized for the int8 path, the same bytes
   // as the portable code in qmm.cc (`nibble_order`: stored [even k, odd k]);
   // returns sum(xq) and sets *d. Null: the portable code runs.
