@@ -801,6 +801,7 @@ QMM_Q8_FN void run_q8(const Problem& p, int n0, int n1) {
 //                                 vectors, word t of column j in lane j
 //   q8g_low4(v), q8g_high4(v)     each byte's low / high nibble
 //   q8g_gather(base, idx)         W floats base[idx[j]]
+//   load_halves(src, bf16)        W f16 (or bfloat16) values as f32
 //   q8_quantize_block             Kernels::quantize_q8_block (vectorized)
 // Exact integer sums, f32 scaling per block: the result is the int8 path's
 // arithmetic (within its tolerance of run_q8), not its bits.
