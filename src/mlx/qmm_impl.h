@@ -111,6 +111,11 @@ QMM_FN inline const float* scales_f32(const void* base, size_t off, int n, float
 // vector past the end (convert_halves may store one).
 constexpr int kMaxGroups = kBlockK / 32 + 16;
 
+// A symmetric format's (Problem::biases null) implied bias per group, in
+// units of its scale: -2^(BITS-1).
+template <int BITS>
+constexpr float kImpliedZero = -static_cast<float>(1 << (BITS - 1));
+
 // Biases [off, off + n) as f32 (see scales_f32), or without stored biases
 // (a symmetric format: Problem::biases null) the implied -2^(BITS-1) * s
 // for the scales `s` of the same groups, written into `buf`. A power-of-two
@@ -120,7 +125,7 @@ template <int BITS, ScaleType ST>
 QMM_FN inline const float* biases_f32(const void* base, size_t off, int n, const float* s,
                                       float* buf) {
   if (base) return scales_f32<ST>(base, off, n, buf);
-  constexpr float zero = -static_cast<float>(1 << (BITS - 1));
+  constexpr float zero = kImpliedZero<BITS>;
   const T z = V::set1(zero);
   int i = 0;
   for (; i + W <= n; i += W) V::store(buf + i, V::mul(V::load(s + i), z));
@@ -1016,7 +1021,7 @@ constexpr int kQ8pBlockBytes = BITS * NC * 4;  // one block of 32 k for NC colum
 
 // A packed tile's scales and biases ([group][NC] from `at`), read where the
 // tile uses them, W at a time: f32 in place, f16 / bf16 converted per
-// vector, a symmetric format's implied biases -2^(BITS-1) * s (exact, as
+// vector, a symmetric format's implied biases kImpliedZero * s (as
 // biases_f32 derives them). Converting a whole tile's worth into a scratch
 // buffer first cost ~30% of the packed path's samples in int8 decode (the
 // loop stalled on the two extra streams); read per block, their loads
@@ -1036,7 +1041,7 @@ struct PanelScales {
   QMM_Q8_FN T scale(int i) const { return load(s, i); }
   QMM_Q8_FN T bias(int i) const {
     if (b) return load(b, i);
-    return V::mul(load(s, i), V::set1(-static_cast<float>(1 << (BITS - 1))));
+    return V::mul(load(s, i), V::set1(kImpliedZero<BITS>));
   }
 };
 
