@@ -29,8 +29,10 @@ is the child's VmHWM (its address space's high-water mark); mlxrt's short/long f
 carry mlx_peak_memory_bytes, MLX's own peak of live buffers since the start (load, weights,
 KV, activations), so that the rest of the RSS (code, heap, mapped files) is measured, not
 guessed. Read bandwidth: a numpy sum over 1 GiB, on 1 and on
---threads threads, the best; decode_bandwidth_share = mlxrt's decode tok/s (Q4_1, short)
-÷ (bandwidth ÷ mlxrt's parameter bytes).
+--threads threads, the best; measured at the start and again right after each pair of the
+Q4_1 short case (this host's bandwidth swings by half within minutes).
+decode_bandwidth_share = the median over those pairs of mlxrt's decode tok/s (Q4_1, short)
+÷ (the bandwidth measured right after it ÷ mlxrt's parameter bytes).
 
 Writes <results-dir>/<name>.json (format: bench/README.md), rewritten after every pair, with
 raw figures, medians per model and case, the ratios (mlxrt ÷ llama.cpp, > 1 = mlxrt faster;
@@ -42,6 +44,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -380,6 +383,7 @@ def main():
     runner = Runner(args, args.exe_dir, llama_bin, ids)
     bandwidth = read_bandwidth_gbs(args.threads)
     print(f"read bandwidth: {bandwidth}", file=sys.stderr)
+    pair_bandwidth = []  # after each pair of the Q4_1 short case
     raw = {m: {c: {"mlxrt": [], "llama.cpp": []} for c in cases} for m in models}
     load = {"start": os.getloadavg()}
     build = llama_build_info(args.llama_cpp)
@@ -391,16 +395,22 @@ def main():
         prov_m = runner.info["mlxrt"].get("provenance")
         # The bandwidth share is the Q4_1 file's; absent when only Q4_0 ran.
         pb = runner.info["mlxrt"].get("parameter_bytes", {}).get(str(models.get("q4_1")))
-        dec = med.get("q4_1", {}).get("short", {})
+        pairs = raw.get("q4_1", {}).get("short", {})
         share = {}
-        if pb and dec.get("mlxrt", {}).get("decode_tps"):
-            bound = bandwidth["read_gbs"] * 1e9 / pb
-            share = {"mlxrt_parameter_bytes": pb, "decode_bound_tps": bound,
-                     "mlxrt": dec["mlxrt"]["decode_tps"] / bound}
-            if dec.get("llama.cpp", {}).get("decode_tps"):
-                fb = os.path.getsize(models["q4_1"])
-                share.update(gguf_file_bytes=fb,
-                             llamacpp=dec["llama.cpp"]["decode_tps"] / (bandwidth["read_gbs"] * 1e9 / fb))
+
+        def shares(side, nbytes):
+            # Each pair's decode against the bandwidth measured right after it.
+            return [r["decode_tps"] * nbytes / (bw["read_gbs"] * 1e9)
+                    for r, bw in zip(pairs.get(side, []), pair_bandwidth) if r.get("decode_tps")]
+
+        if pb and shares("mlxrt", pb):
+            fb = os.path.getsize(models["q4_1"])
+            share = {"mlxrt_parameter_bytes": pb, "gguf_file_bytes": fb,
+                     "after_each_pair_gbs": [bw["read_gbs"] for bw in pair_bandwidth],
+                     "mlxrt_by_pair": shares("mlxrt", pb), "llamacpp_by_pair": shares("llama.cpp", fb)}
+            share["mlxrt"] = statistics.median(share["mlxrt_by_pair"])
+            if share["llamacpp_by_pair"]:
+                share["llamacpp"] = statistics.median(share["llamacpp_by_pair"])
         payload = {
             "settings": {"rounds": args.rounds, "cases": cases, "models": {m: str(p) for m, p in models.items()},
                          "threads": args.threads, "llama_reps": args.llama_reps, "kernels": args.kernels,
@@ -441,6 +451,9 @@ def main():
                     shown = {x: round(v, 2) for x, v in r.items() if isinstance(v, float)}
                     print(f"round {rnd + 1}/{args.rounds} {m} {case} {side} ({time.perf_counter() - t:.0f} s): "
                           f"{shown}", file=sys.stderr)
+                if m == "q4_1" and case == "short":
+                    pair_bandwidth.append(read_bandwidth_gbs(args.threads))
+                    print(f"read bandwidth: {pair_bandwidth[-1]}", file=sys.stderr)
                 path_out = write()
     pq = runner.info["mlxrt"].get("provenance", {}).get("qmm_threads")
     if pq is not None and pq != args.threads:
