@@ -198,10 +198,11 @@ class Pool {
   // Requests the next few cache lines of `ahead` from `*cursor` on into L2
   // and pauses once; false when all have been requested. Prefetches, not
   // loads, since they never fault: the plan may name the weights of a
-  // model dropped since. A tight loop of them outruns the core's miss
-  // buffers, which then drop some (Zen 4, 256 KB from DRAM, read after 20
-  // us: 28 GB/s when prefetched in a tight loop, 61 with two pauses per 8
-  // lines, 74 when loaded); end to end one pause per 8 lines did best.
+  // model dropped since. Over a long run a tight loop of them outruns the
+  // core's miss buffers, which then drop some (Zen 4, 256 KB from DRAM,
+  // read after 20 us: 28 GB/s when prefetched in a tight loop, 61 with two
+  // pauses per 8 lines, 74 when loaded); in decode's short gaps no pause
+  // and one per 8 lines measured alike, more pauses less.
   static bool prefetch_some(const Prefetch& ahead, size_t* cursor) {
     constexpr size_t kLine = 64, kBatch = 8 * kLine;
     if (*cursor >= ahead.total()) return false;
