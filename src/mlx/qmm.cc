@@ -179,8 +179,9 @@ class Pool {
     for (unsigned spins = 0;; ++spins) {
       const uint64_t gen = state_.load(std::memory_order_acquire) >> 32;
       if (gen != seen) return gen;
-      // Not while reading ahead: a yield hands the core to the engine's
-      // graph-building thread for a time slice, ending the read early.
+      // Not while reading ahead: a yield can hand the core to the engine's
+      // graph-building thread for a time slice (not yielding then measured
+      // ~1.02x, docs/cpu-kernels.md).
       if ((spins & 63) == 63 && *cursor >= ahead.total()) {
         if (std::chrono::steady_clock::now() - start > kSpin) break;
         std::this_thread::yield();
