@@ -1018,6 +1018,12 @@ QMM_Q8_FN void run_q8_gemm(const Problem& p, int n0, int n1, float* scratch) {
 // int8 GEMM's: exact integer sums per block, f32 scaling per block.
 template <int BITS>
 constexpr int kQ8pBlockBytes = BITS * NC * 4;  // one block of 32 k for NC columns
+// At one or two rows of x (decode) the tiles request their stream this many
+// bytes ahead into L2: the hardware prefetchers alone did not keep one core
+// reading DRAM at its share of the bus (Intel Xeon, SmolLM2 Q4_1 and Q4_0,
+// int8 decode 1.07-1.08x at 4 KiB, 1.04x at 2 KiB, 1.01x at 1 KiB, 1.07x at
+// 8 KiB; docs/cpu-kernels.md). More rows are compute-bound.
+constexpr int kQ8pAheadBytes = 4096;
 
 // A packed tile's scales and biases ([group][NC] from `at`), read where the
 // tile uses them, W at a time: f32 in place, f16 / bf16 converted per
@@ -1073,6 +1079,13 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const PanelScales<BITS, ST>& sc, int t
     QMM_UNROLL
     for (int q = 0; q < 4; ++q) {
       const uint8_t* wq = wb + q * NC * 4;
+      if constexpr (MR <= 2) {  // the lines this step reads, kQ8pAheadBytes on
+        QMM_UNROLL
+        for (int o = 0; o < NC * 4; o += 64) {
+          __builtin_prefetch(wq + kQ8pAheadBytes + o, 0, 2);
+          if constexpr (BITS == 8) __builtin_prefetch(wq + 4 * NC * 4 + kQ8pAheadBytes + o, 0, 2);
+        }
+      }
       I l0, l1, h0, h1;
       if constexpr (BITS == 4) {
         const I v0 = V::q8g_load(wq), v1 = V::q8g_load(wq + W * 4);
