@@ -28,11 +28,13 @@ prompts; llama.cpp's tools take a token count). Both sides: greedy/EOS ignored o
 is the child's VmHWM (its address space's high-water mark); mlxrt's short/long figures also
 carry mlx_peak_memory_bytes, MLX's own peak of live buffers since the start (load, weights,
 KV, activations), so that the rest of the RSS (code, heap, mapped files) is measured, not
-guessed. Read bandwidth: a numpy sum over 1 GiB, on 1 and on
---threads threads, the best; measured at the start and again right after each pair of the
-Q4_1 short case (this host's bandwidth swings by half within minutes).
+guessed. Read bandwidth: a numpy sum over a buffer, on 1 and on --threads threads, the best
+of 5; over 1 GiB at the start, and right after each pair of the Q4_1 short case (this host's
+bandwidth swings by half within minutes) over 1 GiB and over a buffer the size of mlxrt's
+parameters, which is what a decode step reads again every token (where the last-level cache
+holds that much, the weights come from it, not from DRAM).
 decode_bandwidth_share = the median over those pairs of mlxrt's decode tok/s (Q4_1, short)
-÷ (the bandwidth measured right after it ÷ mlxrt's parameter bytes).
+÷ (the model-sized read bandwidth measured right after it ÷ mlxrt's parameter bytes).
 
 Writes <results-dir>/<name>.json (format: bench/README.md), rewritten after every pair, with
 raw figures, medians per model and case, the ratios (mlxrt ÷ llama.cpp, > 1 = mlxrt faster;
@@ -398,16 +400,19 @@ def main():
         pairs = raw.get("q4_1", {}).get("short", {})
         share = {}
 
-        def shares(side, nbytes):
+        def shares(side, nbytes, key="model_sized"):
             # Each pair's decode against the bandwidth measured right after it.
-            return [r["decode_tps"] * nbytes / (bw["read_gbs"] * 1e9)
+            return [r["decode_tps"] * nbytes / (bw[key]["read_gbs"] * 1e9)
                     for r, bw in zip(pairs.get(side, []), pair_bandwidth) if r.get("decode_tps")]
 
         if pb and shares("mlxrt", pb):
             fb = os.path.getsize(models["q4_1"])
             share = {"mlxrt_parameter_bytes": pb, "gguf_file_bytes": fb,
-                     "after_each_pair_gbs": [bw["read_gbs"] for bw in pair_bandwidth],
-                     "mlxrt_by_pair": shares("mlxrt", pb), "llamacpp_by_pair": shares("llama.cpp", fb)}
+                     "after_each_pair_gbs": [bw["model_sized"]["read_gbs"] for bw in pair_bandwidth],
+                     "after_each_pair_buffer_mib": [bw["model_sized"]["buffer_mib"] for bw in pair_bandwidth],
+                     "after_each_pair_1gib_gbs": [bw["1gib"]["read_gbs"] for bw in pair_bandwidth],
+                     "mlxrt_by_pair": shares("mlxrt", pb), "llamacpp_by_pair": shares("llama.cpp", fb),
+                     "mlxrt_by_pair_1gib": shares("mlxrt", pb, "1gib")}
             share["mlxrt"] = statistics.median(share["mlxrt_by_pair"])
             if share["llamacpp_by_pair"]:
                 share["llamacpp"] = statistics.median(share["llamacpp_by_pair"])
@@ -452,7 +457,9 @@ def main():
                     print(f"round {rnd + 1}/{args.rounds} {m} {case} {side} ({time.perf_counter() - t:.0f} s): "
                           f"{shown}", file=sys.stderr)
                 if m == "q4_1" and case == "short":
-                    pair_bandwidth.append(read_bandwidth_gbs(args.threads))
+                    pb = runner.info["mlxrt"].get("parameter_bytes", {}).get(str(path), 2**30)
+                    pair_bandwidth.append({"model_sized": read_bandwidth_gbs(args.threads, -(-pb // 2**20)),
+                                           "1gib": read_bandwidth_gbs(args.threads)})
                     print(f"read bandwidth: {pair_bandwidth[-1]}", file=sys.stderr)
                 path_out = write()
     pq = runner.info["mlxrt"].get("provenance", {}).get("qmm_threads")
