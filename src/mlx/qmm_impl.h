@@ -1019,10 +1019,10 @@ QMM_Q8_FN void run_q8_gemm(const Problem& p, int n0, int n1, float* scratch) {
 template <int BITS>
 constexpr int kQ8pBlockBytes = BITS * NC * 4;  // one block of 32 k for NC columns
 // At one or two rows of x (decode) the tiles request their stream this many
-// bytes ahead into L2: the hardware prefetchers alone did not keep one core
-// reading DRAM at its share of the bus (Intel Xeon, SmolLM2 Q4_1 and Q4_0,
-// int8 decode 1.07-1.08x at 4 KiB, 1.04x at 2 KiB, 1.01x at 1 KiB, 1.07x at
-// 8 KiB; docs/cpu-kernels.md). More rows are compute-bound.
+// bytes ahead into L2, on top of the hardware prefetchers (Intel Xeon,
+// SmolLM2 Q4_1 and Q4_0, int8 decode 1.07-1.08x at 4 KiB, 1.04x at 2 KiB,
+// 1.01x at 1 KiB, 1.07x at 8 KiB; docs/cpu-kernels.md). More rows are
+// compute-bound (docs/cpu-kernels.md, 4) and were not measured with it.
 constexpr int kQ8pAheadBytes = 4096;
 
 // A packed tile's scales and biases ([group][NC] from `at`), read where the
