@@ -1082,8 +1082,9 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const PanelScales<BITS, ST>& sc, int t
       if constexpr (MR <= 2) {  // the lines this step reads, kQ8pAheadBytes on
         QMM_UNROLL
         for (int o = 0; o < NC * 4; o += 64) {
-          __builtin_prefetch(wq + kQ8pAheadBytes + o, 0, 2);
-          if constexpr (BITS == 8) __builtin_prefetch(wq + 4 * NC * 4 + kQ8pAheadBytes + o, 0, 2);
+          __builtin_prefetch(wq + kQ8pAheadBytes + o, 0, kPrefetchLocality<MR>);
+          if constexpr (BITS == 8)
+            __builtin_prefetch(wq + 4 * NC * 4 + kQ8pAheadBytes + o, 0, kPrefetchLocality<MR>);
         }
       }
       I l0, l1, h0, h1;
