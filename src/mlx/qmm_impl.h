@@ -1149,8 +1149,131 @@ QMM_Q8_FN void q8p_rows(const Problem& p, const PanelScales<BITS, ST>& sc, int r
   tile_q8p<BITS, MR, GROUP, ST>(p, sc, t, m);
 }
 
+#if defined(QMM_AMX)
+// The same panels on AMX tiles, 32 rows of x x 32 columns at a time. Per
+// block of 32 k, four `tdpbsud` (x signed, weights unsigned; 16 rows x 16
+// columns each) make the exact int32 sums for which the VNNI tile above
+// issues 512 `vpdpbusd`; the f32 scaling and the bias term are that tile's
+// operations in its order, so the output has the same bits. Tiles: 0-3
+// the sums (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 x's two row
+// halves (16 rows x 32 bytes), 6-7 the weights' column halves (8 rows of
+// 16 columns x 4 bytes: VNNI order, which the packed words already have;
+// 4-bit: low nibbles rows 0-3, high nibbles rows 4-7, as tile_q8p pairs
+// them with x's bytes 4q and 16 + 4q).
+constexpr int kAmxRows = 32;
+static_assert(NC == 2 * W && W == 16, "AMX tiles of 16 columns, one vector per row");
+
+struct AmxConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+// The tile instructions are asm statements that do not tell the compiler
+// which memory they read (tileloadd, ldtilecfg): stores they must see are
+// fenced off with this.
+QMM_AMX_FN inline void amx_barrier() { __asm__ __volatile__("" ::: "memory"); }
+
+template <int BITS, int GROUP, ScaleType ST>
+QMM_AMX_FN void tile_q8p_amx(const Problem& p, const PanelScales<BITS, ST>& sc, int t, int m0,
+                             float* f, int32_t* c, uint8_t* wbuf) {
+  constexpr int BB = kQ8pBlockBytes<BITS>;
+  const int nb = p.K / kQ8Block, ng = p.K / GROUP;
+  const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
+  const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * BB;
+  const int8_t* xq = p.xq + m0 * ldx;
+  const float* xd = p.xd8 + m0 * ldb * 8;
+  for (int i = 0; i < kAmxRows * NC; i += W) V::store(f + i, V::zero());
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* wb = wt + static_cast<size_t>(b) * BB;
+    _tile_loadd(4, xq + b * kQ8Block, ldx);
+    _tile_loadd(5, xq + 16 * ldx + b * kQ8Block, ldx);
+    if constexpr (BITS == 4) {
+      QMM_UNROLL
+      for (int q = 0; q < 4; ++q) {
+        QMM_UNROLL
+        for (int h = 0; h < 2; ++h) {
+          const I v = V::q8g_load(wb + q * NC * 4 + h * W * 4);
+          V::q8g_store(wbuf + h * 512 + q * 64, V::q8g_low4(v));
+          V::q8g_store(wbuf + h * 512 + (4 + q) * 64, V::q8g_high4(v));
+        }
+      }
+      amx_barrier();
+      _tile_loadd(6, wbuf, 64);
+      _tile_loadd(7, wbuf + 512, 64);
+    } else {
+      _tile_loadd(6, wb, NC * 4);
+      _tile_loadd(7, wb + W * 4, NC * 4);
+    }
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_dpbsud(0, 4, 6);
+    _tile_dpbsud(1, 4, 7);
+    _tile_dpbsud(2, 5, 6);
+    _tile_dpbsud(3, 5, 7);
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    _tile_stored(2, c + 512, 64);
+    _tile_stored(3, c + 768, 64);
+    const int sb = b * kQ8Block / GROUP * NC;
+    const T s0 = sc.scale(sb), s1 = sc.scale(sb + W);
+    QMM_UNROLL
+    for (int r = 0; r < kAmxRows; ++r) {
+      const T d = V::set1(xd[(r * ldb + b) * 8]);
+      const auto* cr = reinterpret_cast<const uint8_t*>(c + (r / 16) * 512 + (r % 16) * 16);
+      float* fr = f + r * NC;
+      V::store(fr, V::fma(V::q8g_float(V::q8g_load(cr)), V::mul(s0, d), V::load(fr)));
+      V::store(fr + W, V::fma(V::q8g_float(V::q8g_load(cr + 1024)), V::mul(s1, d), V::load(fr + W)));
+    }
+  }
+  // Bias term: b_w * sum(d * xq) per group (as tile_q8p, group by group).
+  for (int r = 0; r < kAmxRows; ++r) {
+    T f0 = V::load(f + r * NC), f1 = V::load(f + r * NC + W);
+    const float* xs = p.xs + static_cast<size_t>(m0 + r) * p.xs_stride;
+    for (int g = 0; g < ng; ++g) {
+      f0 = V::fma(sc.bias(g * NC), V::set1(xs[g]), f0);
+      f1 = V::fma(sc.bias(g * NC + W), V::set1(xs[g]), f1);
+    }
+    float* o = p.out + static_cast<size_t>(m0 + r) * p.N + static_cast<size_t>(t) * NC;
+    V::store(o, f0);
+    V::store(o + W, f1);
+  }
+}
+
+// run_q8_packed_typed with AMX: whole blocks of kAmxRows rows on tiles, the
+// rest on the VNNI tiles. Configures the tiles on this thread and releases
+// them before it returns.
+template <int BITS, int GROUP, ScaleType ST>
+QMM_AMX_FN __attribute__((noinline)) void run_q8_packed_amx(const Problem& p, int n0, int n1) {
+  AmxConfig cfg{};
+  cfg.palette = 1;
+  for (int i = 0; i < 8; ++i) {
+    cfg.colsb[i] = i == 4 || i == 5 ? kQ8Block : 64;
+    cfg.rows[i] = i >= 6 ? 8 : 16;
+  }
+  amx_barrier();
+  _tile_loadconfig(&cfg);
+  alignas(64) float f[kAmxRows * NC];
+  alignas(64) int32_t c[4 * 256];
+  alignas(64) uint8_t wbuf[2 * 512];
+  const int ng = p.K / GROUP;
+  for (int t = n0 / NC; t < n1 / NC; ++t) {
+    const PanelScales<BITS, ST> sc{p.scales, p.biases, static_cast<size_t>(t) * ng * NC};
+    int m = 0;
+    for (; m + kAmxRows <= p.M; m += kAmxRows) tile_q8p_amx<BITS, GROUP, ST>(p, sc, t, m, f, c, wbuf);
+    for (; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP, ST>(p, sc, p.M - m, t, m);
+  }
+  _tile_release();
+}
+#endif
+
 template <int BITS, int GROUP, ScaleType ST>
 QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1) {
+#if defined(QMM_AMX)
+  if (p.amx && p.M >= kAmxRows) return run_q8_packed_amx<BITS, GROUP, ST>(p, n0, n1);
+#endif
   const int ng = p.K / GROUP;
   for (int t = n0 / NC; t < n1 / NC; ++t) {
     const PanelScales<BITS, ST> sc{p.scales, p.biases, static_cast<size_t>(t) * ng * NC};

@@ -62,6 +62,10 @@ struct Problem {
   // block: MLX's word t of that block), `scales` and `biases`
   // [N / gemm_cols][K / group][gemm_cols]. x as on the GEMM path.
   bool packed = false;
+  // The packed path may run its blocks of 32 rows of x on AMX tiles (set
+  // by qmm.cc only where the CPU has AMX-INT8 and Linux let this process
+  // use it); the same bits either way.
+  bool amx = false;
 };
 
 // Blocks of x that share one int8 scale.
