@@ -431,7 +431,7 @@ void run_problem(const Kernels& k, const Problem& p, bool q8) {
   int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
   auto range = [&](int n0, int n1) {
     if (p.packed) {
-      k.run_q8_packed(p, n0, n1);
+      k.run_q8_packed(p, n0, n1, thread_scratch());
     } else if (q8 && p.gemm) {
       k.run_q8_gemm(p, n0, n1, thread_scratch());
     } else if (q8) {

@@ -111,9 +111,10 @@ struct Kernels {
   // this variant has none (then `run_q8` takes every M).
   void (*run_q8_gemm)(const Problem& p, int n0, int n1, float* scratch);
   // The same against weights packed at load (`p.packed`; N a multiple of
-  // `gemm_cols`): no panel to fill per call, so it runs at every M. Null
+  // `gemm_cols`): no panel to fill per call, so it runs at every M
+  // (`scratch` as for `run`: AMX tiles unpack a column tile there). Null
   // where `run_q8_gemm` is.
-  void (*run_q8_packed)(const Problem& p, int n0, int n1);
+  void (*run_q8_packed)(const Problem& p, int n0, int n1, float* scratch);
   // 32 contiguous values of x quantized for the int8 path, the same bytes
   // as the portable code in qmm.cc (`nibble_order`: stored [even k, odd k]);
   // returns sum(xq) and sets *d. Null: the portable code runs.
