@@ -15,8 +15,8 @@
 //! bench/results/cpu_kernels.json); ratios are stock time / mlxrt time.
 
 use mlxrt::mlx::{
-    amx_active, blas_info, eval, fast_quantized_matmul_isa, fast_quantized_matmul_packed, fast_quantized_matmul_with, pack_panels,
-    packable, qmm_threads, quantize, set_amx, quantized_matmul, Array, Dtype, QmmIsa,
+    blas_info, eval, fast_quantized_matmul_isa, fast_quantized_matmul_packed, fast_quantized_matmul_with, pack_panels,
+    packable, qmm_threads, quantize, quantized_matmul, Array, Dtype, QmmIsa,
 };
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -339,21 +339,6 @@ fn main() {
                     bytes: qbytes(2.0),
                     linear_in_m: false,
                 });
-                if amx_active() {
-                    // The same with the AMX tiles off: the VNNI tiles alone.
-                    variants.push(Variant {
-                        name: "mlxrt_int8_packed_f16_no_amx",
-                        op: Box::new(|| {
-                            set_amx(false);
-                            let out = fast_quantized_matmul_packed(&x, pw, ps, Some(pb), GROUP).unwrap();
-                            eval(&[&out]).unwrap();
-                            set_amx(true);
-                            out
-                        }),
-                        bytes: qbytes(2.0),
-                        linear_in_m: false,
-                    });
-                }
             }
             let variants: Vec<Variant> = if quick {
                 variants.into_iter().filter(|v| !v.name.starts_with("stock")).collect()
@@ -440,7 +425,7 @@ fn point(
     };
     eprintln!(
         "  M={m:<4} {}",
-        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "mlxrt_int8_f32", "mlxrt_int8_f16", "mlxrt_int8_packed_f16", "mlxrt_int8_packed_f16_no_amx", "stock_f32", "dense_openblas", "dense_reference"]
+        ["mlxrt_f16", "stock_f16", "mlxrt_f32", "mlxrt_int8_f32", "mlxrt_int8_f16", "mlxrt_int8_packed_f16", "stock_f32", "dense_openblas", "dense_reference"]
             .iter()
             .filter_map(|k| line(k))
             .collect::<Vec<_>>()

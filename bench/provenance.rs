@@ -49,16 +49,12 @@ pub fn json(kernels: Kernels) -> Value {
         "kernels": match kernels { Kernels::Auto => "auto", Kernels::Stock => "stock", Kernels::Int8 => "int8" },
         "qmm": match (own, kernels) {
             (false, _) => "MLX quantized_matmul".into(),
-            (true, Kernels::Int8) => {
+            (true, Kernels::Int8) => format!(
+                "mlxrt ({:?}, int8 activations{})",
+                mlxrt::mlx::QmmIsa::best(),
                 // What `Weights::linear` asks before packing a 4-bit layer.
-                let packed = mlxrt::mlx::packable(32, 64, 32, 4);
-                format!(
-                    "mlxrt ({:?}, int8 activations{}{})",
-                    mlxrt::mlx::QmmIsa::best(),
-                    if packed { "; 4-bit layers packed into column panels at load" } else { "" },
-                    if packed && mlxrt::mlx::amx_active() { "; AMX tiles for blocks of 32 rows" } else { "" }
-                )
-            }
+                if mlxrt::mlx::packable(32, 64, 32, 4) { "; 4-bit layers packed into column panels at load" } else { "" }
+            ),
             (true, _) => format!("mlxrt ({:?})", mlxrt::mlx::QmmIsa::best()),
         },
         "swiglu": if own { "mlxrt" } else { "MLX silu * mul" },

@@ -50,9 +50,9 @@ pub use paged::{
 };
 pub use ops::{conv1d, conv2d, dequantize, fast, gather_mm, gather_qmm, quantize, quantized_matmul, random};
 pub use qmm::{
-    amx_active, blas_info, fast_qmm_is_int8, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_int8,
+    blas_info, fast_qmm_is_int8, fast_qmm_isa_of, fast_quantized_matmul, fast_quantized_matmul_int8,
     fast_quantized_matmul_isa, fast_quantized_matmul_packed, fast_quantized_matmul_with, int8_gemm_available, pack_panels, packable,
-    qmm_threads, set_amx, unpack_panels, BlasInfo, QmmIsa, INT8_MAX_ROWS_4BIT,
+    qmm_threads, unpack_panels, BlasInfo, QmmIsa, INT8_MAX_ROWS_4BIT,
 };
 pub(crate) use qmm::PACKED_COLS;
 pub use qsdpa::{qsdpa_isa_of, quantized_sdpa, quantized_sdpa_isa, quantized_sdpa_ops};

@@ -22,12 +22,7 @@
 #include "mlx/backend/cpu/encoder.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
-#endif
-#if defined(__x86_64__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 namespace mx = mlx::core;
@@ -399,29 +394,6 @@ Prefetch read_ahead_after(const Problem& p) {
   return it == next_of.end() ? Prefetch{} : it->second;
 }
 
-// Whether this process may run AMX tiles: the CPU has AMX-TILE and
-// AMX-INT8, and Linux granted their state to the process (it must be asked
-// before the first tile instruction; a refusal, e.g. for a thread's signal
-// stack too small for the larger state, leaves the VNNI tiles in use).
-// MLXRT_QMM_AMX=0 keeps them off.
-bool amx_permitted() {
-#if defined(__x86_64__) && defined(__linux__)
-  static const bool ok = [] {
-    if (env_int("MLXRT_QMM_AMX", 1, 0) == 0) return false;
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    if (!(d & bit_AMX_TILE) || !(d & bit_AMX_INT8)) return false;
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;  // asm/prctl.h, XFEATURE_XTILEDATA
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return ok;
-#else
-  return false;
-#endif
-}
-
-std::atomic<bool> amx_wanted{true};
-
 void run_problem(const Kernels& k, const Problem& p, bool q8) {
   Pool& pool = Pool::get();
   const int tile_n = p.gemm ? k.gemm_cols : k.tile_n;
@@ -431,7 +403,7 @@ void run_problem(const Kernels& k, const Problem& p, bool q8) {
   int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
   auto range = [&](int n0, int n1) {
     if (p.packed) {
-      k.run_q8_packed(p, n0, n1, thread_scratch());
+      k.run_q8_packed(p, n0, n1);
     } else if (q8 && p.gemm) {
       k.run_q8_gemm(p, n0, n1, thread_scratch());
     } else if (q8) {
@@ -741,7 +713,6 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
       Problem p{nullptr, w,        sp,       bp,    o,     M,           N, K, group, bits, st,
                 xq.xq,   xq.xd8, xq.xqsum, xq.xs, xq.xs_stride};
       p.gemm = p.packed = true;
-      p.amx = amx_active();
       run_problem(*k, p, true);
       return;
     }
@@ -904,13 +875,6 @@ bool packed_weights_usable(int32_t bits) {
 }
 
 uint8_t best_isa() { return static_cast<uint8_t>(best_kernels()->isa); }
-
-bool amx_active() { return amx_wanted.load(std::memory_order_relaxed) && amx_permitted(); }
-
-bool set_amx(bool on) {
-  amx_wanted.store(on, std::memory_order_relaxed);
-  return amx_active();
-}
 
 bool int8_gemm_available() {
   const Kernels* k = q8_kernels(best_kernels());

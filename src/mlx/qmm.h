@@ -77,13 +77,6 @@ std::unique_ptr<array> fast_quantized_matmul_packed_symmetric(const array& x, co
 bool packed_weights_usable(int32_t bits);
 // Output columns per packed panel.
 constexpr int kPackedCols = 32;
-// Whether the packed panels run their blocks of 32 rows of x on AMX tiles:
-// the CPU has AMX-INT8, Linux lets this process use it, MLXRT_QMM_AMX is
-// not 0 and set_amx did not turn them off. The same bits either way.
-bool amx_active();
-// Turns the AMX tiles on or off for this process (for A/B runs and tests);
-// returns amx_active().
-bool set_amx(bool on);
 // The best instruction set this CPU runs (an `Isa` code, never Auto).
 uint8_t best_isa();
 bool isa_available(uint8_t isa);

@@ -109,21 +109,6 @@ pub fn int8_gemm_available() -> bool {
     ffi::int8_gemm_available()
 }
 
-/// Whether layers packed at load ([`pack_panels`]) run their blocks of 32
-/// rows of x (prefill, batches of 32) on AMX tiles: the CPU has AMX-INT8
-/// (Intel Sapphire Rapids and later), Linux granted this process its tile
-/// state, `MLXRT_QMM_AMX` is not `0` and [`set_amx`] did not turn them
-/// off. The output has the same bits either way.
-pub fn amx_active() -> bool {
-    ffi::amx_active()
-}
-
-/// Turns the AMX tiles of [`amx_active`] on or off for this process (for
-/// A/B runs and tests); returns [`amx_active`].
-pub fn set_amx(on: bool) -> bool {
-    ffi::set_amx(on)
-}
-
 /// Rows of x up to which [`fast_quantized_matmul_int8`] uses int8
 /// activations with 4-bit weights where there is no int8 GEMM (measured on
 /// Zen 4, bench/cpu_kernels.rs).

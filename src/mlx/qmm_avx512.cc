@@ -16,13 +16,6 @@
 // when the CPU has it.
 #define QMM_Q8_FN \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-// AMX tiles (AMX-INT8, Intel Sapphire Rapids on) for the packed panels at
-// 32 rows of x and more (qmm_impl.h); qmm.cc sets Problem::amx only where
-// the CPU has them and the kernel lets this process use them.
-#define QMM_AMX 1
-#define QMM_AMX_FN                                                                      \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c," \
-                        "amx-tile,amx-int8")))
 // The column-interleaved int8 GEMM (qmm_impl.h) exists for this variant.
 #define QMM_Q8_GEMM 1
 // So do the split-nibble int8 dot tiles for 4-bit weights (qmm_impl.h).

@@ -1149,189 +1149,8 @@ QMM_Q8_FN void q8p_rows(const Problem& p, const PanelScales<BITS, ST>& sc, int r
   tile_q8p<BITS, MR, GROUP, ST>(p, sc, t, m);
 }
 
-#if defined(QMM_AMX)
-// The same panels on AMX tiles, 32 rows of x x 32 columns at a time. Per
-// block of 32 k, four `tdpbsud` (x signed, weights unsigned; 16 rows x 16
-// columns each) make the exact int32 sums for which the VNNI tile above
-// issues 512 `vpdpbusd`; the f32 scaling and the bias term are that tile's
-// operations in its order, so the output has the same bits. Tiles: 0-3
-// the sums (rows 0-15 / 16-31 x columns 0-15 / 16-31), 4-5 x's two row
-// halves (16 rows x 32 bytes), 6-7 the weights' column halves (8 rows of
-// 16 columns x 4 bytes: VNNI order, which the packed words already have;
-// 4-bit: low nibbles rows 0-3, high nibbles rows 4-7, as tile_q8p pairs
-// them with x's bytes 4q and 16 + 4q).
-constexpr int kAmxRows = 32;
-// A column tile's 4-bit weights are unpacked to bytes (1 KiB per block of
-// 32 k) and its biases converted ([group][NC] floats) once, into the
-// thread's scratch, for all its blocks of rows: rows of up to 16,384 k.
-// Longer rows run the VNNI tiles.
-constexpr int kAmxMaxBlocks = 512;
-constexpr size_t kAmxBlockBytes = 1024;
-static_assert(kAmxMaxBlocks * kAmxBlockBytes + kAmxMaxBlocks * NC * sizeof(float) <=
-                  (2 * kMaxLanes * kGemmRowStride + kPanelCacheFloats) * sizeof(float),
-              "fits the thread's scratch (scratch_floats)");
-static_assert(NC == 2 * W && W == 16, "AMX tiles of 16 columns, one vector per row");
-
-struct AmxConfig {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// The tile instructions are asm statements that do not tell the compiler
-// which memory they read (tileloadd, ldtilecfg): stores they must see are
-// fenced off with this.
-QMM_AMX_FN inline void amx_barrier() { __asm__ __volatile__("" ::: "memory"); }
-
 template <int BITS, int GROUP, ScaleType ST>
-QMM_AMX_FN void tile_q8p_amx(const Problem& p, const PanelScales<BITS, ST>& sc, int t, int m0,
-                             const uint8_t* wbytes, const float* bias, float* f, int32_t* c) {
-  constexpr int BB = kQ8pBlockBytes<BITS>;
-  const int nb = p.K / kQ8Block, ng = p.K / GROUP;
-  const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
-  const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * BB;
-  const int8_t* xq = p.xq + m0 * ldx;
-  const float* xd = p.xd8 + m0 * ldb * 8;
-  // Block b's sums are scaled while the tiles compute block b + 1's (two
-  // buffers `c` of 4 x 256 sums): the scaling's vector code and the tile
-  // unit's work overlap instead of waiting for each other.
-  auto compute = [&](int b) QMM_AMX_FN {
-    _tile_loadd(4, xq + b * kQ8Block, ldx);
-    _tile_loadd(5, xq + 16 * ldx + b * kQ8Block, ldx);
-    if constexpr (BITS == 4) {
-      _tile_loadd(6, wbytes + b * kAmxBlockBytes, 64);
-      _tile_loadd(7, wbytes + b * kAmxBlockBytes + 512, 64);
-    } else {
-      const uint8_t* wb = wt + static_cast<size_t>(b) * BB;
-      _tile_loadd(6, wb, NC * 4);
-      _tile_loadd(7, wb + W * 4, NC * 4);
-    }
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    _tile_dpbsud(0, 4, 6);
-    _tile_dpbsud(1, 4, 7);
-    _tile_dpbsud(2, 5, 6);
-    _tile_dpbsud(3, 5, 7);
-  };
-  auto store = [&](int32_t* cb) QMM_AMX_FN {
-    _tile_stored(0, cb, 64);
-    _tile_stored(1, cb + 256, 64);
-    _tile_stored(2, cb + 512, 64);
-    _tile_stored(3, cb + 768, 64);
-  };
-  // f += sums * (s * d) as tile_q8p does it; block 0 adds to zero.
-  auto scale = [&](int b, const int32_t* cb) QMM_AMX_FN {
-    const int sb = b * kQ8Block / GROUP * NC;
-    const T s0 = sc.scale(sb), s1 = sc.scale(sb + W);
-    QMM_UNROLL
-    for (int r = 0; r < kAmxRows; ++r) {
-      const T d = V::set1(xd[(r * ldb + b) * 8]);
-      const auto* cr = reinterpret_cast<const uint8_t*>(cb + (r / 16) * 512 + (r % 16) * 16);
-      float* fr = f + r * NC;
-      const T f0 = b == 0 ? V::zero() : V::load(fr), f1 = b == 0 ? V::zero() : V::load(fr + W);
-      V::store(fr, V::fma(V::q8g_float(V::q8g_load(cr)), V::mul(s0, d), f0));
-      V::store(fr + W, V::fma(V::q8g_float(V::q8g_load(cr + 1024)), V::mul(s1, d), f1));
-    }
-  };
-  compute(0);
-  store(c);
-  for (int b = 1; b < nb; ++b) {
-    int32_t* cur = c + (b % 2) * 1024;
-    compute(b);
-    scale(b - 1, c + ((b - 1) % 2) * 1024);
-    store(cur);
-  }
-  scale(nb - 1, c + ((nb - 1) % 2) * 1024);
-  // Bias term: b_w * sum(d * xq) per group (as tile_q8p, group by group;
-  // `bias`: the tile's biases as sc.bias gives them, [group][NC]), 8 rows
-  // at a time for 16 independent chains.
-  constexpr int RB = 8;
-  for (int r0 = 0; r0 < kAmxRows; r0 += RB) {
-    T acc[RB][2];
-    QMM_UNROLL
-    for (int r = 0; r < RB; ++r) {
-      acc[r][0] = V::load(f + (r0 + r) * NC);
-      acc[r][1] = V::load(f + (r0 + r) * NC + W);
-    }
-    const float* xs = p.xs + static_cast<size_t>(m0 + r0) * p.xs_stride;
-    for (int g = 0; g < ng; ++g) {
-      const T b0 = V::load(bias + g * NC), b1 = V::load(bias + g * NC + W);
-      QMM_UNROLL
-      for (int r = 0; r < RB; ++r) {
-        const T x = V::set1(xs[static_cast<size_t>(r) * p.xs_stride + g]);
-        acc[r][0] = V::fma(b0, x, acc[r][0]);
-        acc[r][1] = V::fma(b1, x, acc[r][1]);
-      }
-    }
-    QMM_UNROLL
-    for (int r = 0; r < RB; ++r) {
-      float* o = p.out + static_cast<size_t>(m0 + r0 + r) * p.N + static_cast<size_t>(t) * NC;
-      V::store(o, acc[r][0]);
-      V::store(o + W, acc[r][1]);
-    }
-  }
-}
-
-// run_q8_packed_typed with AMX: whole blocks of kAmxRows rows on tiles, the
-// rest on the VNNI tiles. Configures the tiles on this thread and releases
-// them before it returns.
-template <int BITS, int GROUP, ScaleType ST>
-QMM_AMX_FN __attribute__((noinline)) void run_q8_packed_amx(const Problem& p, int n0, int n1,
-                                                            float* scratch) {
-  AmxConfig cfg{};
-  cfg.palette = 1;
-  for (int i = 0; i < 8; ++i) {
-    cfg.colsb[i] = i == 4 || i == 5 ? kQ8Block : 64;
-    cfg.rows[i] = i >= 6 ? 8 : 16;
-  }
-  amx_barrier();
-  _tile_loadconfig(&cfg);
-  alignas(64) float f[kAmxRows * NC];
-  alignas(64) int32_t c[2 * 4 * 256];
-  auto* wbytes = reinterpret_cast<uint8_t*>(scratch);
-  float* bias = scratch + kAmxMaxBlocks * kAmxBlockBytes / sizeof(float);
-  const int nb = p.K / kQ8Block, ng = p.K / GROUP;
-  for (int t = n0 / NC; t < n1 / NC; ++t) {
-    const PanelScales<BITS, ST> sc{p.scales, p.biases, static_cast<size_t>(t) * ng * NC};
-    for (int i = 0; i < ng * NC; i += W) V::store(bias + i, sc.bias(i));
-    if constexpr (BITS == 4) {
-      // Per block: rows 0-3 the low nibbles of words 0-3, rows 4-7 their
-      // high nibbles; columns 0-15, then (at +512) columns 16-31.
-      const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * kQ8pBlockBytes<4>;
-      for (int b = 0; b < nb; ++b) {
-        const uint8_t* wb = wt + static_cast<size_t>(b) * kQ8pBlockBytes<4>;
-        uint8_t* dst = wbytes + b * kAmxBlockBytes;
-        QMM_UNROLL
-        for (int q = 0; q < 4; ++q) {
-          QMM_UNROLL
-          for (int h = 0; h < 2; ++h) {
-            const I v = V::q8g_load(wb + q * NC * 4 + h * W * 4);
-            V::q8g_store(dst + h * 512 + q * 64, V::q8g_low4(v));
-            V::q8g_store(dst + h * 512 + (4 + q) * 64, V::q8g_high4(v));
-          }
-        }
-      }
-    }
-    amx_barrier();
-    int m = 0;
-    for (; m + kAmxRows <= p.M; m += kAmxRows)
-      tile_q8p_amx<BITS, GROUP, ST>(p, sc, t, m, wbytes, bias, f, c);
-    for (; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP, ST>(p, sc, p.M - m, t, m);
-  }
-  _tile_release();
-}
-#endif
-
-template <int BITS, int GROUP, ScaleType ST>
-QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1, float* scratch) {
-#if defined(QMM_AMX)
-  if (p.amx && p.M >= kAmxRows && p.K / kQ8Block <= kAmxMaxBlocks)
-    return run_q8_packed_amx<BITS, GROUP, ST>(p, n0, n1, scratch);
-#else
-  (void)scratch;
-#endif
+QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1) {
   const int ng = p.K / GROUP;
   for (int t = n0 / NC; t < n1 / NC; ++t) {
     const PanelScales<BITS, ST> sc{p.scales, p.biases, static_cast<size_t>(t) * ng * NC};
@@ -1340,28 +1159,28 @@ QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1, float* scra
 }
 
 template <int BITS, int GROUP>
-QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1, float* scratch) {
+QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1) {
   switch (p.stype) {
-    case ScaleType::F32: return run_q8_packed_typed<BITS, GROUP, ScaleType::F32>(p, n0, n1, scratch);
-    case ScaleType::F16: return run_q8_packed_typed<BITS, GROUP, ScaleType::F16>(p, n0, n1, scratch);
-    case ScaleType::BF16: return run_q8_packed_typed<BITS, GROUP, ScaleType::BF16>(p, n0, n1, scratch);
+    case ScaleType::F32: return run_q8_packed_typed<BITS, GROUP, ScaleType::F32>(p, n0, n1);
+    case ScaleType::F16: return run_q8_packed_typed<BITS, GROUP, ScaleType::F16>(p, n0, n1);
+    case ScaleType::BF16: return run_q8_packed_typed<BITS, GROUP, ScaleType::BF16>(p, n0, n1);
   }
 }
 
 template <int BITS>
-QMM_Q8_FN void run_q8_packed_bits(const Problem& p, int n0, int n1, float* scratch) {
+QMM_Q8_FN void run_q8_packed_bits(const Problem& p, int n0, int n1) {
   switch (p.group) {
-    case 32: return run_q8_packed_group<BITS, 32>(p, n0, n1, scratch);
-    case 64: return run_q8_packed_group<BITS, 64>(p, n0, n1, scratch);
-    default: return run_q8_packed_group<BITS, 128>(p, n0, n1, scratch);
+    case 32: return run_q8_packed_group<BITS, 32>(p, n0, n1);
+    case 64: return run_q8_packed_group<BITS, 64>(p, n0, n1);
+    default: return run_q8_packed_group<BITS, 128>(p, n0, n1);
   }
 }
 
-QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1, float* scratch) {
+QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1) {
   if (p.bits == 4) {
-    run_q8_packed_bits<4>(p, n0, n1, scratch);
+    run_q8_packed_bits<4>(p, n0, n1);
   } else {
-    run_q8_packed_bits<8>(p, n0, n1, scratch);
+    run_q8_packed_bits<8>(p, n0, n1);
   }
 }
 
@@ -1370,7 +1189,7 @@ constexpr auto kRunQ8Packed = &run_q8_packed;
 constexpr auto kQuantizeQ8 = &V::q8_quantize_block;
 #else
 constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
-constexpr void (*kRunQ8Packed)(const Problem&, int, int, float*) = nullptr;
+constexpr void (*kRunQ8Packed)(const Problem&, int, int) = nullptr;
 constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 

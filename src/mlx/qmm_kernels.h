@@ -62,10 +62,6 @@ struct Problem {
   // block: MLX's word t of that block), `scales` and `biases`
   // [N / gemm_cols][K / group][gemm_cols]. x as on the GEMM path.
   bool packed = false;
-  // The packed path may run its blocks of 32 rows of x on AMX tiles (set
-  // by qmm.cc only where the CPU has AMX-INT8 and Linux let this process
-  // use it); the same bits either way.
-  bool amx = false;
 };
 
 // Blocks of x that share one int8 scale.
@@ -111,10 +107,9 @@ struct Kernels {
   // this variant has none (then `run_q8` takes every M).
   void (*run_q8_gemm)(const Problem& p, int n0, int n1, float* scratch);
   // The same against weights packed at load (`p.packed`; N a multiple of
-  // `gemm_cols`): no panel to fill per call, so it runs at every M
-  // (`scratch` as for `run`: AMX tiles unpack a column tile there). Null
+  // `gemm_cols`): no panel to fill per call, so it runs at every M. Null
   // where `run_q8_gemm` is.
-  void (*run_q8_packed)(const Problem& p, int n0, int n1, float* scratch);
+  void (*run_q8_packed)(const Problem& p, int n0, int n1);
   // 32 contiguous values of x quantized for the int8 path, the same bytes
   // as the portable code in qmm.cc (`nibble_order`: stored [even k, odd k]);
   // returns sum(xq) and sets *d. Null: the portable code runs.

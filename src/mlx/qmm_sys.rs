@@ -42,8 +42,6 @@ pub(crate) mod ffi {
             group_size: i32,
         ) -> Result<UniquePtr<array>>;
         fn packed_weights_usable(bits: i32) -> bool;
-        fn amx_active() -> bool;
-        fn set_amx(on: bool) -> bool;
         fn best_isa() -> u8;
         fn isa_available(isa: u8) -> bool;
         fn int8_gemm_available() -> bool;
