@@ -310,6 +310,14 @@ int direct_limit(const Kernels& k) {
   return rows >= 0 ? rows : k.direct_rows;
 }
 
+// Rows of x from which the packed tiles read a column tile's 4-bit weights
+// unpacked to bytes (Problem::unpack4); MLXRT_QMM_UNPACK_ROWS overrides it
+// for tuning and A/B runs (the same bits either way).
+int unpack_rows() {
+  static const int rows = env_int("MLXRT_QMM_UNPACK_ROWS", kPackedUnpackRows, 1);
+  return rows;
+}
+
 // Whether the direct path may use wide decode tiles: yes, unless
 // MLXRT_QMM_WIDE=0 (tuning and A/B runs: the same bits either way).
 bool wide_tiles() {
@@ -403,7 +411,7 @@ void run_problem(const Kernels& k, const Problem& p, bool q8) {
   int chunks = pool.size() > 1 && macs >= kParallelMacs ? std::min(tiles, pool.size() * 4) : 1;
   auto range = [&](int n0, int n1) {
     if (p.packed) {
-      k.run_q8_packed(p, n0, n1);
+      k.run_q8_packed(p, n0, n1, thread_scratch());
     } else if (q8 && p.gemm) {
       k.run_q8_gemm(p, n0, n1, thread_scratch());
     } else if (q8) {
@@ -713,6 +721,7 @@ void FastQuantizedMatmul::eval_cpu(const std::vector<array>& inputs, array& out)
       Problem p{nullptr, w,        sp,       bp,    o,     M,           N, K, group, bits, st,
                 xq.xq,   xq.xd8, xq.xqsum, xq.xs, xq.xs_stride};
       p.gemm = p.packed = true;
+      p.unpack4 = M >= unpack_rows();
       run_problem(*k, p, true);
       return;
     }

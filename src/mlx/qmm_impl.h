@@ -1052,13 +1052,15 @@ struct PanelScales {
 };
 
 // MR rows of x from m0 against packed column tile `t` with its scales and
-// biases `sc`.
-template <int BITS, int MR, int GROUP, ScaleType ST>
-QMM_Q8_FN void tile_q8p(const Problem& p, const PanelScales<BITS, ST>& sc, int t, int m0) {
-  constexpr int BB = kQ8pBlockBytes<BITS>;
+// biases `sc`, its weights read from `wt`: the packed words (LOAD_BITS =
+// BITS), or 4-bit weights unpacked to one byte each (LOAD_BITS = 8, see
+// unpack_tile4).
+template <int BITS, int MR, int GROUP, ScaleType ST, int LOAD_BITS = BITS>
+QMM_Q8_FN void tile_q8p(const Problem& p, const PanelScales<BITS, ST>& sc, const uint8_t* wt,
+                        int t, int m0) {
+  constexpr int BB = kQ8pBlockBytes<LOAD_BITS>;
   const int nb = p.K / kQ8Block, ng = p.K / GROUP;
   const size_t ldx = static_cast<size_t>(p.K), ldb = ldx / kQ8Block;
-  const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * BB;
   const int8_t* xq = p.xq + m0 * ldx;
   const float* xd = p.xd8 + m0 * ldb * 8;
   T f[MR][2];
@@ -1083,12 +1085,12 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const PanelScales<BITS, ST>& sc, int t
         QMM_UNROLL
         for (int o = 0; o < NC * 4; o += 64) {
           __builtin_prefetch(wq + kQ8pAheadBytes + o, 0, kPrefetchLocality<MR>);
-          if constexpr (BITS == 8)
+          if constexpr (LOAD_BITS == 8)
             __builtin_prefetch(wq + 4 * NC * 4 + kQ8pAheadBytes + o, 0, kPrefetchLocality<MR>);
         }
       }
       I l0, l1, h0, h1;
-      if constexpr (BITS == 4) {
+      if constexpr (LOAD_BITS == 4) {
         const I v0 = V::q8g_load(wq), v1 = V::q8g_load(wq + W * 4);
         l0 = V::q8g_low4(v0), l1 = V::q8g_low4(v1), h0 = V::q8g_high4(v0), h1 = V::q8g_high4(v1);
       } else {
@@ -1141,46 +1143,97 @@ QMM_Q8_FN void tile_q8p(const Problem& p, const PanelScales<BITS, ST>& sc, int t
   }
 }
 
-template <int BITS, int GROUP, ScaleType ST, int MR = Q8G_MR>
-QMM_Q8_FN void q8p_rows(const Problem& p, const PanelScales<BITS, ST>& sc, int rows, int t, int m) {
+template <int BITS, int GROUP, ScaleType ST, int LOAD_BITS = BITS, int MR = Q8G_MR>
+QMM_Q8_FN void q8p_rows(const Problem& p, const PanelScales<BITS, ST>& sc, const uint8_t* wt,
+                        int rows, int t, int m) {
   if constexpr (MR > 1) {
-    if (rows < MR) return q8p_rows<BITS, GROUP, ST, MR - 1>(p, sc, rows, t, m);
+    if (rows < MR) return q8p_rows<BITS, GROUP, ST, LOAD_BITS, MR - 1>(p, sc, wt, rows, t, m);
   }
-  tile_q8p<BITS, MR, GROUP, ST>(p, sc, t, m);
+  tile_q8p<BITS, MR, GROUP, ST, LOAD_BITS>(p, sc, wt, t, m);
+}
+
+// With Problem::unpack4 (prefill sizes) a column tile's 4-bit weights are
+// unpacked to bytes once per call (unpack_tile4) and the tiles read those:
+// no nibble masks and shifts per 4 rows in the inner loop. Decode reads the
+// packed words (it streams them once from memory).
+// The bytes of one block of 32 k for NC columns, unpacked.
+constexpr size_t kQ8pUnpackedBlockBytes = kQ8pBlockBytes<8>;
+
+// Column tile `t`'s 4-bit weights as one byte each, in the 8-bit packed
+// layout (per block: words 0-3 the low nibbles of the packed words 0-3,
+// words 4-7 their high nibbles), so that tile_q8p<.., LOAD_BITS = 8> pairs
+// them with x exactly as it pairs the nibbles: the same integer sums.
+QMM_Q8_FN void unpack_tile4(const Problem& p, int t, uint8_t* dst) {
+  const int nb = p.K / kQ8Block;
+  const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * kQ8pBlockBytes<4>;
+  for (int b = 0; b < nb; ++b) {
+    const uint8_t* wb = wt + static_cast<size_t>(b) * kQ8pBlockBytes<4>;
+    uint8_t* db = dst + static_cast<size_t>(b) * kQ8pUnpackedBlockBytes;
+    QMM_UNROLL
+    for (int q = 0; q < 4; ++q) {
+      QMM_UNROLL
+      for (int h = 0; h < NC * 4; h += W * 4) {
+        const I v = V::q8g_load(wb + q * NC * 4 + h);
+        V::q8g_store(db + q * NC * 4 + h, V::q8g_low4(v));
+        V::q8g_store(db + (4 + q) * NC * 4 + h, V::q8g_high4(v));
+      }
+    }
+  }
 }
 
 template <int BITS, int GROUP, ScaleType ST>
-QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1) {
-  const int ng = p.K / GROUP;
+QMM_Q8_FN void run_q8_packed_typed(const Problem& p, int n0, int n1, float* scratch) {
+  const int ng = p.K / GROUP, nb = p.K / kQ8Block;
+  // Unpacked: the tile's bytes, then its scales and biases as f32 ([group]
+  // [NC] each, the values PanelScales reads; a symmetric format's biases
+  // derived), converted once rather than per block and tile of rows.
+  const size_t unpacked = static_cast<size_t>(nb) * kQ8pUnpackedBlockBytes;
+  const bool unpack = BITS == 4 && p.unpack4 &&
+                      unpacked + 2 * sizeof(float) * ng * NC <= scratch_floats(p.K) * sizeof(float);
+  auto* bytes = reinterpret_cast<uint8_t*>(scratch);
+  float* s32 = scratch + unpacked / sizeof(float);
+  float* b32 = s32 + ng * NC;
   for (int t = n0 / NC; t < n1 / NC; ++t) {
     const PanelScales<BITS, ST> sc{p.scales, p.biases, static_cast<size_t>(t) * ng * NC};
-    for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP, ST>(p, sc, p.M - m, t, m);
+    if (unpack) {
+      unpack_tile4(p, t, bytes);
+      for (int i = 0; i < ng * NC; i += W) {
+        V::store(s32 + i, sc.scale(i));
+        V::store(b32 + i, sc.bias(i));
+      }
+      const PanelScales<BITS, ScaleType::F32> sc32{s32, b32, 0};
+      for (int m = 0; m < p.M; m += Q8G_MR)
+        q8p_rows<BITS, GROUP, ScaleType::F32, 8>(p, sc32, bytes, p.M - m, t, m);
+    } else {
+      const uint8_t* wt = p.w + static_cast<size_t>(t) * nb * kQ8pBlockBytes<BITS>;
+      for (int m = 0; m < p.M; m += Q8G_MR) q8p_rows<BITS, GROUP, ST>(p, sc, wt, p.M - m, t, m);
+    }
   }
 }
 
 template <int BITS, int GROUP>
-QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1) {
+QMM_Q8_FN void run_q8_packed_group(const Problem& p, int n0, int n1, float* scratch) {
   switch (p.stype) {
-    case ScaleType::F32: return run_q8_packed_typed<BITS, GROUP, ScaleType::F32>(p, n0, n1);
-    case ScaleType::F16: return run_q8_packed_typed<BITS, GROUP, ScaleType::F16>(p, n0, n1);
-    case ScaleType::BF16: return run_q8_packed_typed<BITS, GROUP, ScaleType::BF16>(p, n0, n1);
+    case ScaleType::F32: return run_q8_packed_typed<BITS, GROUP, ScaleType::F32>(p, n0, n1, scratch);
+    case ScaleType::F16: return run_q8_packed_typed<BITS, GROUP, ScaleType::F16>(p, n0, n1, scratch);
+    case ScaleType::BF16: return run_q8_packed_typed<BITS, GROUP, ScaleType::BF16>(p, n0, n1, scratch);
   }
 }
 
 template <int BITS>
-QMM_Q8_FN void run_q8_packed_bits(const Problem& p, int n0, int n1) {
+QMM_Q8_FN void run_q8_packed_bits(const Problem& p, int n0, int n1, float* scratch) {
   switch (p.group) {
-    case 32: return run_q8_packed_group<BITS, 32>(p, n0, n1);
-    case 64: return run_q8_packed_group<BITS, 64>(p, n0, n1);
-    default: return run_q8_packed_group<BITS, 128>(p, n0, n1);
+    case 32: return run_q8_packed_group<BITS, 32>(p, n0, n1, scratch);
+    case 64: return run_q8_packed_group<BITS, 64>(p, n0, n1, scratch);
+    default: return run_q8_packed_group<BITS, 128>(p, n0, n1, scratch);
   }
 }
 
-QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1) {
+QMM_Q8_FN void run_q8_packed(const Problem& p, int n0, int n1, float* scratch) {
   if (p.bits == 4) {
-    run_q8_packed_bits<4>(p, n0, n1);
+    run_q8_packed_bits<4>(p, n0, n1, scratch);
   } else {
-    run_q8_packed_bits<8>(p, n0, n1);
+    run_q8_packed_bits<8>(p, n0, n1, scratch);
   }
 }
 
@@ -1189,7 +1242,7 @@ constexpr auto kRunQ8Packed = &run_q8_packed;
 constexpr auto kQuantizeQ8 = &V::q8_quantize_block;
 #else
 constexpr void (*kRunQ8Gemm)(const Problem&, int, int, float*) = nullptr;
-constexpr void (*kRunQ8Packed)(const Problem&, int, int) = nullptr;
+constexpr void (*kRunQ8Packed)(const Problem&, int, int, float*) = nullptr;
 constexpr int32_t (*kQuantizeQ8)(const float*, bool, int8_t*, float*) = nullptr;
 #endif
 

@@ -62,7 +62,14 @@ struct Problem {
   // block: MLX's word t of that block), `scales` and `biases`
   // [N / gemm_cols][K / group][gemm_cols]. x as on the GEMM path.
   bool packed = false;
+  // The packed tiles read a column tile's 4-bit weights unpacked to bytes
+  // once per call (prefill sizes) instead of as nibbles; the same bits.
+  bool unpack4 = false;
 };
+
+// Rows of x from which qmm.cc sets Problem::unpack4 (measured; see
+// docs/cpu-kernels.md "Packed panels").
+constexpr int kPackedUnpackRows = 32;
 
 // Blocks of x that share one int8 scale.
 constexpr int kQ8Block = 32;
@@ -107,9 +114,10 @@ struct Kernels {
   // this variant has none (then `run_q8` takes every M).
   void (*run_q8_gemm)(const Problem& p, int n0, int n1, float* scratch);
   // The same against weights packed at load (`p.packed`; N a multiple of
-  // `gemm_cols`): no panel to fill per call, so it runs at every M. Null
-  // where `run_q8_gemm` is.
-  void (*run_q8_packed)(const Problem& p, int n0, int n1);
+  // `gemm_cols`): no panel to fill per call, so it runs at every M
+  // (`scratch` as for `run`: at prefill sizes a column tile's 4-bit weights
+  // are unpacked there). Null where `run_q8_gemm` is.
+  void (*run_q8_packed)(const Problem& p, int n0, int n1, float* scratch);
   // 32 contiguous values of x quantized for the int8 path, the same bytes
   // as the portable code in qmm.cc (`nibble_order`: stored [even k, odd k]);
   // returns sum(xq) and sets *d. Null: the portable code runs.

@@ -595,6 +595,30 @@ fn packed_panels_match_exact_reference_across_bits_shapes_groups_and_scales() {
 }
 
 #[test]
+fn packed_panels_give_a_row_the_same_bits_in_any_batch() {
+    // The packed tiles read 4-bit weights as nibbles below 32 rows of x and
+    // unpacked to bytes from 32 rows on (unpack_tile4); both make the same
+    // exact integer sums, so a row has the same bits alone, beside a few
+    // others and inside a prefill-sized M (the engine's batch invariance).
+    let bits_of = |a: &Array| a.to_vec_f32().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for bits in [4, 8] {
+        for (n, k, group, st, stored) in
+            [(96, 576, 32, Dtype::F16, true), (64, 1536, 64, Dtype::F32, false), (32, 2304, 128, Dtype::BF16, true)]
+        {
+            let q = if stored { quantized(n, k, group, bits, st, 91) } else { symmetric(n, k, group, bits, st, 92) };
+            let m = 40;
+            let x = randn(&[m, k], (k + n + bits) as u64);
+            let all = bits_of(&run_packed(&x, &q, group, bits, stored));
+            for (from, to) in [(0, 1), (7, 8), (39, 40), (20, 22), (20, 25)] {
+                let few = bits_of(&run_packed(&x.slice_axis(0, from, to).unwrap(), &q, group, bits, stored));
+                let want = &all[(from * n) as usize..(to * n) as usize];
+                assert_eq!(few, want, "bits={bits} K={k} group={group}: rows {from}..{to} vs inside M={m}");
+            }
+        }
+    }
+}
+
+#[test]
 fn packed_layout_round_trips_and_rejects_partial_panels() {
     for bits in [4, 8] {
         let q = quantized(64, 96, 32, bits, Dtype::F16, 81);
